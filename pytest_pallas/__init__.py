@@ -1,0 +1,41 @@
+"""pytest-pallas: test, validate and benchmark JAX Pallas TPU kernels inside pytest.
+
+The public names are loaded on first use, so that the plugin, which pytest
+imports in every run of an environment that has it installed, costs no JAX
+import for tests that do not use it.
+
+    from pytest_pallas import assert_allclose, supports, check_kernel
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_PUBLIC = {
+    "assert_allclose": "pytest_pallas.compare",
+    "default_tolerance": "pytest_pallas.compare",
+    "Tolerance": "pytest_pallas.compare",
+    "supports": "pytest_pallas.supports",
+    "check_kernel": "pytest_pallas.kernel_check",
+    "TpuRuleViolation": "pytest_pallas.tpu_checks",
+    "Backend": "pytest_pallas.backend",
+    "strategies": "pytest_pallas.strategies",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'pytest_pallas' has no attribute {name!r}")
+    module = importlib.import_module(_PUBLIC[name])
+    value = module if name == "strategies" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_PUBLIC))

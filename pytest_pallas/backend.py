@@ -1,0 +1,202 @@
+"""Which device runs the kernels, which interpreter, and the facts of the chip.
+
+``select_backend`` turns the validated options into a ``Backend``;
+``Backend.activate()`` is the context in which a test's kernels run: on the
+CPU it forces every ``pallas_call`` traced inside it into interpret mode
+(even one that never passes ``interpret=``) and makes ``pltpu.get_tpu_info()``
+answer for the chip the run stands in for; on a TPU it changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterator, Sequence
+
+import pytest
+
+from . import _jax_compat
+from .options import PallasOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """What the ``pallas_backend`` fixture gives a test.
+
+    Attributes:
+      platform: ``"tpu"`` (compiled for the chip) or ``"cpu"`` (interpreted).
+      interpreter: ``"tpu"``, ``"plain"``, or None on a TPU.
+      chip: the chip name (``"v5e"``, ...): the real one on a TPU, else the one simulated.
+      tpu_info: ``pltpu.TpuInfo`` of that chip (VMEM size, tiling, peak rates, cores).
+      interpret_params: what ``pallas_call`` receives as ``interpret=`` on the CPU
+        (a ``pltpu.InterpretParams``, ``True`` for the plain interpreter, None on a TPU).
+      device_kind: ``jax.devices()[0].device_kind``.
+      device_count: how many devices JAX sees.
+    """
+
+    platform: str
+    interpreter: str | None
+    chip: str
+    tpu_info: Any
+    interpret_params: Any
+    device_kind: str
+    device_count: int
+
+    @property
+    def is_tpu(self) -> bool:
+        return self.platform == "tpu"
+
+    @property
+    def name(self) -> str:
+        return "tpu" if self.is_tpu else f"cpu-interpret-{self.interpreter}"
+
+    @property
+    def matmul_precision(self) -> str:
+        """The precision of a float32 ``jnp.dot`` inside a kernel on this backend.
+
+        On a TPU the default precision rounds float32 operands to bfloat16 (one
+        MXU pass); interpreted on the CPU, the product is float32.
+        """
+        return "bfloat16" if self.is_tpu else "float32"
+
+    def describe(self) -> str:
+        if self.is_tpu:
+            return f"TPU {self.chip} ({self.device_count} devices, compiled)"
+        vmem = self.tpu_info.vmem_capacity_bytes // 2**20
+        return (
+            f"CPU, {self.interpreter} interpreter, standing in for TPU {self.chip} "
+            f"({vmem} MiB VMEM, {self.tpu_info.num_cores} core(s)); {self.device_count} devices"
+        )
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator["Backend"]:
+        """Run the body's kernels on this backend (see the module docstring)."""
+        if self.is_tpu:
+            yield self
+            return
+        from jax.experimental.pallas import tpu as pltpu
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(
+                _jax_compat.device_kind_answers_as(self.device_kind, lambda: self.tpu_info)
+            )
+            stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
+            yield self
+
+
+def chip_info(chip: str) -> Any:
+    """``pltpu.TpuInfo`` for a chip name, from JAX's own table of chip facts.
+
+    Megacore chips (v4, v5p) are described as one logical device of two
+    TensorCores, which is how JAX runs them by default.
+    """
+    from jax.experimental.pallas import tpu as pltpu
+
+    version = _jax_compat.chip_versions()[chip]
+    cores = 2 if version.supports_megacore else 1
+    return pltpu.get_tpu_info_for_chip(version, cores)
+
+
+def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
+    if options.interpreter == "plain":
+        return True
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.InterpretParams(
+        detect_races=options.detect_races,
+        # NaN-poisoned scratch and outputs: an accumulator that is read before
+        # it is initialised turns the result into NaN instead of passing by luck.
+        uninitialized_memory="nan",
+        # Megacore chips run "parallel" grid axes on two TensorCores.
+        num_cores_or_threads=tpu_info.num_cores,
+        # Visit "parallel" grid axes in a seeded random order, as the chip may.
+        random_seed=options.seed,
+    )
+
+
+def visible_tpu_devices() -> list:
+    """The TPU devices JAX sees, or [] (never raises)."""
+    import jax
+
+    try:
+        return list(jax.devices("tpu"))
+    except RuntimeError:
+        return []
+
+
+def select_backend(
+    options: PallasOptions,
+    *,
+    tpu_devices: Callable[[], Sequence[Any]] = visible_tpu_devices,
+) -> Backend:
+    """Decide the backend; raise ``pytest.UsageError`` when the request cannot be met."""
+    if options.tpu:
+        devices = list(tpu_devices())
+        if not devices:
+            raise pytest.UsageError(
+                "--pallas-tpu: JAX sees no TPU; run on a TPU VM with "
+                "`pip install 'pytest-pallas[tpu]'`, or drop the flag to interpret on the CPU."
+            )
+        kind = devices[0].device_kind
+        version = _jax_compat.chip_version_of_device_kind(kind)
+        if version is None:
+            raise pytest.UsageError(
+                f"--pallas-tpu: JAX does not know the chip of device kind {kind!r}; "
+                "upgrade jax (pip install -U 'pytest-pallas[tpu]')."
+            )
+        if options.chip_given and options.chip != version.value:
+            raise pytest.UsageError(
+                f"--pallas-chip={options.chip} disagrees with the TPU JAX sees ({kind}, chip "
+                f"{version.value}); drop --pallas-chip on a TPU."
+            )
+        from jax.experimental.pallas import tpu as pltpu
+
+        return Backend(
+            platform="tpu",
+            interpreter=None,
+            chip=version.value,
+            tpu_info=pltpu.get_tpu_info_for_chip(version, getattr(devices[0], "num_cores", 1)),
+            interpret_params=None,
+            device_kind=kind,
+            device_count=len(devices),
+        )
+
+    import jax
+
+    info = chip_info(options.chip)
+    cpu_devices = jax.devices("cpu")
+    return Backend(
+        platform="cpu",
+        interpreter=options.interpreter,
+        chip=options.chip,
+        tpu_info=info,
+        interpret_params=make_interpret_params(options, info),
+        device_kind=cpu_devices[0].device_kind,
+        device_count=len(cpu_devices),
+    )
+
+
+def request_cpu_devices(count: int, environ) -> str:
+    """Ask JAX for ``count`` simulated CPU devices, if it is still possible.
+
+    Returns a sentence describing what happened, for the report header.
+    """
+    from .options import device_count_from_xla_flags
+
+    already = device_count_from_xla_flags(environ)
+    if already is not None:
+        return f"{already} CPU devices (from XLA_FLAGS)"
+    import sys
+
+    if "jax" not in sys.modules:
+        # Read by JAX when it is imported; avoids importing JAX at configure time.
+        environ["JAX_NUM_CPU_DEVICES"] = str(count)
+        return f"{count} CPU devices"
+    if _jax_compat.backends_are_initialized():
+        import jax
+
+        return f"{jax.device_count('cpu')} CPU devices (JAX was initialised before pytest-pallas)"
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", count)
+    return f"{count} CPU devices"

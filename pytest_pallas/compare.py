@@ -1,0 +1,299 @@
+"""The comparator: ``assert_allclose`` and the tolerance policy behind it.
+
+An element passes when ``|actual - expected| <= atol + rtol * |expected|``.
+
+* ``rtol`` is one unit in the last place of the output dtype: a correctly
+  rounded result is within half of it.
+* ``atol`` is scaled by ``max|expected|`` (so an all-zeros output never passes
+  for a non-zero expectation, whatever the tolerance): a quarter of the
+  output's ulp, plus the error a float32 accumulation of ``reduction_length``
+  terms may add (``eps_accumulator * (1 + log2(L))``). On a TPU, where a
+  float32 ``jnp.dot`` rounds its operands to bfloat16, the accumulator's
+  epsilon is bfloat16's (``matmul_precision="bfloat16"``).
+
+The policy is deliberately tight: a bfloat16 matmul with k >= 512 that
+accumulates in bfloat16 instead of float32 fails it (tests/test_compare.py
+shows that), while a float32-accumulating one passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+# Machine epsilon (spacing at 1.0) of the floating dtypes the comparator knows.
+_EPSILON = {
+    "float64": 2.0**-52,
+    "float32": 2.0**-23,
+    "float16": 2.0**-10,
+    "bfloat16": 2.0**-7,
+    "float8_e4m3fn": 2.0**-3,
+    "float8_e4m3b11fnuz": 2.0**-3,
+    "float8_e4m3fnuz": 2.0**-3,
+    "float8_e5m2": 2.0**-2,
+    "float8_e5m2fnuz": 2.0**-2,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """``|actual - expected| <= atol + rtol * |expected|``, and the reason for the numbers."""
+
+    rtol: float
+    atol: float
+    why: str
+
+    def bound(self, expected: np.ndarray) -> np.ndarray:
+        return self.atol + self.rtol * np.abs(expected)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The outcome of one comparison; ``worst_error`` is in units of the tolerance (<= 1 passes)."""
+
+    passed: bool
+    worst_error: float
+    tolerance: Tolerance | None
+    message: str
+
+
+def epsilon(dtype: Any) -> float:
+    """Machine epsilon of a floating dtype, by name (bfloat16 and float8 included)."""
+    name = np.dtype(dtype).name
+    if name not in _EPSILON:
+        raise ValueError(f"no epsilon known for dtype {name}; pass rtol= and atol= explicitly")
+    return _EPSILON[name]
+
+
+def default_tolerance(
+    dtype: Any,
+    *,
+    scale: float,
+    reduction_length: int | None = None,
+    matmul_precision: str = "float32",
+) -> Tolerance:
+    """The default tolerance for an output of ``dtype`` whose largest expected magnitude is ``scale``.
+
+    >>> default_tolerance("bfloat16", scale=1.0).rtol
+    0.0078125
+    """
+    name = np.dtype(dtype).name
+    output_eps = epsilon(name)
+    accumulator = "bfloat16" if matmul_precision == "bfloat16" else "float32"
+    reasons = [f"{name} output: rtol = 1 ulp = {output_eps:.3g}"]
+    atol_units = output_eps / 4
+    if reduction_length is not None and reduction_length > 1:
+        accumulation = epsilon(accumulator) * (1 + math.log2(reduction_length))
+        atol_units += accumulation
+        reasons.append(
+            f"reduction of length {reduction_length} accumulated in {accumulator} "
+            f"adds {accumulation:.3g}"
+        )
+    reasons.append(f"atol = {atol_units:.3g} x max|expected| ({scale:.4g})")
+    return Tolerance(rtol=output_eps, atol=atol_units * scale, why="; ".join(reasons))
+
+
+def _to_numpy(value: Any, what: str) -> np.ndarray:
+    if isinstance(value, (tuple, list, dict)):
+        raise TypeError(
+            f"{what} is a {type(value).__name__}, expected an array; "
+            "compare pytrees of the same structure, or return a single jax.Array"
+        )
+    try:
+        return np.asarray(value)
+    except Exception as error:
+        raise TypeError(f"{what} of type {type(value).__name__} cannot be read as an array: {error}")
+
+
+def _format_index(flat_index: int, shape: tuple[int, ...]) -> str:
+    if not shape:
+        return "()"
+    return str(tuple(int(i) for i in np.unravel_index(flat_index, shape)))
+
+
+def _format_value(value: Any) -> str:
+    return np.format_float_positional(float(value), precision=8, trim="-") if np.isfinite(
+        value
+    ) else str(float(value))
+
+
+def compare_arrays(
+    actual: Any,
+    expected: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    reduction_length: int | None = None,
+    matmul_precision: str = "float32",
+    dtype: Any = None,
+    exact: bool | None = None,
+    name: str = "",
+) -> Comparison:
+    """Compare one array leaf; never raises for a mismatch (see ``Comparison.message``).
+
+    ``dtype`` is the dtype the result must have (defaults to the actual dtype, so a
+    float64 oracle can be the expectation); ``exact`` forces bit-for-bit equality
+    (default: for integer and boolean outputs).
+    """
+    actual_array = _to_numpy(actual, f"actual{name}")
+    expected_array = _to_numpy(expected, f"expected{name}")
+    label = f"output{name}" if name else "output"
+    if dtype is not None and actual_array.dtype != np.dtype(dtype):
+        return Comparison(False, math.inf, None,
+                          f"{label} has dtype {actual_array.dtype}, expected {np.dtype(dtype)}.")
+    if actual_array.shape != expected_array.shape:
+        return Comparison(
+            False, math.inf, None,
+            f"{label} has shape {actual_array.shape}, expected {expected_array.shape}.",
+        )
+    out_dtype = actual_array.dtype
+    if exact is None:
+        exact = not np.issubdtype(out_dtype, np.inexact) and out_dtype.name not in _EPSILON
+    size = actual_array.size
+    header = f"{label} ({out_dtype.name}, shape {actual_array.shape})"
+    if exact:
+        return _compare_exact(actual_array, expected_array, header)
+
+    a = actual_array.astype(np.float64)
+    e = expected_array.astype(np.float64)
+    lines: list[str] = []
+    a_nan, e_nan = np.isnan(a), np.isnan(e)
+    a_inf, e_inf = np.isinf(a), np.isinf(e)
+    special_mismatch = (a_nan != e_nan) | ((a_inf | e_inf) & ~(a_nan | e_nan) & (a != e))
+    finite = np.isfinite(e) & np.isfinite(a)
+    finite_expected = e[np.isfinite(e)]
+    scale = float(np.max(np.abs(finite_expected))) if finite_expected.size else 0.0
+    if rtol is None or atol is None:
+        default = default_tolerance(out_dtype if out_dtype.name in _EPSILON else "float32",
+                                    scale=scale, reduction_length=reduction_length,
+                                    matmul_precision=matmul_precision)
+        tolerance = Tolerance(
+            rtol=default.rtol if rtol is None else rtol,
+            atol=default.atol if atol is None else atol,
+            why=default.why if rtol is None and atol is None else "given by the caller",
+        )
+    else:
+        tolerance = Tolerance(rtol=rtol, atol=atol, why="given by the caller")
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        difference = np.where(finite, np.abs(a - e), 0.0)
+    bound = tolerance.bound(np.where(finite, e, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        in_units = np.where(difference > 0, difference / np.where(bound > 0, bound, np.nan), 0.0)
+    in_units = np.where(np.isnan(in_units), np.inf, in_units)
+    in_units = np.where(special_mismatch, np.inf, in_units)
+    mismatched = (difference > bound) | special_mismatch
+    count = int(np.count_nonzero(mismatched))
+    worst_error = float(np.max(in_units)) if size else 0.0
+    if count == 0:
+        return Comparison(True, worst_error, tolerance, "")
+
+    lines.append(f"Arrays are not close: {header}.")
+    lines.append(f"Mismatched elements: {count} / {size} ({100.0 * count / size:.3g}%)")
+    special_count = int(np.count_nonzero(special_mismatch))
+    if special_count:
+        first = int(np.flatnonzero(special_mismatch)[0])
+        lines.append(
+            f"NaN/Inf at different places: {special_count} elements, first at index "
+            f"{_format_index(first, a.shape)}: actual {_format_value(a.flat[first])}, "
+            f"expected {_format_value(e.flat[first])}"
+        )
+    if np.any(finite):
+        worst_abs = int(np.argmax(difference))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            relative = np.where(finite & (e != 0), difference / np.abs(e), 0.0)
+            relative = np.where(finite & (e == 0) & (difference > 0), np.inf, relative)
+        worst_rel = int(np.argmax(relative))
+        lines.append(
+            f"Worst absolute difference: {difference.flat[worst_abs]:.6g} at index "
+            f"{_format_index(worst_abs, a.shape)}: actual {_format_value(a.flat[worst_abs])}, "
+            f"expected {_format_value(e.flat[worst_abs])}"
+        )
+        lines.append(
+            f"Worst relative difference: {relative.flat[worst_rel]:.6g} at index "
+            f"{_format_index(worst_rel, a.shape)}: actual {_format_value(a.flat[worst_rel])}, "
+            f"expected {_format_value(e.flat[worst_rel])}"
+        )
+    lines.append(
+        f"Tolerance: |actual - expected| <= atol + rtol * |expected| with "
+        f"rtol={tolerance.rtol:.3g}, atol={tolerance.atol:.3g} ({tolerance.why})"
+    )
+    lines.append(f"Worst error: {worst_error:.3g} x tolerance")
+    return Comparison(False, worst_error, tolerance, "\n".join(lines))
+
+
+def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str) -> Comparison:
+    if actual.dtype != expected.dtype and actual.dtype.itemsize == expected.dtype.itemsize:
+        expected = expected.astype(actual.dtype)
+    if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in _EPSILON:
+        # Bit for bit: NaN payloads and signed zeros count.
+        view = np.dtype(f"u{actual.dtype.itemsize}")
+        mismatched = actual.view(view) != expected.astype(actual.dtype).view(view)
+    else:
+        mismatched = actual != expected
+    count = int(np.count_nonzero(mismatched))
+    if count == 0:
+        return Comparison(True, 0.0, Tolerance(0.0, 0.0, "exact"), "")
+    first = int(np.flatnonzero(mismatched)[0])
+    size = actual.size
+    message = "\n".join([
+        f"Arrays are not equal: {header} must match exactly.",
+        f"Mismatched elements: {count} / {size} ({100.0 * count / size:.3g}%)",
+        f"First mismatch at index {_format_index(first, actual.shape)}: "
+        f"actual {actual.flat[first].item()!r}, expected {expected.flat[first].item()!r}",
+        "Tolerance: exact (integer or bit-for-bit output)",
+    ])
+    return Comparison(False, math.inf, Tolerance(0.0, 0.0, "exact"), message)
+
+
+def _leaves(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
+    import jax
+
+    paths_and_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    return [(jax.tree_util.keystr(path), leaf) for path, leaf in paths_and_leaves], treedef
+
+
+def assert_allclose(
+    actual: Any,
+    expected: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    reduction_length: int | None = None,
+    matmul_precision: str = "float32",
+    dtype: Any = None,
+    exact: bool | None = None,
+) -> float:
+    """Assert that ``actual`` matches ``expected`` within the dtype-aware default tolerance.
+
+    Works on arrays and on pytrees of arrays (same structure). NaN and +-Inf
+    must sit at the same places. Returns the worst error in units of the
+    tolerance (<= 1.0), which the conformance report prints.
+
+    >>> import numpy as np
+    >>> assert_allclose(np.float32([1.0, 2.0]), np.array([1.0, 2.0])) <= 1.0
+    True
+    """
+    __tracebackhide__ = True
+    actual_leaves, actual_tree = _leaves(actual)
+    expected_leaves, expected_tree = _leaves(expected)
+    if actual_tree != expected_tree:
+        raise AssertionError(
+            f"Structures differ: actual is {actual_tree}, expected {expected_tree}."
+        )
+    worst = 0.0
+    failures = []
+    for (path, a), (_, e) in zip(actual_leaves, expected_leaves):
+        result = compare_arrays(
+            a, e, rtol=rtol, atol=atol, reduction_length=reduction_length,
+            matmul_precision=matmul_precision, dtype=dtype, exact=exact, name=path,
+        )
+        worst = max(worst, result.worst_error)
+        if not result.passed:
+            failures.append(result.message)
+    if failures:
+        raise AssertionError("\n\n".join(failures))
+    return worst

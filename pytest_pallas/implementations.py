@@ -1,0 +1,87 @@
+"""``--pallas-impl OP=MODULE:ATTR`` and ``--pallas-ops``: parse, then resolve to callables.
+
+Parsing is pure string work done at configure time so that every mistake is
+a usage error before collection. Resolution imports the user's module the
+way ``python -m`` would (the current directory first on sys.path).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from typing import Callable
+
+import pytest
+
+from .ops import OP_NAMES
+
+
+def _unknown_op(op: str, flag: str) -> pytest.UsageError:
+    return pytest.UsageError(
+        f"{flag}: unknown op {op!r}; the conformance ops are {', '.join(OP_NAMES)}."
+    )
+
+
+def parse_impl_flags(values: list[str]) -> tuple[tuple[str, str], ...]:
+    """``["matmul=my.kernels:matmul"]`` -> ``(("matmul", "my.kernels:matmul"),)``, validated."""
+    parsed: dict[str, str] = {}
+    for value in values:
+        op, sep, target = value.partition("=")
+        op, target = op.strip(), target.strip()
+        module, colon, attribute = target.partition(":")
+        if not sep or not op or not colon or not module or not attribute:
+            raise pytest.UsageError(
+                f"--pallas-impl {value!r} is malformed; write OP=MODULE:ATTR, "
+                "e.g. --pallas-impl matmul=my_kernels:matmul."
+            )
+        if op not in OP_NAMES:
+            raise _unknown_op(op, f"--pallas-impl {value!r}")
+        if op in parsed:
+            raise pytest.UsageError(
+                f"--pallas-impl gives {op!r} twice ({parsed[op]} and {target}); give each op once."
+            )
+        parsed[op] = target
+    return tuple(parsed.items())
+
+
+def parse_ops_flag(value: str | None) -> tuple[str, ...]:
+    """``"add,matmul"`` -> ``("add", "matmul")``, validated."""
+    if value is None:
+        return ()
+    ops = tuple(op.strip() for op in value.split(",") if op.strip())
+    if not ops:
+        raise pytest.UsageError("--pallas-ops is empty; give e.g. --pallas-ops=add,matmul.")
+    for op in ops:
+        if op not in OP_NAMES:
+            raise _unknown_op(op, f"--pallas-ops={value}")
+    return ops
+
+
+def resolve(target: str, *, flag: str) -> Callable:
+    """Import ``MODULE:ATTR`` and return the callable, or raise a one-line UsageError."""
+    module_name, _, attribute = target.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        # As `python -m` does: the user's kernels usually live beside their tests.
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # any error while importing user code is a usage problem
+        last = traceback.format_exception_only(type(error), error)[-1].strip()
+        raise pytest.UsageError(f"{flag}: cannot import module {module_name!r}: {last}")
+    obj = module
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise pytest.UsageError(
+                f"{flag}: module {module_name!r} has no attribute {attribute!r}."
+            )
+    if not callable(obj):
+        raise pytest.UsageError(
+            f"{flag}: {target} is a {type(obj).__name__}, not a callable; point it at the "
+            "function that computes the op."
+        )
+    return obj

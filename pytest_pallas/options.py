@@ -1,0 +1,249 @@
+"""Command-line and ini options: declared once, validated once, into one frozen object.
+
+Nothing here imports JAX: the plugin loads in every pytest run of an
+environment that has it installed, and most of those runs never touch Pallas.
+Every user mistake becomes a ``pytest.UsageError`` (exit status 4) whose one
+line names the option, the bad value and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+
+import pytest
+
+INTERPRETERS = ("tpu", "plain")
+DEFAULT_INTERPRETER = "tpu"
+DEFAULT_CHIP = "v5e"
+DEFAULT_DEVICES = 8
+DEFAULT_TIMEOUT_SECONDS = 300.0
+PROFILES = ("ci", "dev", "thorough")
+
+# The chip names JAX's pltpu.ChipVersion knows. Kept as strings so that the
+# option can be validated without importing JAX; tests/test_jax_compat.py
+# checks this tuple against the installed JAX's enum.
+KNOWN_CHIPS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i")
+
+_DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasOptions:
+    """What the user asked for, validated. The single source of truth for the plugin."""
+
+    tpu: bool = False
+    interpreter: str = DEFAULT_INTERPRETER
+    chip: str = DEFAULT_CHIP
+    chip_given: bool = False
+    interpreter_given: bool = False
+    detect_races: bool = False
+    devices: int = DEFAULT_DEVICES
+    devices_requested: bool = False
+    seed: int = 0
+    seed_given: bool = False
+    examples: int | None = None
+    profile: str = "dev"
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    conformance: bool = False
+    implementations: tuple[tuple[str, str], ...] = ()
+    ops: tuple[str, ...] = ()
+    report_path: str | None = None
+
+    @property
+    def session_opted_in(self) -> bool:
+        """Whether a command-line flag asked for Pallas behaviour for every test of the session.
+
+        Ini options only set defaults; ``--pallas-devices`` only sizes the CPU platform.
+        """
+        return (
+            self.tpu
+            or self.chip_given
+            or self.interpreter_given
+            or self.detect_races
+            or self.conformance
+            or bool(self.implementations)
+        )
+
+    @property
+    def backend_name(self) -> str:
+        return "tpu" if self.tpu else f"cpu-interpret-{self.interpreter}"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pallas", "Pallas kernels (pytest-pallas)")
+    group.addoption(
+        "--pallas-tpu", action="store_true", default=False,
+        help="run kernels compiled for the TPU that JAX sees; stop with exit 4 if none is visible.",
+    )
+    group.addoption(
+        "--pallas-interpret", metavar="MODE", default=None,
+        help=f"interpreter on the CPU: 'tpu' (simulated VMEM, DMAs, semaphores, NaN-poisoned "
+        f"memory) or 'plain' (interpret=True, fastest). Default: {DEFAULT_INTERPRETER}.",
+    )
+    group.addoption(
+        "--pallas-chip", metavar="NAME", default=None,
+        help=f"TPU generation the CPU run stands in for ({', '.join(KNOWN_CHIPS)}). "
+        f"Default: {DEFAULT_CHIP}.",
+    )
+    group.addoption(
+        "--pallas-detect-races", action="store_true", default=False,
+        help="TPU interpret mode with race detection; a detected race fails the test.",
+    )
+    group.addoption(
+        "--pallas-devices", metavar="N", default=None,
+        help=f"simulated CPU devices for multi-device kernels (default {DEFAULT_DEVICES}; "
+        "ignored when XLA_FLAGS already sets --xla_force_host_platform_device_count).",
+    )
+    group.addoption(
+        "--pallas-seed", metavar="N", default=None,
+        help="fix every random draw (Hypothesis and array data). Default: a fresh seed, printed.",
+    )
+    group.addoption(
+        "--pallas-examples", metavar="N", default=None,
+        help="Hypothesis examples per property (overrides the profile).",
+    )
+    group.addoption(
+        "--pallas-profile", metavar="NAME", default=None,
+        help="Hypothesis settings profile: ci (derandomized, few examples), dev (default), "
+        "thorough (nightly). Default: ci when the CI environment variable is set, else dev.",
+    )
+    group.addoption(
+        "--pallas-timeout", metavar="SECONDS", default=None,
+        help=f"fail a kernel call that runs longer (default {DEFAULT_TIMEOUT_SECONDS:g}; 0 disables).",
+    )
+    group.addoption(
+        "--pallas-conformance", action="store_true", default=False,
+        help="add the installed conformance suite to the collected tests.",
+    )
+    group.addoption(
+        "--pallas-impl", metavar="OP=MODULE:ATTR", action="append", default=[],
+        help="check this callable for OP in the conformance suite (repeatable).",
+    )
+    group.addoption(
+        "--pallas-ops", metavar="OP[,OP...]", default=None,
+        help="restrict the conformance suite to these ops.",
+    )
+    group.addoption(
+        "--pallas-report", metavar="PATH", default=None,
+        help="write a JSON conformance report to PATH.",
+    )
+    parser.addini(
+        "pallas_devices", default=None,
+        help="simulated CPU devices to create for this project's tests (like --pallas-devices).",
+    )
+    parser.addini("pallas_chip", default=None, help="default for --pallas-chip.")
+    parser.addini("pallas_interpret", default=None, help="default for --pallas-interpret.")
+
+
+def _positive_int(value: str, option: str, *, allow_zero: bool = False) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"{option}={value!r} is not a whole number; give e.g. {option}=8.")
+    if number < 0 or (number == 0 and not allow_zero):
+        floor = 0 if allow_zero else 1
+        raise pytest.UsageError(f"{option}={value} must be at least {floor}.")
+    return number
+
+
+def _option(config: pytest.Config, name: str, ini: str | None = None):
+    value = config.getoption(name)
+    if value is None and ini is not None:
+        value = config.getini(ini) or None
+    return value
+
+
+def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
+    """Validate every Pallas option of ``config``; raise ``pytest.UsageError`` on the first bad one."""
+    from . import implementations  # pure Python: parses OP=MODULE:ATTR without importing
+
+    tpu = bool(config.getoption("--pallas-tpu"))
+    detect_races = bool(config.getoption("--pallas-detect-races"))
+
+    interpreter = _option(config, "--pallas-interpret", "pallas_interpret") or DEFAULT_INTERPRETER
+    if interpreter not in INTERPRETERS:
+        raise pytest.UsageError(
+            f"--pallas-interpret={interpreter!r} is not an interpreter; use one of "
+            f"{', '.join(INTERPRETERS)}."
+        )
+    if detect_races and interpreter != "tpu":
+        raise pytest.UsageError(
+            "--pallas-detect-races needs the TPU interpreter; drop --pallas-interpret=plain."
+        )
+
+    chip_value = _option(config, "--pallas-chip", "pallas_chip")
+    chip = chip_value or DEFAULT_CHIP
+    if chip.lower().startswith("tpu"):
+        chip = chip[3:].lstrip(" _-")
+    if chip not in KNOWN_CHIPS:
+        raise pytest.UsageError(
+            f"--pallas-chip={chip_value!r} is not a TPU generation JAX knows; use one of "
+            f"{', '.join(KNOWN_CHIPS)}."
+        )
+
+    devices_value = _option(config, "--pallas-devices", "pallas_devices")
+    devices = DEFAULT_DEVICES
+    if devices_value is not None:
+        devices = _positive_int(devices_value, "--pallas-devices")
+
+    seed_value = config.getoption("--pallas-seed")
+    if seed_value is not None:
+        seed = _positive_int(seed_value, "--pallas-seed", allow_zero=True)
+    else:
+        seed = random.SystemRandom().randrange(2**31)
+
+    examples_value = config.getoption("--pallas-examples")
+    examples = None
+    if examples_value is not None:
+        examples = _positive_int(examples_value, "--pallas-examples")
+
+    profile = config.getoption("--pallas-profile") or ("ci" if environ.get("CI") else "dev")
+    if profile not in PROFILES:
+        raise pytest.UsageError(
+            f"--pallas-profile={profile!r} is not a profile; use one of {', '.join(PROFILES)}."
+        )
+
+    timeout_value = config.getoption("--pallas-timeout")
+    timeout_seconds = DEFAULT_TIMEOUT_SECONDS
+    if timeout_value is not None:
+        try:
+            timeout_seconds = float(timeout_value)
+        except ValueError:
+            raise pytest.UsageError(
+                f"--pallas-timeout={timeout_value!r} is not a number of seconds; "
+                "give e.g. --pallas-timeout=120 (0 disables)."
+            )
+        if timeout_seconds < 0:
+            raise pytest.UsageError(f"--pallas-timeout={timeout_value} must be 0 or more seconds.")
+
+    impls = implementations.parse_impl_flags(config.getoption("--pallas-impl"))
+    ops = implementations.parse_ops_flag(config.getoption("--pallas-ops"))
+
+    return PallasOptions(
+        tpu=tpu,
+        interpreter=interpreter,
+        chip=chip,
+        chip_given=config.getoption("--pallas-chip") is not None,
+        interpreter_given=config.getoption("--pallas-interpret") is not None,
+        detect_races=detect_races,
+        devices=devices,
+        devices_requested=devices_value is not None,
+        seed=seed,
+        seed_given=seed_value is not None,
+        examples=examples,
+        profile=profile,
+        timeout_seconds=timeout_seconds,
+        conformance=bool(config.getoption("--pallas-conformance")),
+        implementations=impls,
+        ops=ops,
+        report_path=config.getoption("--pallas-report"),
+    )
+
+
+def device_count_from_xla_flags(environ=os.environ) -> int | None:
+    """The simulated CPU device count the user's XLA_FLAGS already set, if any."""
+    match = _DEVICE_COUNT_FLAG.search(environ.get("XLA_FLAGS", ""))
+    return int(match.group(1)) if match else None

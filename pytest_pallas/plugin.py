@@ -1,0 +1,170 @@
+"""pytest hooks, options and fixtures of pytest-pallas. No kernel logic lives here.
+
+Loaded in every pytest run of an environment where the package is installed,
+so it imports nothing heavy: JAX is imported only when a test uses Pallas.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from . import options as options_module
+from .session import FIXTURE_NAMES, MARKERS, PallasSession, device_shortfall
+
+_SESSION = pytest.StashKey[PallasSession]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options_module.add_options(parser)
+    parser.addini(
+        "pallas_scope", default="marked",
+        help="'marked' (default): only tests with a pallas marker or fixture run in the Pallas "
+        "backend; 'all': every test does.",
+    )
+
+
+def _session(config: pytest.Config) -> PallasSession:
+    return config.stash[_SESSION]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for spec, description in MARKERS.items():
+        config.addinivalue_line("markers", f"{spec}: {description}")
+    parsed = options_module.parse_options(config)
+    scope = config.getini("pallas_scope") or "marked"
+    if scope not in ("marked", "all"):
+        raise pytest.UsageError(f"ini option pallas_scope={scope!r} must be 'marked' or 'all'.")
+    session = PallasSession(
+        options=parsed,
+        scope_all=scope == "all",
+        invocation=tuple(config.invocation_params.args),
+    )
+    config.stash[_SESSION] = session
+    if not parsed.tpu and (parsed.session_opted_in or parsed.devices_requested):
+        # The device count must be fixed before JAX creates its CPU client.
+        session.ensure_devices()
+    if parsed.session_opted_in:
+        # --pallas-tpu without a TPU must stop here, before collection (exit 4).
+        session.backend  # noqa: B018
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    session = _session(config)
+    if session.options.session_opted_in or session.scope_all:
+        return [session.header()]
+    return None
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    pallas = _session(config)
+    ours = [item for item in items if pallas.uses_pallas(item)]
+    if not ours:
+        return
+    from hypothesis import seed, settings
+
+    from .strategies import register_profiles
+
+    register_profiles()
+    profile = f"pallas-{pallas.options.profile}"
+    if pallas.options.examples is not None:
+        settings.register_profile(
+            "pallas-cli", parent=settings.get_profile(profile),
+            max_examples=pallas.options.examples,
+        )
+        profile = "pallas-cli"
+    settings.load_profile(profile)
+    for item in ours:
+        function = getattr(item, "obj", None)
+        if getattr(function, "is_hypothesis_test", False):
+            # The same --pallas-seed gives the same examples, on any worker.
+            seed(pallas.key_seed(item.nodeid))(function)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item):
+    pallas = _session(item.config)
+    if pallas.uses_pallas(item):
+        reason = pallas.skip_reason(item)
+        if reason:
+            pytest.skip(reason)
+        pallas.activate(item)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    result = yield
+    pallas = _session(item.config)
+    if pallas.uses_pallas(item):
+        pallas.check_races(item)
+    return result
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem):
+    try:
+        return (yield)
+    finally:
+        _session(item.config).deactivate(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    report = yield
+    pallas = _session(item.config)
+    if report.failed and call.when == "call" and pallas.uses_pallas(item):
+        report.sections.append((
+            "pallas",
+            f"seed {pallas.options.seed}; reproduce with:\n  {pallas.reproduce_command(item.nodeid)}",
+        ))
+    return report
+
+
+# --- fixtures -----------------------------------------------------------------
+
+
+@pytest.fixture
+def pallas_backend(request: pytest.FixtureRequest):
+    """The backend this test's kernels run on: platform, chip and its facts, interpreter params.
+
+    Example::
+
+        def test_fits_vmem(pallas_backend):
+            assert my_block_bytes() < pallas_backend.tpu_info.vmem_capacity_bytes
+    """
+    return _session(request.config).item_backend(request.node)
+
+
+@pytest.fixture
+def pallas_key(request: pytest.FixtureRequest):
+    """A ``jax.random`` key derived from ``--pallas-seed`` and the test id."""
+    import jax
+
+    return jax.random.key(_session(request.config).key_seed(request.node.nodeid))
+
+
+@pytest.fixture
+def device_mesh(request: pytest.FixtureRequest):
+    """A factory: ``device_mesh(n, axis_name="x")`` is a 1-D ``jax.sharding.Mesh`` of n devices.
+
+    Skips the test, saying why, when fewer than n devices are available.
+    """
+    import jax
+    import numpy as np
+
+    backend = _session(request.config).item_backend(request.node)
+
+    def make(count: int, axis_name: str = "x") -> jax.sharding.Mesh:
+        devices = jax.devices("tpu" if backend.is_tpu else "cpu")
+        if count > len(devices):
+            pytest.skip(device_shortfall(count, backend))
+        return jax.sharding.Mesh(np.array(devices[:count]), (axis_name,))
+
+    return make
+
+
+assert set(FIXTURE_NAMES) >= {"pallas_backend", "pallas_key", "device_mesh"}, "fixtures drifted"
+_ = sys  # the module must stay importable without JAX; see tests/test_startup.py

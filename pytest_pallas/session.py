@@ -1,0 +1,177 @@
+"""The plugin's state for one pytest run: options, the lazily chosen backend, per-test activation.
+
+The backend is created on first use so that a run with no Pallas test never
+imports JAX. A test *uses Pallas* when it carries one of the plugin's
+markers, requests one of its fixtures, belongs to the conformance suite, or
+when the session opted in (any backend flag on the command line, or the ini
+option ``pallas_scope = all``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shlex
+import zlib
+from typing import Any
+
+import pytest
+
+from . import _jax_compat
+from .backend import Backend, chip_info, make_interpret_params, request_cpu_devices, select_backend
+from .options import PallasOptions
+
+MARKERS = {
+    "pallas": "the test runs Pallas kernels: interpret them on the CPU, compile them on --pallas-tpu.",
+    "tpu_only": "run only with --pallas-tpu on a real TPU (skipped in interpret mode).",
+    "interpret_only": "run only in interpret mode on the CPU (skipped on a real TPU).",
+    "tpu_generation(*chips)": "the test is for these TPU generations: on a TPU, skipped on "
+    "others; on the CPU, run standing in for the first one unless --pallas-chip is one of them.",
+    "devices(n)": "the test needs n devices: skipped, with the reason, when fewer are available.",
+}
+MARKER_NAMES = tuple(spec.split("(")[0] for spec in MARKERS)
+FIXTURE_NAMES = ("pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark")
+
+_ACTIVE = pytest.StashKey[contextlib.ExitStack]()
+_BACKEND = pytest.StashKey[Backend]()
+
+
+@dataclasses.dataclass
+class PallasSession:
+    options: PallasOptions
+    scope_all: bool = False
+    invocation: tuple[str, ...] = ()
+    devices_note: str | None = None
+    _backend: Backend | None = None
+
+    # --- which tests are ours -------------------------------------------------
+
+    def uses_pallas(self, item: pytest.Item) -> bool:
+        if self.scope_all or self.options.session_opted_in:
+            return True
+        if any(item.get_closest_marker(name) for name in MARKER_NAMES):
+            return True
+        return any(name in getattr(item, "fixturenames", ()) for name in FIXTURE_NAMES)
+
+    # --- the backend ------------------------------------------------------------
+
+    def ensure_devices(self) -> None:
+        if self.devices_note is None:
+            self.devices_note = request_cpu_devices(self.options.devices, os.environ)
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            if not self.options.tpu:
+                self.ensure_devices()
+            self._backend = select_backend(self.options)
+        return self._backend
+
+    def backend_for(self, item: pytest.Item) -> Backend:
+        """The session's backend, or a variant standing in for the chip a marker asks for."""
+        backend = self.backend
+        marker = item.get_closest_marker("tpu_generation")
+        if backend.is_tpu or marker is None or not marker.args:
+            return backend
+        chips = [str(chip) for chip in marker.args]
+        if backend.chip in chips:
+            return backend
+        info = chip_info(chips[0])
+        return dataclasses.replace(
+            backend, chip=chips[0], tpu_info=info,
+            interpret_params=make_interpret_params(self.options, info),
+        )
+
+    # --- per test ---------------------------------------------------------------
+
+    def skip_reason(self, item: pytest.Item) -> str | None:
+        backend = self.backend
+        if item.get_closest_marker("tpu_only") and not backend.is_tpu:
+            return "tpu_only: needs a real TPU (run with --pallas-tpu on a TPU VM)"
+        if item.get_closest_marker("interpret_only") and backend.is_tpu:
+            return "interpret_only: runs only in interpret mode on the CPU"
+        marker = item.get_closest_marker("tpu_generation")
+        if marker is not None and backend.is_tpu and marker.args:
+            if backend.chip not in [str(chip) for chip in marker.args]:
+                return f"tpu_generation: for {', '.join(map(str, marker.args))}, this TPU is {backend.chip}"
+        marker = item.get_closest_marker("devices")
+        if marker is not None:
+            needed = int(marker.args[0]) if marker.args else int(marker.kwargs.get("n", 1))
+            if needed > backend.device_count:
+                return device_shortfall(needed, backend)
+        return None
+
+    def activate(self, item: pytest.Item) -> None:
+        backend = self.backend_for(item)
+        stack = contextlib.ExitStack()
+        if not backend.is_tpu:
+            # A kernel that raised while interpreted leaves the TPU interpreter's
+            # shared memory behind; start every test from a clean interpreter.
+            _jax_compat.reset_interpreter_state()
+        stack.enter_context(backend.activate())
+        item.stash[_ACTIVE] = stack
+        item.stash[_BACKEND] = backend
+
+    def deactivate(self, item: pytest.Item) -> None:
+        stack = item.stash.get(_ACTIVE, None)
+        if stack is not None:
+            stack.close()
+            del item.stash[_ACTIVE]
+
+    def item_backend(self, item: pytest.Item) -> Backend:
+        return item.stash.get(_BACKEND, None) or self.backend_for(item)
+
+    def check_races(self, item: pytest.Item) -> None:
+        __tracebackhide__ = True
+        if self.options.detect_races and _jax_compat.races_found():
+            _jax_compat.reset_interpreter_state()
+            raise AssertionError(
+                "pallas: the TPU interpreter detected a data race in a kernel this test ran "
+                "(two accesses to the same buffer not ordered by a DMA wait, semaphore or "
+                "barrier); wait on the DMA before reading its buffer, or make the racing grid "
+                "axis 'arbitrary'. The interpreter's log above names the buffers."
+            )
+
+    # --- seeds and reproduction ---------------------------------------------------
+
+    def key_seed(self, nodeid: str) -> int:
+        """A per-test seed: stable across processes and workers for the same --pallas-seed."""
+        return (self.options.seed * 1_000_003 + zlib.crc32(nodeid.encode())) % 2**31
+
+    def reproduce_command(self, nodeid: str) -> str:
+        words = ["pytest", nodeid, f"--pallas-seed={self.options.seed}"]
+        words += [arg for arg in self.invocation if arg.startswith("--pallas-")
+                  and not arg.startswith("--pallas-seed") and not arg.startswith("--pallas-report")]
+        return " ".join(shlex.quote(word) for word in words)
+
+    def header(self) -> str:
+        options = self.options
+        if options.tpu:
+            backend = "TPU (compiled)"
+        else:
+            backend = f"CPU, {options.interpreter} interpreter, standing in for TPU {options.chip}"
+        return (
+            f"pallas: {backend}; seed {options.seed} (reproduce with "
+            f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
+        )
+
+
+def device_shortfall(needed: int, backend: Backend) -> str:
+    if backend.is_tpu:
+        return f"needs {needed} TPU devices, this host has {backend.device_count}"
+    return (
+        f"needs {needed} devices, JAX sees {backend.device_count} CPU devices; run with "
+        f"--pallas-devices={needed} (JAX must not be initialised before pytest starts)"
+    )
+
+
+def backend_facts(backend: Backend) -> dict[str, Any]:
+    return {
+        "platform": backend.platform,
+        "interpreter": backend.interpreter,
+        "chip": backend.chip,
+        "device_kind": backend.device_kind,
+        "device_count": backend.device_count,
+        "vmem_bytes": backend.tpu_info.vmem_capacity_bytes,
+    }

@@ -1,0 +1,204 @@
+"""Backends: every pallas_call a Pallas test makes is interpreted on the CPU; chips stand in."""
+
+import textwrap
+
+import pytest
+
+USER_KERNEL = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def double_kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    def double(x):
+        # A user kernel that never passes interpret=: it only runs on the CPU
+        # because the plugin interprets it.
+        return pl.pallas_call(double_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    """
+)
+
+
+def test_user_kernel_without_interpret_runs_on_the_cpu(pytester):
+    pytester.makepyfile(USER_KERNEL + textwrap.dedent(
+        """
+        @pytest.mark.pallas
+        def test_marked():
+            assert (double(jnp.ones((8, 128))) == 2).all()
+
+        def test_fixture(pallas_backend):
+            assert pallas_backend.platform == "cpu"
+            assert (double(jnp.ones((8, 128))) == 2).all()
+        """
+    ))
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_unmarked_test_is_left_alone(pytester):
+    pytester.makepyfile(USER_KERNEL + textwrap.dedent(
+        """
+        def test_unmarked():
+            with pytest.raises(Exception, match="Only interpret mode is supported on CPU"):
+                double(jnp.ones((8, 128)))
+        """
+    ))
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    # A backend flag opts every test of the session in.
+    pytester.runpytest("-p", "no:cacheprovider", "--pallas-interpret=tpu").assert_outcomes(failed=1)
+
+
+@pytest.mark.parametrize("mode, expected", [("tpu", "InterpretParams"), ("plain", "True")])
+def test_interpreter_flag_selects_the_interpreter(pytester, mode, expected):
+    pytester.makepyfile(USER_KERNEL + textwrap.dedent(
+        """
+        def test_params(pallas_backend):
+            print("PARAMS", type(pallas_backend.interpret_params).__name__
+                  if pallas_backend.interpret_params is not True else "True")
+            assert (double(jnp.ones((8, 128))) == 2).all()
+        """
+    ))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-s", f"--pallas-interpret={mode}")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*PARAMS {expected}"])
+
+
+def test_tpu_interpreter_poisons_uninitialized_memory(pytester):
+    pytester.makepyfile(
+        """
+        import jax, jax.numpy as jnp, pytest
+        from jax.experimental import pallas as pl
+
+        def forgets_to_initialise(x_ref, o_ref):
+            o_ref[...] += x_ref[...]
+
+        @pytest.mark.pallas
+        def test_nan():
+            y = pl.pallas_call(forgets_to_initialise,
+                               out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(jnp.ones((8, 128)))
+            assert jnp.isnan(y).all()
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("chip, vmem_mib", [("v5e", 128), ("v4", 16), ("v6e", 128), ("7x", 64)])
+def test_chip_flag_makes_get_tpu_info_answer_for_that_chip(pytester, chip, vmem_mib):
+    pytester.makepyfile(
+        f"""
+        import pytest
+        from jax.experimental.pallas import tpu as pltpu
+
+        @pytest.mark.pallas
+        def test_info():
+            info = pltpu.get_tpu_info()
+            assert str(info.chip_version) == {chip!r}
+            assert info.vmem_capacity_bytes == {vmem_mib} * 2**20
+
+        def test_registry_restored_after_the_test():
+            with pytest.raises(ValueError, match="Unsupported TPU device kind"):
+                pltpu.get_tpu_info()
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--pallas-chip={chip}", "-o",
+                                "pallas_scope=marked")
+    # --pallas-chip opts every test in, so the second test also sees the chip.
+    result.assert_outcomes(passed=1, failed=1)
+    pytester.runpytest("-p", "no:cacheprovider", "-o", f"pallas_chip={chip}").assert_outcomes(passed=2)
+
+
+def test_emit_pipeline_runs_on_the_cpu(pytester):
+    pytester.makepyfile(
+        """
+        import jax, jax.numpy as jnp, numpy as np, pytest
+        from jax.experimental import pallas as pl
+        from jax.experimental.pallas import tpu as pltpu
+
+        def inner(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1
+
+        def outer(x_hbm, o_hbm):
+            pltpu.emit_pipeline(inner, grid=(4,),
+                                in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                                out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x_hbm, o_hbm)
+
+        @pytest.mark.pallas
+        def test_pipeline():
+            x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
+            y = pl.pallas_call(outer, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                               in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                               out_specs=pl.BlockSpec(memory_space=pl.ANY))(x)
+            np.testing.assert_array_equal(y, x + 1)
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_fake_tpu_device_facts_select_the_chip():
+    from pytest_pallas.backend import select_backend
+    from pytest_pallas.options import PallasOptions
+
+    class FakeTpu:
+        device_kind = "TPU v5 lite"
+        num_cores = 1
+
+    backend = select_backend(PallasOptions(tpu=True), tpu_devices=lambda: [FakeTpu()] * 4)
+    assert (backend.platform, backend.chip, backend.device_count) == ("tpu", "v5e", 4)
+    assert backend.interpret_params is None
+    assert backend.matmul_precision == "bfloat16"
+    assert backend.tpu_info.vmem_capacity_bytes == 128 * 2**20
+    with backend.activate():  # a real TPU needs no interpreter
+        pass
+
+
+def test_fake_tpu_that_disagrees_with_chip_flag_is_a_usage_error():
+    from pytest_pallas.backend import select_backend
+    from pytest_pallas.options import PallasOptions
+
+    class FakeTpu:
+        device_kind = "TPU v6 lite"
+
+    with pytest.raises(pytest.UsageError, match=r"--pallas-chip=v5e disagrees with the TPU JAX "
+                                                r"sees \(TPU v6 lite, chip v6e\)"):
+        select_backend(PallasOptions(tpu=True, chip="v5e", chip_given=True),
+                       tpu_devices=lambda: [FakeTpu()])
+
+
+def test_unknown_tpu_device_kind_is_a_usage_error():
+    from pytest_pallas.backend import select_backend
+    from pytest_pallas.options import PallasOptions
+
+    class FakeTpu:
+        device_kind = "TPU v99"
+
+    with pytest.raises(pytest.UsageError, match="does not know the chip of device kind 'TPU v99'"):
+        select_backend(PallasOptions(tpu=True), tpu_devices=lambda: [FakeTpu()])
+
+
+def test_interpreter_state_is_reset_after_a_failing_kernel(pytester):
+    pytester.makepyfile(
+        """
+        import jax, jax.numpy as jnp, pytest
+        from jax.experimental import pallas as pl
+        from jax.experimental.pallas import tpu as pltpu
+
+        def out_of_bounds(x_ref, o_ref):
+            o_ref[...] = x_ref[pl.ds(8, 8), :]
+
+        def good(x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+
+        @pytest.mark.pallas
+        def test_a_kernel_that_raises():
+            pl.pallas_call(out_of_bounds, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(
+                jnp.ones((8, 128)))
+
+        @pytest.mark.pallas
+        def test_next_kernel_is_not_poisoned():
+            y = pl.pallas_call(good, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(
+                jnp.ones((8, 128)))
+            assert (y == 1).all()
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1, failed=1)
