@@ -11,7 +11,15 @@ import sys
 import pytest
 
 from . import options as options_module
-from .session import FIXTURE_NAMES, MARKERS, PallasSession, device_shortfall
+from .session import (
+    CONFORMANCE_DIRECTORY,
+    FIXTURE_NAMES,
+    MARKERS,
+    PallasSession,
+    conformance_op,
+    device_shortfall,
+    is_conformance_item,
+)
 
 _SESSION = pytest.StashKey[PallasSession]()
 
@@ -48,6 +56,32 @@ def pytest_configure(config: pytest.Config) -> None:
     if parsed.session_opted_in:
         # --pallas-tpu without a TPU must stop here, before collection (exit 4).
         session.backend  # noqa: B018
+    if parsed.conformance or parsed.implementations:
+        _configure_conformance(config, session)
+
+
+def _configure_conformance(config: pytest.Config, session: PallasSession) -> None:
+    from . import implementations
+    from .conformance_harness import bind_implementations, selected_ops
+    from .report import ConformanceRecorder
+
+    user_targets = dict(session.options.implementations)
+    session.conformance_ops = selected_ops(session.options.ops, tuple(user_targets))
+    session.implementations = bind_implementations(
+        user_targets,
+        lambda target, op: implementations.resolve(target, flag=f"--pallas-impl {op}={target}"),
+        session.conformance_ops,
+    )
+    session.recorder = ConformanceRecorder()
+    # Before the suite is imported: its secondary properties size themselves on the profile.
+    _load_hypothesis_profile(session)
+    # The suite is part of the install, so it runs from any directory. Given
+    # no paths, pytest would also collect the current directory: only paths
+    # the user named are collected beside the suite.
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args[:] = [CONFORMANCE_DIRECTORY]
+    elif CONFORMANCE_DIRECTORY not in config.args:
+        config.args.append(CONFORMANCE_DIRECTORY)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -60,10 +94,22 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     pallas = _session(config)
+    _deselect_conformance_ops(pallas, config, items)
     ours = [item for item in items if pallas.uses_pallas(item)]
     if not ours:
         return
-    from hypothesis import seed, settings
+    from hypothesis import seed
+
+    _load_hypothesis_profile(pallas)
+    for item in ours:
+        function = getattr(item, "obj", None)
+        if getattr(function, "is_hypothesis_test", False):
+            # The same --pallas-seed gives the same examples, on any worker.
+            seed(pallas.key_seed(item.nodeid))(function)
+
+
+def _load_hypothesis_profile(pallas: PallasSession) -> None:
+    from hypothesis import settings
 
     from .strategies import register_profiles
 
@@ -76,11 +122,25 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         )
         profile = "pallas-cli"
     settings.load_profile(profile)
-    for item in ours:
-        function = getattr(item, "obj", None)
-        if getattr(function, "is_hypothesis_test", False):
-            # The same --pallas-seed gives the same examples, on any worker.
-            seed(pallas.key_seed(item.nodeid))(function)
+
+
+def _deselect_conformance_ops(pallas: PallasSession, config: pytest.Config,
+                              items: list[pytest.Item]) -> None:
+    conformance_items = [item for item in items if is_conformance_item(item)]
+    if not conformance_items:
+        return
+    if pallas.recorder is None:
+        raise pytest.UsageError(
+            "the conformance suite was collected without --pallas-conformance; "
+            "run `pytest --pallas-conformance` (optionally with --pallas-impl/--pallas-ops)."
+        )
+    keep, drop = [], []
+    for item in items:
+        op = conformance_op(item) if is_conformance_item(item) else None
+        (drop if op is not None and op not in pallas.conformance_ops else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -121,6 +181,64 @@ def pytest_runtest_makereport(item: pytest.Item, call):
             f"seed {pallas.options.seed}; reproduce with:\n  {pallas.reproduce_command(item.nodeid)}",
         ))
     return report
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    pallas = _session(session.config)
+    if pallas.recorder is not None and pallas.options.report_path and _is_controller(session.config):
+        _write_report(session.config, complete=False)
+
+
+def pytest_testnodedown(node, error) -> None:
+    # pytest-xdist: each worker sends what it recorded; the controller merges.
+    data = getattr(node, "workeroutput", {}).get("pallas_conformance")
+    pallas = _session(node.config)
+    if data and pallas.recorder is not None:
+        pallas.recorder.merge(data)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    pallas = _session(session.config)
+    if pallas.recorder is None:
+        return
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["pallas_conformance"] = pallas.recorder.to_dict()
+        return
+    if pallas.options.report_path:
+        interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
+        _write_report(session.config, complete=not interrupted and not session.shouldstop)
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def _write_report(config: pytest.Config, *, complete: bool) -> None:
+    from .report import environment_facts, write_json_atomically
+
+    pallas = _session(config)
+    backend = pallas._backend
+    document = pallas.recorder.document(complete=complete,
+                                        environment=environment_facts(backend))
+    document["seed"] = pallas.options.seed
+    document["ops_selected"] = list(pallas.conformance_ops)
+    write_json_atomically(pallas.options.report_path, document)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    pallas = _session(config)
+    if pallas.recorder is None or not pallas.recorder.ops:
+        return
+    terminalreporter.write_sep("=", "pallas conformance")
+    for line in pallas.recorder.summary_lines():
+        terminalreporter.write_line(line)
+    terminalreporter.write_line(
+        "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)"
+    )
+    if pallas.options.report_path:
+        terminalreporter.write_line(f"report written to {pallas.options.report_path}")
 
 
 # --- fixtures -----------------------------------------------------------------
@@ -164,6 +282,17 @@ def device_mesh(request: pytest.FixtureRequest):
         return jax.sharding.Mesh(np.array(devices[:count]), (axis_name,))
 
     return make
+
+
+@pytest.fixture
+def conformance(request: pytest.FixtureRequest):
+    """The conformance harness: draws inputs for an op and checks the chosen implementation."""
+    from .conformance_harness import Conformance
+
+    pallas = _session(request.config)
+    if pallas.recorder is None:
+        pytest.skip("conformance tests run with --pallas-conformance")
+    return Conformance(pallas.implementations, pallas.item_backend(request.node), pallas.recorder)
 
 
 assert set(FIXTURE_NAMES) >= {"pallas_backend", "pallas_key", "device_mesh"}, "fixtures drifted"

@@ -43,12 +43,15 @@ class PallasSession:
     scope_all: bool = False
     invocation: tuple[str, ...] = ()
     devices_note: str | None = None
+    implementations: dict = dataclasses.field(default_factory=dict)
+    conformance_ops: tuple[str, ...] = ()
+    recorder: Any = None
     _backend: Backend | None = None
 
     # --- which tests are ours -------------------------------------------------
 
     def uses_pallas(self, item: pytest.Item) -> bool:
-        if self.scope_all or self.options.session_opted_in:
+        if self.scope_all or self.options.session_opted_in or is_conformance_item(item):
             return True
         if any(item.get_closest_marker(name) for name in MARKER_NAMES):
             return True
@@ -155,6 +158,21 @@ class PallasSession:
             f"pallas: {backend}; seed {options.seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
         )
+
+
+# The suite ships beside this package (site-packages/conformance, or the
+# checkout's conformance/ in an editable install).
+CONFORMANCE_DIRECTORY = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conformance")
+
+
+def is_conformance_item(item: pytest.Item) -> bool:
+    return os.path.dirname(str(item.path)) == CONFORMANCE_DIRECTORY
+
+
+def conformance_op(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("op") if callspec is not None else None
 
 
 def device_shortfall(needed: int, backend: Backend) -> str:

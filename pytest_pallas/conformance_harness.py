@@ -1,0 +1,205 @@
+"""Runs the contract's properties for one op: draws a case, calls the implementation, judges, records.
+
+The conformance test modules are thin: each property test draws with
+``st.data()`` (the domain depends on the implementation chosen on the
+command line, so it cannot be fixed at import time) and hands over to the
+methods here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+from hypothesis import note
+from hypothesis import strategies as st
+
+from . import op_inputs, properties
+from .backend import Backend
+from .ops import OP_NAMES, get_operation
+from .report import ConformanceRecorder
+from .supports import Domain, SupportsError, declared_domain
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    op: str
+    function: Callable
+    label: str
+    domain: Domain
+    is_reference: bool
+
+
+def bind_implementations(user_targets: dict[str, str], resolve: Callable[[str, str], Callable],
+                         selected_ops: tuple[str, ...]) -> dict[str, Implementation | str]:
+    """Resolve every op to its implementation: the user's callable, or the reference's target.
+
+    References stay as "module:attr" strings until first use, so that a run
+    that checks one user op never imports the other reference kernels.
+    """
+    bound: dict[str, Implementation | str] = {}
+    for op in selected_ops:
+        operation = get_operation(op)
+        if op in user_targets:
+            target = user_targets[op]
+            function = resolve(target, op)
+            domain = declared_domain(function)
+            try:
+                domain.validate_for(op, operation.dimensions, operation.dtypes)
+            except SupportsError as error:
+                import pytest
+
+                raise pytest.UsageError(f"--pallas-impl {op}={target}: {error}")
+            bound[op] = Implementation(op, function, target, domain, is_reference=False)
+        else:
+            bound[op] = operation.reference
+    return bound
+
+
+def selected_ops(user_ops: tuple[str, ...], impl_ops: tuple[str, ...]) -> tuple[str, ...]:
+    if impl_ops:
+        ops = impl_ops if not user_ops else tuple(op for op in impl_ops if op in user_ops)
+    else:
+        ops = user_ops or OP_NAMES
+    return tuple(op for op in OP_NAMES if op in ops)
+
+
+class Conformance:
+    """The object behind the ``conformance`` fixture."""
+
+    def __init__(self, implementations: dict[str, Implementation | str], backend: Backend,
+                 recorder: ConformanceRecorder) -> None:
+        self._implementations = implementations
+        self.backend = backend
+        self.recorder = recorder
+
+    def implementation(self, op: str) -> Implementation:
+        bound = self._implementations[op]
+        if isinstance(bound, str):
+            operation = get_operation(op)
+            function = operation.load_reference()
+            bound = Implementation(op, function, f"reference ({bound})",
+                                   declared_domain(function), is_reference=True)
+            self._implementations[op] = bound
+        self.recorder.register(op, bound.label, bound.domain.as_dict(), bound.domain.describe())
+        return bound
+
+    def draw(self, data: st.DataObject, op: str) -> tuple[Implementation, op_inputs.Case]:
+        implementation = self.implementation(op)
+        case = data.draw(op_inputs.cases(op, implementation.domain), label="input")
+        note(f"implementation: {implementation.label}")
+        return implementation, case
+
+    def _fail(self, op: str, name: str, message: str) -> None:
+        __tracebackhide__ = True
+        self.recorder.outcome(op, name, False, message)
+        raise AssertionError(f"[{op}: {name}] {message}")
+
+    def _call(self, op: str, prop: str, implementation: Implementation, case: Any) -> Any:
+        __tracebackhide__ = True
+        try:
+            return properties.run(implementation.function, case)
+        except Exception as error:
+            self.recorder.outcome(op, prop, False,
+                                  f"{type(error).__name__}: {error}")
+            raise
+
+    # --- properties --------------------------------------------------------------
+
+    def check_value(self, op: str, data: st.DataObject) -> None:
+        """Shape and dtype, no NaN/Inf the oracle lacks, and the value within tolerance."""
+        __tracebackhide__ = True
+        implementation, case = self.draw(data, op)
+        result = self._call(op, "value", implementation, case)
+        self.recorder.example(op, "shape_dtype")
+        try:
+            properties.check_output_type(case, result)
+        except AssertionError as error:
+            self._fail(op, "shape_dtype", str(error))
+        expected = properties.expected_output(case)
+        verdicts, worst, message = properties.judge_value(
+            case, result, expected, matmul_precision=self.backend.matmul_precision)
+        self.recorder.example(op, "value", worst_error=worst)
+        self.recorder.example(op, "finite")
+        for name in ("shape_dtype", "finite", "value"):
+            if verdicts[name]:
+                self.recorder.outcome(op, name, True)
+        if message:
+            failed = "finite" if not verdicts["finite"] else "value"
+            self._fail(op, failed, message)
+
+    def check_repeatable(self, op: str, data: st.DataObject) -> None:
+        """Every output element written (NaN- vs zero-poisoned outputs agree) and the same twice."""
+        __tracebackhide__ = True
+        if self.backend.is_tpu:
+            import pytest
+
+            pytest.skip("written/deterministic: output poisoning needs the TPU interpreter")
+        from jax.experimental.pallas import tpu as pltpu
+
+        implementation, case = self.draw(data, op)
+        params = self.backend.interpret_params
+        if not isinstance(params, pltpu.InterpretParams):
+            params = pltpu.InterpretParams()
+        nan_params = dataclasses.replace(params, uninitialized_memory="nan", detect_races=False)
+        zero_params = dataclasses.replace(nan_params, uninitialized_memory="zero")
+        with pltpu.force_tpu_interpret_mode(nan_params):
+            first = self._call(op, "written", implementation, case)
+            again = self._call(op, "deterministic", implementation, case)
+        with pltpu.force_tpu_interpret_mode(zero_params):
+            zeroed = self._call(op, "written", implementation, case)
+        properties.check_output_type(case, first)
+        self.recorder.example(op, "written")
+        self.recorder.example(op, "deterministic")
+        unwritten = properties.bitwise_differences(first, zeroed)
+        if np.any(unwritten):
+            where = tuple(int(i) for i in np.argwhere(unwritten)[0])
+            self._fail(op, "written", (
+                f"{int(unwritten.sum())} of {unwritten.size} output elements depend on what the "
+                f"output buffer held before the call (first at {where}: "
+                f"{np.asarray(first)[where]!r} with NaN-poisoned outputs, "
+                f"{np.asarray(zeroed)[where]!r} with zeroed ones): the kernel does not write them, "
+                "or reads an output/scratch buffer before initialising it."
+            ))
+        self.recorder.outcome(op, "written", True)
+        differs = properties.bitwise_differences(first, again)
+        if np.any(differs):
+            where = tuple(int(i) for i in np.argwhere(differs)[0])
+            self._fail(op, "deterministic", (
+                f"two calls on the same input differ in {int(differs.sum())} elements (first at "
+                f"{where}): the kernel depends on grid order or on uninitialised memory."
+            ))
+        self.recorder.outcome(op, "deterministic", True)
+
+    def check_vmap(self, op: str, data: st.DataObject) -> None:
+        """The op under ``jax.vmap`` equals the op on each slice."""
+        __tracebackhide__ = True
+        import functools
+
+        import jax
+
+        implementation, case = self.draw(data, op)
+        batched_args = properties.vmapped_case_args(case)
+        function = jax.jit(jax.vmap(functools.partial(
+            implementation.function, **properties._call_kwargs(case))))
+        try:
+            result = jax.block_until_ready(function(*batched_args))
+        except Exception as error:
+            self.recorder.outcome(op, "vmap", False, f"{type(error).__name__}: {error}")
+            raise
+        worst = 0.0
+        for index in range(batched_args[0].shape[0]):
+            slice_case = dataclasses.replace(case, args=tuple(a[index] for a in batched_args))
+            expected = properties.expected_output(slice_case)
+            if not hasattr(result, "shape") or result.shape[0] <= index:
+                self._fail(op, "vmap", f"under jax.vmap {op} returned "
+                           f"{properties.describe_output(result)}")
+            verdicts, error, message = properties.judge_value(
+                slice_case, result[index], expected,
+                matmul_precision=self.backend.matmul_precision)
+            worst = max(worst, error)
+            if message:
+                self._fail(op, "vmap", f"under jax.vmap, batch element {index}:\n{message}")
+        self.recorder.example(op, "vmap", worst_error=worst)
+        self.recorder.outcome(op, "vmap", True)

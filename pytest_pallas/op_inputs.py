@@ -1,0 +1,188 @@
+"""What the conformance suite feeds each operation: Hypothesis strategies of ``Case``s.
+
+A case is drawn as sizes (from the buckets of ``strategies.SIZE_BUCKETS``,
+narrowed by the implementation's ``@supports`` domain), a dtype, a value
+profile and a value seed; the arrays are made by NumPy from those. Its repr
+is what a failing property prints: the dimensions, dtype, profile, seed and
+the first few values of each argument, enough to rebuild it by hand.
+
+Distinct compilations per op are bounded by the product of the bucket sizes
+of its dimensions times its dtypes (``compilation_bound``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from . import strategies
+from .ops import get_operation
+from .supports import Domain
+
+# Bucket per dimension of each op: which kind of axis it is on a TPU.
+_DIMENSION_KIND = {
+    "add": {"shape": None},  # every axis by its position, see _add_shapes
+    "sum": {"n": "sum_n", "r": "second_minor", "c": "minor"},
+    "matmul": {"m": "second_minor", "k": "reduction", "n": "minor"},
+    "matmul_activation": {"m": "second_minor", "k": "reduction", "n": "minor"},
+    "batched_matmul": {"b": "leading", "m": "second_minor", "k": "reduction", "n": "minor"},
+    "softmax": {"rows": "second_minor", "cols": "minor"},
+    "attention": {"s": "second_minor", "t": "reduction", "d": "head"},
+    "mha": {"b": "leading", "h": "leading", "s": "second_minor", "t": "sequence", "d": "head"},
+    "mqa": {"b": "leading", "h": "leading", "s": "second_minor", "t": "sequence", "d": "head"},
+    "copy": {"rows": "second_minor", "cols": "minor"},
+    "ppermute": {"devices": "devices", "rows": "second_minor", "cols": "minor"},
+}
+
+_EXTRA_BUCKETS = {
+    "sum_n": (1, 3, 8),
+    "head": (1, 32, 128),
+    "sequence": (1, 100, 256),  # batched attention: fewer and shorter sequences, same code paths
+    "devices": (2, 4, 8),
+}
+
+# Which value profiles each op is drawn with. Reductions and products skip
+# "extremes" (finfo.max/4 overflows float32 in any correct kernel while the
+# float64 oracle does not) and attention skips "large" (a correct kernel's
+# softmax saturates to one-hot, where bfloat16 rounding of q @ k decides ties).
+_PROFILES = {
+    "add": strategies.VALUE_PROFILES,
+    "copy": strategies.VALUE_PROFILES,
+    "ppermute": strategies.VALUE_PROFILES,
+    "softmax": ("normal", "large", "ties", "small", "neg_inf"),
+    "sum": ("normal", "large", "ties", "small"),
+    "matmul": ("normal", "large", "ties", "small"),
+    "matmul_activation": ("normal", "large", "ties", "small"),
+    "batched_matmul": ("normal", "ties", "small"),
+    "attention": ("normal", "ties", "small"),
+    "mha": ("normal", "ties", "small"),
+    "mqa": ("normal", "ties", "small"),
+}
+
+ACTIVATIONS = (None, "relu", "gelu", "silu")
+
+
+def bucket(kind: str) -> tuple[int, ...]:
+    return _EXTRA_BUCKETS.get(kind) or strategies.SIZE_BUCKETS[kind]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One input of an operation, and everything needed to rebuild it."""
+
+    op: str
+    dims: dict[str, Any]
+    dtype: str
+    profile: str
+    seed: int
+    args: tuple[np.ndarray, ...]
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def reduction_length(self) -> int | None:
+        dimension = get_operation(self.op).reduction_dimension
+        return int(self.dims[dimension]) if dimension else None
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())
+        kwargs = "".join(f", {k}={v}" for k, v in self.kwargs.items())
+        previews = "; ".join(
+            f"arg{i} {a.shape} {a.dtype}: {np.array2string(a.ravel()[:4], precision=4)}"
+            for i, a in enumerate(self.args)
+        )
+        return (f"Case({self.op}: {dims}, dtype={self.dtype}, values={self.profile}, "
+                f"seed={self.seed}{kwargs} | {previews})")
+
+
+def _sizes_for(kind: str, dim: str, domain: Domain) -> tuple[int, ...]:
+    return strategies.restrict_sizes(
+        bucket(kind), multiple_of=domain.multiple_of.get(dim, 1),
+        max_size=domain.max_size.get(dim),
+    )
+
+
+def _dtypes_for(op: str, domain: Domain) -> tuple[str, ...]:
+    names = get_operation(op).dtypes
+    if domain.dtypes is not None:
+        names = tuple(d for d in names if d in domain.dtypes)
+    return names
+
+
+def _values(shape, dtype: str, profile: str, seed: int) -> np.ndarray:
+    if profile == "neg_inf":
+        values = strategies.generate_values(shape, dtype, seed=seed, profile="normal")
+        rng = np.random.default_rng(seed + 1)
+        mask = rng.random(shape) < 0.3
+        # Each row keeps a finite entry (the contract's domain): the first column stays.
+        mask[..., 0] = False
+        return np.where(mask, -np.inf, values.astype(np.float64)).astype(values.dtype)
+    return strategies.generate_values(shape, dtype, seed=seed, profile=profile)
+
+
+@st.composite
+def cases(draw, op: str, domain: Domain = Domain()) -> Case:
+    """Inputs of ``op`` inside ``domain``, covering the whole contract domain by default."""
+    dtype = draw(st.sampled_from(_dtypes_for(op, domain)))
+    profile = draw(st.sampled_from(
+        [p for p in _PROFILES[op] if dtype != "int32" or p in ("normal", "large", "ties", "extremes")]
+    ))
+    seed = draw(st.integers(0, 2**31 - 1))
+    if op == "add":
+        rank = draw(st.integers(1, 3))
+        kinds = ("leading", "second_minor", "minor")[3 - rank:]
+        shape = tuple(draw(st.sampled_from(_sizes_for(k, "shape", domain))) for k in kinds)
+        dims: dict[str, Any] = {"shape": shape}
+    else:
+        dims = {dim: draw(st.sampled_from(_sizes_for(kind, dim, domain)))
+                for dim, kind in _DIMENSION_KIND[op].items()}
+    kwargs: dict[str, Any] = {}
+    if op == "matmul_activation":
+        kwargs["activation"] = draw(st.sampled_from(ACTIVATIONS))
+    if op == "ppermute":
+        kwargs["shift"] = draw(st.sampled_from((1, -1)))
+    args = tuple(_values(shape, dtype, profile, seed + i)
+                 for i, shape in enumerate(argument_shapes(op, dims)))
+    return Case(op=op, dims=dims, dtype=dtype, profile=profile, seed=seed, args=args,
+                kwargs=kwargs)
+
+
+def argument_shapes(op: str, dims: dict[str, Any]) -> list[tuple[int, ...]]:
+    d = dims
+    if op == "add":
+        return [d["shape"], d["shape"]]
+    if op == "sum":
+        return [(d["n"], d["r"], d["c"])]
+    if op in ("matmul", "matmul_activation"):
+        return [(d["m"], d["k"]), (d["k"], d["n"])]
+    if op == "batched_matmul":
+        return [(d["b"], d["m"], d["k"]), (d["b"], d["k"], d["n"])]
+    if op in ("softmax", "copy"):
+        return [(d["rows"], d["cols"])]
+    if op == "attention":
+        return [(d["s"], d["d"]), (d["t"], d["d"]), (d["t"], d["d"])]
+    if op == "mha":
+        return [(d["b"], d["h"], d["s"], d["d"])] + [(d["b"], d["h"], d["t"], d["d"])] * 2
+    if op == "mqa":
+        return [(d["b"], d["h"], d["s"], d["d"])] + [(d["b"], d["t"], d["d"])] * 2
+    if op == "ppermute":
+        # The global array: one (rows, cols) block per device, stacked along rows.
+        return [(d["devices"] * d["rows"], d["cols"])]
+    raise KeyError(op)
+
+
+def compilation_bound(op: str, domain: Domain = Domain()) -> int:
+    """The most distinct input signatures (shapes x dtypes) the suite can draw for ``op``."""
+    dtypes = len(_dtypes_for(op, domain))
+    if op == "add":
+        per_rank = [math.prod(len(_sizes_for(k, "shape", domain))
+                              for k in ("leading", "second_minor", "minor")[3 - r:])
+                    for r in (1, 2, 3)]
+        return dtypes * sum(per_rank)
+    shapes = math.prod(len(_sizes_for(kind, dim, domain))
+                       for dim, kind in _DIMENSION_KIND[op].items())
+    extra = len(ACTIVATIONS) if op == "matmul_activation" else 2 if op == "ppermute" else 1
+    return dtypes * shapes * extra
