@@ -80,6 +80,7 @@ class Backend:
             stack.enter_context(
                 _jax_compat.device_kind_answers_as(self.device_kind, lambda: self.tpu_info)
             )
+            stack.enter_context(_jax_compat.vmapped_grid_semantics_fixed())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
             yield self
 

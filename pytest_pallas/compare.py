@@ -38,6 +38,16 @@ _EPSILON = {
 }
 
 
+def _ml_dtypes() -> dict:
+    import ml_dtypes
+
+    return {name: np.dtype(getattr(ml_dtypes, name)) for name in _EPSILON
+            if hasattr(ml_dtypes, name)}
+
+
+_ML_DTYPES = _ml_dtypes()
+
+
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
     """``|actual - expected| <= atol + rtol * |expected|``, and the reason for the numbers."""
@@ -93,7 +103,20 @@ def default_tolerance(
             f"adds {accumulation:.3g}"
         )
     reasons.append(f"atol = {atol_units:.3g} x max|expected| ({scale:.4g})")
-    return Tolerance(rtol=output_eps, atol=atol_units * scale, why="; ".join(reasons))
+    atol = atol_units * scale
+    floor = _smallest_normal(name)
+    if atol < floor:
+        # TPUs flush subnormals to zero: a result below the smallest normal
+        # number may come back as 0 from a correct kernel.
+        atol = floor
+        reasons.append(f"at least the smallest normal {name}, {floor:.3g} (subnormals flush to 0)")
+    return Tolerance(rtol=output_eps, atol=atol, why="; ".join(reasons))
+
+
+def _smallest_normal(name: str) -> float:
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(_ML_DTYPES.get(name, np.dtype(name))).tiny)
 
 
 def _to_numpy(value: Any, what: str) -> np.ndarray:

@@ -98,14 +98,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     ours = [item for item in items if pallas.uses_pallas(item)]
     if not ours:
         return
-    from hypothesis import seed
-
     _load_hypothesis_profile(pallas)
-    for item in ours:
-        function = getattr(item, "obj", None)
-        if getattr(function, "is_hypothesis_test", False):
-            # The same --pallas-seed gives the same examples, on any worker.
-            seed(pallas.key_seed(item.nodeid))(function)
 
 
 def _load_hypothesis_profile(pallas: PallasSession) -> None:
@@ -143,15 +136,36 @@ def _deselect_conformance_ops(pallas: PallasSession, config: pytest.Config,
         items[:] = keep
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item):
+# A plain hook, not a wrapper: a skip raised before a wrapper's yield would stop the other
+# plugins' setup (logging's among them), whose teardown then fails with a KeyError.
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
     pallas = _session(item.config)
     if pallas.uses_pallas(item):
         reason = pallas.skip_reason(item)
         if reason:
             pytest.skip(reason)
         pallas.activate(item)
-    return (yield)
+        _seed_hypothesis(pallas, item)
+
+
+def _seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
+    """The same --pallas-seed and test id give the same examples, on any worker.
+
+    Seeded just before the item runs: parametrized items share one function, so a seed
+    set at collection would be the last item's; a method's ``obj`` is a bound method, which
+    takes no attributes, so the seed goes on the function behind it.
+    """
+    function = getattr(item, "obj", None)
+    function = getattr(function, "__func__", function)
+    if getattr(function, "is_hypothesis_test", False):
+        from hypothesis import seed, settings
+
+        if not hasattr(function, "_hypothesis_internal_settings_applied"):
+            # @given took the settings profile loaded when the module was imported, before
+            # the plugin knew the test was ours; a test without its own @settings gets ours.
+            function._hypothesis_internal_use_settings = settings.default
+        seed(pallas.key_seed(item.nodeid))(function)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -292,7 +306,10 @@ def conformance(request: pytest.FixtureRequest):
     pallas = _session(request.config)
     if pallas.recorder is None:
         pytest.skip("conformance tests run with --pallas-conformance")
-    return Conformance(pallas.implementations, pallas.item_backend(request.node), pallas.recorder)
+    return Conformance(pallas.implementations, pallas.item_backend(request.node), pallas.recorder,
+                       interpreter_chosen=pallas.options.interpreter_given
+                       or bool(request.config.getini("pallas_interpret"))
+                       or pallas.options.detect_races)
 
 
 assert set(FIXTURE_NAMES) >= {"pallas_backend", "pallas_key", "device_mesh"}, "fixtures drifted"

@@ -33,6 +33,9 @@ MARKERS = {
 MARKER_NAMES = tuple(spec.split("(")[0] for spec in MARKERS)
 FIXTURE_NAMES = ("pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark")
 
+# The plugin's flags that take no value (see options.add_options).
+_SWITCHES = ("--pallas-tpu", "--pallas-detect-races", "--pallas-conformance")
+
 _ACTIVE = pytest.StashKey[contextlib.ExitStack]()
 _BACKEND = pytest.StashKey[Backend]()
 
@@ -144,8 +147,17 @@ class PallasSession:
 
     def reproduce_command(self, nodeid: str) -> str:
         words = ["pytest", nodeid, f"--pallas-seed={self.options.seed}"]
-        words += [arg for arg in self.invocation if arg.startswith("--pallas-")
-                  and not arg.startswith("--pallas-seed") and not arg.startswith("--pallas-report")]
+        args = list(self.invocation)
+        while args:
+            arg = args.pop(0)
+            if not arg.startswith("--pallas-"):
+                continue
+            name = arg.partition("=")[0]
+            option = [arg]
+            if "=" not in arg and name not in _SWITCHES and args:
+                option.append(args.pop(0))  # "--pallas-impl add=m:f": the value is the next word
+            if name not in ("--pallas-seed", "--pallas-report"):
+                words += option
         return " ".join(shlex.quote(word) for word in words)
 
     def header(self) -> str:
