@@ -170,10 +170,22 @@ def _seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    result = yield
     pallas = _session(item.config)
-    if pallas.uses_pallas(item):
-        pallas.check_races(item)
+    if not pallas.uses_pallas(item):
+        return (yield)
+    from .timeout import KernelTimeout, Watchdog
+
+    seconds = 0.0 if pallas.item_backend(item).is_tpu else pallas.options.timeout_seconds
+    with Watchdog(seconds, f"a kernel in {item.nodeid}") as watchdog:
+        try:
+            result = yield
+        except BaseException as error:
+            if watchdog.fired and not isinstance(error, KernelTimeout):
+                raise KernelTimeout(watchdog.message) from error
+            raise
+    if watchdog.fired:
+        raise KernelTimeout(watchdog.message)
+    pallas.check_races(item)
     return result
 
 

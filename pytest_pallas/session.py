@@ -38,6 +38,7 @@ _SWITCHES = ("--pallas-tpu", "--pallas-detect-races", "--pallas-conformance")
 
 _ACTIVE = pytest.StashKey[contextlib.ExitStack]()
 _BACKEND = pytest.StashKey[Backend]()
+_KERNEL_EXITS = pytest.StashKey[list]()
 
 
 @dataclasses.dataclass
@@ -115,6 +116,10 @@ class PallasSession:
             # A kernel that raised while interpreted leaves the TPU interpreter's
             # shared memory behind; start every test from a clean interpreter.
             _jax_compat.reset_interpreter_state()
+            if self.options.detect_races:
+                # The interpreter keeps the race flag of its last kernel only: record each
+                # kernel's, so a racy kernel followed by a clean one still fails the test.
+                item.stash[_KERNEL_EXITS] = stack.enter_context(_jax_compat.record_kernel_exits())
         stack.enter_context(backend.activate())
         item.stash[_ACTIVE] = stack
         item.stash[_BACKEND] = backend
@@ -130,7 +135,9 @@ class PallasSession:
 
     def check_races(self, item: pytest.Item) -> None:
         __tracebackhide__ = True
-        if self.options.detect_races and _jax_compat.races_found():
+        exits = item.stash.get(_KERNEL_EXITS, ())
+        if self.options.detect_races and (
+                _jax_compat.races_found() or any(state.race_found for state in exits)):
             _jax_compat.reset_interpreter_state()
             raise AssertionError(
                 "pallas: the TPU interpreter detected a data race in a kernel this test ran "
