@@ -18,7 +18,7 @@ _PUBLIC = {
     "assert_allclose": "pytest_pallas.compare",
     "default_tolerance": "pytest_pallas.compare",
     "Tolerance": "pytest_pallas.compare",
-    "supports": "pytest_pallas.supports",
+    "supports": "pytest_pallas.domains",
     "check_kernel": "pytest_pallas.kernel_check",
     "TpuRuleViolation": "pytest_pallas.tpu_checks",
     "Backend": "pytest_pallas.backend",

@@ -197,66 +197,90 @@ def pallas_call_primitive() -> Any:
     return _private(_PALLAS_CALL, "pallas_call_p")
 
 
-# Imports used only by the functions below; kept here so the module's head
-# stays as it was.
+# Imports used only by the functions below. NumPy is imported inside the
+# functions that need it: this module loads with the plugin in every pytest
+# run, and importing NumPy would slow each run down by a tenth of a second.
 import dataclasses
 import functools
 import threading
 
-import numpy as np
-
 _CORE = "jax._src.core"
 _SOURCE_INFO = "jax._src.source_info_util"
 
+_PARTIAL_EVAL = "jax._src.interpreters.partial_eval"
+
 _observers: list[Callable[[dict[str, Any]], None]] = []
 _observer_lock = threading.RLock()
-_unobserved_abstract_eval: Callable[..., Any] | None = None
+_live_observations = 0
+_unobserve: Callable[[], None] | None = None
 
 
 @contextlib.contextmanager
 def observe_pallas_calls(observer: Callable[[dict[str, Any]], None]) -> Iterator[None]:
     """Call ``observer(params)`` with each ``pallas_call`` equation's params as it is traced.
 
-    The hook wraps the primitive's abstract-evaluation rule, which runs once
-    per trace of the call: eagerly (``pallas_call`` binds through an inner
-    ``jit``), under ``jit``, ``vmap`` (the batching rule binds a new call with
-    a batched grid, so the observer sees both) and ``shard_map``. A function
-    whose trace ``jit`` already cached is not traced again, so the observer
-    does not see it again: an observer that raises aborts the trace, which
-    then is not cached, so a failing kernel fails on every call. Observers
-    nest; the rule is restored when the last one leaves.
+    Every ``pallas_call`` is staged into a jaxpr, even an eager one (it binds
+    through an inner ``jit``), under ``jit``, ``vmap`` (the batching rule binds
+    a new call with a batched grid: the observer sees both) and ``shard_map``.
+    The hook sits where tracing asks for the primitive's abstract value,
+    before JAX's cache of those, so a call identical to one traced before is
+    seen again. A whole function whose trace ``jit`` cached is not traced
+    again, though, so it is not seen again: an observer that raises aborts
+    the trace, which then is not cached, so a failing kernel fails on every
+    call. Observers nest; the hook is removed when the last one leaves.
 
         with observe_pallas_calls(lambda params: print(params["name"])):
             my_kernel(x)
     """
-    global _unobserved_abstract_eval
-    primitive = pallas_call_primitive()
+    global _live_observations, _unobserve
     with _observer_lock:
-        if not _observers:
-            original = getattr(primitive, "abstract_eval", None)
-            if not callable(original):
-                raise JaxInternalsChanged(
-                    f"{_PALLAS_CALL}.pallas_call_p has no abstract_eval rule to observe; "
-                    "pytest-pallas cannot check kernels as they are traced on this JAX."
-                )
-            _unobserved_abstract_eval = original
-
-            def observed_abstract_eval(*avals: Any, **params: Any) -> Any:
-                for each in tuple(_observers):
-                    each(params)
-                return original(*avals, **params)
-
-            primitive.abstract_eval = observed_abstract_eval
+        if _live_observations == 0:
+            _unobserve = _install_observation()
+        _live_observations += 1
         _observers.append(observer)
     try:
         yield
     finally:
         with _observer_lock:
-            if observer in _observers:
-                _observers.remove(observer)
-            if not _observers and _unobserved_abstract_eval is not None:
-                primitive.abstract_eval = _unobserved_abstract_eval
-                _unobserved_abstract_eval = None
+            _observers[:] = [o for o in _observers if o is not observer]
+            _live_observations -= 1
+            if _live_observations == 0 and _unobserve is not None:
+                _unobserve()
+                _unobserve = None
+
+
+def _notify_observers(params: dict[str, Any]) -> None:
+    for each in tuple(_observers):
+        each(params)
+
+
+def _install_observation() -> Callable[[], None]:
+    primitive = pallas_call_primitive()
+    staging = _private(_PARTIAL_EVAL)
+    cached = getattr(staging, "_cached_abstract_eval", None)
+    if callable(cached):
+        # DynamicJaxprTrace looks this up on every bind it stages.
+        def observed_cached_abstract_eval(prim: Any, *avals: Any, **params: Any) -> Any:
+            if prim is primitive:
+                _notify_observers(params)
+            return cached(prim, *avals, **params)
+
+        staging._cached_abstract_eval = observed_cached_abstract_eval
+        return lambda: setattr(staging, "_cached_abstract_eval", cached)
+    # Without that cache, the primitive's own rule runs on every trace.
+    original = getattr(primitive, "abstract_eval", None)
+    if not callable(original):
+        raise JaxInternalsChanged(
+            f"{_PALLAS_CALL}.pallas_call_p has no abstract_eval rule to observe; "
+            "pytest-pallas cannot check kernels as they are traced on this JAX."
+        )
+
+    def observed_abstract_eval(*avals: Any, **params: Any) -> Any:
+        _notify_observers(params)
+        return original(*avals, **params)
+
+    primitive.abstract_eval = observed_abstract_eval
+    return lambda: setattr(primitive, "abstract_eval", original)
 
 
 @contextlib.contextmanager
@@ -396,6 +420,8 @@ class PallasCallInfo:
 
 def describe_pallas_call(params: dict[str, Any]) -> PallasCallInfo:
     """Turn a pallas_call equation's params into a :class:`PallasCallInfo`."""
+    import numpy as np
+
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
@@ -551,6 +577,7 @@ def _is_literal(atom: Any) -> bool:
 def _evaluate_index_map(index_map: Any, num_grid_axes: int, grid_points: np.ndarray) -> np.ndarray:
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     evaluate = _private(_CORE, "eval_jaxpr")
     extra = [

@@ -154,12 +154,15 @@ def compare_arrays(
     dtype: Any = None,
     exact: bool | None = None,
     name: str = "",
+    additional_atol: float = 0.0,
+    additional_reason: str = "",
 ) -> Comparison:
     """Compare one array leaf; never raises for a mismatch (see ``Comparison.message``).
 
     ``dtype`` is the dtype the result must have (defaults to the actual dtype, so a
     float64 oracle can be the expectation); ``exact`` forces bit-for-bit equality
-    (default: for integer and boolean outputs).
+    (default: for integer and boolean outputs). ``additional_atol`` widens the
+    default for an error source the op knows of, ``additional_reason`` says which.
     """
     actual_array = _to_numpy(actual, f"actual{name}")
     expected_array = _to_numpy(expected, f"expected{name}")
@@ -200,6 +203,9 @@ def compare_arrays(
         )
     else:
         tolerance = Tolerance(rtol=rtol, atol=atol, why="given by the caller")
+    if additional_atol:
+        tolerance = Tolerance(rtol=tolerance.rtol, atol=tolerance.atol + additional_atol,
+                              why=f"{tolerance.why}; {additional_reason}")
 
     with np.errstate(invalid="ignore", over="ignore"):
         difference = np.where(finite, np.abs(a - e), 0.0)

@@ -19,7 +19,7 @@ from . import op_inputs, properties
 from .backend import Backend
 from .ops import OP_NAMES, get_operation
 from .report import ConformanceRecorder
-from .supports import Domain, SupportsError, declared_domain
+from .domains import Domain, SupportsError, declared_domain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +120,18 @@ class Conformance:
 
     def _call(self, op: str, prop: str, implementation: Implementation, case: Any) -> Any:
         __tracebackhide__ = True
+        import jax
+
         try:
             return properties.run(implementation.function, case)
+        except jax.errors.TracerArrayConversionError:
+            message = (f"{implementation.label} turned a traced input into a NumPy array; the "
+                       "suite calls implementations under jax.jit, so they must compute with "
+                       "jax.numpy or Pallas, not NumPy.")
+            self.recorder.outcome(op, prop, False, message)
+            raise AssertionError(f"[{op}: {prop}] {message}") from None
         except Exception as error:
-            self.recorder.outcome(op, prop, False,
-                                  f"{type(error).__name__}: {error}")
+            self.recorder.outcome(op, prop, False, f"{type(error).__name__}: {error}")
             raise
 
     # --- properties --------------------------------------------------------------
@@ -136,10 +143,9 @@ class Conformance:
         with self._breadth(op):
             result = self._call(op, "value", implementation, case)
         self.recorder.example(op, "shape_dtype")
-        try:
-            properties.check_output_type(case, result)
-        except AssertionError as error:
-            self._fail(op, "shape_dtype", str(error))
+        problem = properties.output_type_problem(case, result)
+        if problem:
+            self._fail(op, "shape_dtype", problem)
         expected = properties.expected_output(case)
         verdicts, worst, message = properties.judge_value(
             case, result, expected, matmul_precision=self.backend.matmul_precision)
@@ -174,7 +180,9 @@ class Conformance:
         with self._breadth(op):
             once = self._call(op, "deterministic", implementation, case)
             again = self._call(op, "deterministic", implementation, case)
-        properties.check_output_type(case, first)
+        problem = properties.output_type_problem(case, first)
+        if problem:
+            self._fail(op, "shape_dtype", problem)
         self.recorder.example(op, "written")
         self.recorder.example(op, "deterministic")
         unwritten = properties.bitwise_differences(first, zeroed)
@@ -216,7 +224,7 @@ class Conformance:
             raise
         worst = 0.0
         for index in range(batched_args[0].shape[0]):
-            slice_case = dataclasses.replace(case, args=tuple(a[index] for a in batched_args))
+            slice_case = case.with_args(tuple(a[index] for a in batched_args))
             expected = properties.expected_output(slice_case)
             if not hasattr(result, "shape") or result.shape[0] <= index:
                 self._fail(op, "vmap", f"under jax.vmap {op} returned "

@@ -66,8 +66,12 @@ def resolve(target: str, *, flag: str) -> Callable:
     if cwd not in sys.path:
         # As `python -m` does: the user's kernels usually live beside their tests.
         sys.path.insert(0, cwd)
+    from .domains import SupportsError
+
     try:
         module = importlib.import_module(module_name)
+    except SupportsError as error:
+        raise pytest.UsageError(f"{flag}: {error}")
     except Exception as error:  # any error while importing user code is a usage problem
         last = traceback.format_exception_only(type(error), error)[-1].strip()
         raise pytest.UsageError(f"{flag}: cannot import module {module_name!r}: {last}")

@@ -12,7 +12,6 @@ of its dimensions times its dtypes (``compilation_bound``).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 
 from . import strategies
 from .ops import get_operation
-from .supports import Domain
+from .domains import Domain
 
 # Bucket per dimension of each op: which kind of axis it is on a TPU.
 _DIMENSION_KIND = {
@@ -48,7 +47,8 @@ _EXTRA_BUCKETS = {
 # Which value profiles each op is drawn with. Reductions and products skip
 # "extremes" (finfo.max/4 overflows float32 in any correct kernel while the
 # float64 oracle does not) and attention skips "large" (a correct kernel's
-# softmax saturates to one-hot, where bfloat16 rounding of q @ k decides ties).
+# softmax saturates to one-hot, where bfloat16 rounding of q @ k decides ties);
+# it draws large logits as "offset" instead (see _offset_logits).
 _PROFILES = {
     "add": strategies.VALUE_PROFILES,
     "copy": strategies.VALUE_PROFILES,
@@ -58,10 +58,19 @@ _PROFILES = {
     "matmul": ("normal", "large", "ties", "small"),
     "matmul_activation": ("normal", "large", "ties", "small"),
     "batched_matmul": ("normal", "ties", "small"),
-    "attention": ("normal", "ties", "small"),
-    "mha": ("normal", "ties", "small"),
-    "mqa": ("normal", "ties", "small"),
+    "attention": ("normal", "ties", "small", "offset"),
+    "mha": ("normal", "ties", "small", "offset"),
+    "mqa": ("normal", "ties", "small", "offset"),
 }
+
+# "offset" (attention ops): integer q, k and v as in "ties", with the first
+# feature of q and of k set so that every logit is shifted by the same
+# -128 * 2 = -256. Softmax is shift-invariant and the logits stay exact
+# integers (in float32, and as products of bfloat16 values), so a correct
+# kernel is as exact as on "ties"; but a kernel that exponentiates without
+# subtracting the row maximum gets exp(logit) == 0 for a whole row and returns
+# 0/0, as does one whose running maximum starts at 0 instead of -inf.
+_LOGIT_OFFSET_FACTORS = (-128.0, 2.0)
 
 ACTIVATIONS = (None, "relu", "gelu", "silu")
 
@@ -70,17 +79,22 @@ def bucket(kind: str) -> tuple[int, ...]:
     return _EXTRA_BUCKETS.get(kind) or strategies.SIZE_BUCKETS[kind]
 
 
-@dataclasses.dataclass(frozen=True)
 class Case:
-    """One input of an operation, and everything needed to rebuild it."""
+    """One input of an operation, and everything needed to rebuild it.
 
-    op: str
-    dims: dict[str, Any]
-    dtype: str
-    profile: str
-    seed: int
-    args: tuple[np.ndarray, ...]
-    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    A plain class rather than a dataclass: Hypothesis prints dataclasses
+    field by field, whole arrays included, and a failing example should read
+    as one line (``__repr__``).
+    """
+
+    def __init__(self, op: str, dims: dict[str, Any], dtype: str, profile: str, seed: int,
+                 args: tuple[np.ndarray, ...], kwargs: dict[str, Any] | None = None) -> None:
+        self.op, self.dims, self.dtype, self.profile, self.seed = op, dims, dtype, profile, seed
+        self.args = args
+        self.kwargs = dict(kwargs or {})
+
+    def with_args(self, args: tuple[np.ndarray, ...]) -> "Case":
+        return Case(self.op, self.dims, self.dtype, self.profile, self.seed, args, self.kwargs)
 
     @property
     def reduction_length(self) -> int | None:
@@ -112,7 +126,16 @@ def _dtypes_for(op: str, domain: Domain) -> tuple[str, ...]:
     return names
 
 
+def _offset_logits(args: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    q, k, *rest = (np.array(arg, copy=True) for arg in args)
+    q[..., 0] = _LOGIT_OFFSET_FACTORS[0]
+    k[..., 0] = _LOGIT_OFFSET_FACTORS[1]
+    return (q, k, *rest)
+
+
 def _values(shape, dtype: str, profile: str, seed: int) -> np.ndarray:
+    if profile == "offset":  # integer values; cases() then shifts the logits
+        return strategies.generate_values(shape, dtype, seed=seed, profile="ties")
     if profile == "neg_inf":
         values = strategies.generate_values(shape, dtype, seed=seed, profile="normal")
         rng = np.random.default_rng(seed + 1)
@@ -146,6 +169,8 @@ def cases(draw, op: str, domain: Domain = Domain()) -> Case:
         kwargs["shift"] = draw(st.sampled_from((1, -1)))
     args = tuple(_values(shape, dtype, profile, seed + i)
                  for i, shape in enumerate(argument_shapes(op, dims)))
+    if profile == "offset":
+        args = _offset_logits(args)
     return Case(op=op, dims=dims, dtype=dtype, profile=profile, seed=seed, args=args,
                 kwargs=kwargs)
 

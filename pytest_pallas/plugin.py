@@ -170,6 +170,7 @@ def _seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
+    __tracebackhide__ = True
     pallas = _session(item.config)
     if not pallas.uses_pallas(item):
         return (yield)
@@ -182,11 +183,26 @@ def pytest_runtest_call(item: pytest.Item):
         except BaseException as error:
             if watchdog.fired and not isinstance(error, KernelTimeout):
                 raise KernelTimeout(watchdog.message) from error
+            _raise_as_tpu_rule(error)
             raise
     if watchdog.fired:
         raise KernelTimeout(watchdog.message)
-    pallas.check_races(item)
+    pallas.check_kernel_exits(item)
     return result
+
+
+def _raise_as_tpu_rule(error: BaseException) -> None:
+    """Re-raise an interpreter error that is a TPU rule (revisited block, ...) as one."""
+    __tracebackhide__ = True
+    if not isinstance(error, Exception):
+        return
+    from .tpu_checks import TpuRuleViolation, translate_interpreter_error
+
+    if isinstance(error, TpuRuleViolation):
+        return
+    violation = translate_interpreter_error(error)
+    if violation is not None:
+        raise violation from error
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

@@ -110,16 +110,21 @@ class PallasSession:
         return None
 
     def activate(self, item: pytest.Item) -> None:
+        """Enter the test's backend and the TPU-fidelity checks (see ``tpu_checks``)."""
+        from .kernel_check import checking_pallas_calls
+
         backend = self.backend_for(item)
         stack = contextlib.ExitStack()
         if not backend.is_tpu:
             # A kernel that raised while interpreted leaves the TPU interpreter's
             # shared memory behind; start every test from a clean interpreter.
             _jax_compat.reset_interpreter_state()
-            if self.options.detect_races:
-                # The interpreter keeps the race flag of its last kernel only: record each
-                # kernel's, so a racy kernel followed by a clean one still fails the test.
-                item.stash[_KERNEL_EXITS] = stack.enter_context(_jax_compat.record_kernel_exits())
+            # The interpreter keeps the race flag of its last kernel only, and
+            # only prints unbalanced semaphores: record every kernel's exit.
+            item.stash[_KERNEL_EXITS] = stack.enter_context(_jax_compat.record_kernel_exits())
+        # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
+        # each pallas_call is traced (on a TPU too: the chip does not complain).
+        stack.enter_context(checking_pallas_calls(chip=backend.chip))
         stack.enter_context(backend.activate())
         item.stash[_ACTIVE] = stack
         item.stash[_BACKEND] = backend
@@ -133,11 +138,14 @@ class PallasSession:
     def item_backend(self, item: pytest.Item) -> Backend:
         return item.stash.get(_BACKEND, None) or self.backend_for(item)
 
-    def check_races(self, item: pytest.Item) -> None:
+    def check_kernel_exits(self, item: pytest.Item) -> None:
+        """Fail the test if a kernel it ran ended with a race, a semaphore off 0 or a DMA pending."""
         __tracebackhide__ = True
-        exits = item.stash.get(_KERNEL_EXITS, ())
-        if self.options.detect_races and (
-                _jax_compat.races_found() or any(state.race_found for state in exits)):
+        from .tpu_checks import TpuRuleViolation, kernel_exit_violations
+
+        exits = list(item.stash.get(_KERNEL_EXITS, ()))
+        if self.options.detect_races and _jax_compat.races_found() and not any(
+                state.race_found for state in exits):
             _jax_compat.reset_interpreter_state()
             raise AssertionError(
                 "pallas: the TPU interpreter detected a data race in a kernel this test ran "
@@ -145,6 +153,10 @@ class PallasSession:
                 "barrier); wait on the DMA before reading its buffer, or make the racing grid "
                 "axis 'arbitrary'. The interpreter's log above names the buffers."
             )
+        violations = kernel_exit_violations(exits)
+        if violations:
+            _jax_compat.reset_interpreter_state()
+            raise TpuRuleViolation(violations)
 
     # --- seeds and reproduction ---------------------------------------------------
 

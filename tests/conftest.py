@@ -7,6 +7,20 @@ import pytest
 import jax  # noqa: F401
 import jax.experimental.pallas  # noqa: F401
 import jax.experimental.pallas.tpu  # noqa: F401
+# Every interpreted kernel tries to import the GPU interpreter too (it needs
+# absl, which may be missing: JAX then skips it); the MLIR dialects it loads on
+# the way cannot be registered twice ("Dialect namespace 'builtin' is already
+# registered"), so load them once here.
+try:
+    import jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call  # noqa: F401
+except ImportError:
+    pass
+
+# Likewise the modules the conformance suite imports, so that objects made in
+# one in-process run (Hypothesis strategies, say) match the classes of the next.
+import hypothesis.strategies  # noqa: F401
+import pytest_pallas.conformance_harness  # noqa: F401
+import pytest_pallas.op_inputs  # noqa: F401
 
 pytest_plugins = ["pytester"]
 

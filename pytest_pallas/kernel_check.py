@@ -1,0 +1,262 @@
+"""Check a function's Pallas kernels against the TPU's rules, on any machine.
+
+:func:`check_kernel` traces a function, finds every ``pallas_call`` in it
+(nested in ``jit``, ``shard_map``, ``custom_vjp``, ... included), runs the
+static checks of :mod:`pytest_pallas.tpu_checks` on each, then lowers the
+function for the TPU, which runs Mosaic's own lowering checks without a TPU.
+:func:`checking_pallas_calls` runs the same static checks on every
+``pallas_call`` traced while it is active (how the plugin checks the kernels
+of a Pallas test), and :func:`kernel_exits_checked` fails on what the TPU
+interpreter saw when each kernel ended (races, unbalanced semaphores, DMAs
+never waited for).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from pytest_pallas import _jax_compat
+from pytest_pallas.tpu_checks import (
+    ALL_CHECKS,
+    MAX_GRID_POINTS,
+    KernelReport,
+    TpuRuleViolation,
+    Violation,
+    check_pallas_call_info,
+    kernel_exit_violations,
+    raise_for,
+    tpu_info_for,
+)
+
+__all__ = [
+    "CheckOptions",
+    "TpuRuleViolation",
+    "check_kernel",
+    "checking_pallas_calls",
+    "kernel_exits_checked",
+    "pallas_call_checker",
+]
+
+MOSAIC_LOWERING = "mosaic-lowering"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckOptions:
+    """How strict the checks are.
+
+    packed_sublanes: also require 16-row (16-bit) and 32-row (8-bit) block
+        multiples, XLA's packed tiling; Mosaic itself asks only for 8.
+    vmem_bound: "scoped" checks the VMEM footprint against the limit the
+        kernel compiles under (``vmem_limit_bytes`` or the chip's default
+        scoped limit); "capacity" only against the chip's VMEM.
+    max_grid_points: grids up to this size have their index maps evaluated at
+        every point; larger ones are judged from the axes each map reads.
+    lower_for_tpu: ``check_kernel`` also lowers the function for the TPU.
+    checks: which static checks run (names from ``tpu_checks.ALL_CHECKS``).
+    """
+
+    packed_sublanes: bool = False
+    vmem_bound: str = "scoped"
+    max_grid_points: int = MAX_GRID_POINTS
+    lower_for_tpu: bool = True
+    checks: tuple[str, ...] = ALL_CHECKS
+
+    def static_options(self) -> dict[str, Any]:
+        return {
+            "checks": self.checks,
+            "packed_sublanes": self.packed_sublanes,
+            "vmem_bound": self.vmem_bound,
+            "max_grid_points": self.max_grid_points,
+        }
+
+
+def check_kernel(
+    fn: Callable[..., Any],
+    *args: Any,
+    chip: Any = "v5e",
+    check_options: CheckOptions | None = None,
+    **kwargs: Any,
+) -> list[KernelReport]:
+    """Check every Pallas kernel ``fn(*args, **kwargs)`` would run against the TPU's rules.
+
+    ``args`` may be arrays or ``jax.ShapeDtypeStruct``s: nothing runs, the
+    function is only traced (and lowered for the TPU). ``chip`` is a chip
+    name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a ``pltpu.TpuInfo``.
+    Raises :class:`TpuRuleViolation` naming the kernel, the rule, the
+    operand and the fix; otherwise returns one :class:`KernelReport` per
+    ``pallas_call`` (its VMEM footprint and limit, what was checked and
+    what could not be).
+
+        from jax.experimental.pallas.ops.tpu.matmul import matmul
+        x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+        check_kernel(matmul, x, x, block_shape=(512, 512), chip="v5e")
+    """
+    import jax
+    from jax.experimental.pallas import tpu as pltpu
+
+    options = check_options or CheckOptions()
+    info = tpu_info_for(chip)
+    target, args = _traced_arguments(fn, args, kwargs)
+    # Trace and lower as the TPU would compile: pallas_call records at trace
+    # time whatever interpreter a surrounding test forces, and would lower it
+    # instead of Mosaic. pltpu.get_tpu_info() (emit_pipeline, rank-1 block
+    # rules) must answer for the chip being checked. Observers a harness
+    # installed would check the same kernels with their own options.
+    device_kind = jax.devices()[0].device_kind
+    with (
+        pltpu.force_tpu_interpret_mode(None),
+        _jax_compat.device_kind_answers_as(device_kind, lambda: info),
+        _jax_compat.suspend_pallas_call_observers(),
+    ):
+        closed = jax.make_jaxpr(target)(*args)
+        reports = [
+            check_pallas_call_info(
+                _jax_compat.describe_pallas_call(params), info, **options.static_options()
+            )
+            for params in _jax_compat.pallas_call_params_in(closed)
+        ]
+        raise_for(reports)
+        if options.lower_for_tpu and reports:
+            _lower_for_tpu(target, args, info, _function_name(fn))
+    return reports
+
+
+def _traced_arguments(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]):
+    """``fn`` closed over its non-array arguments, and the array ones, which get traced.
+
+    A positional argument is traced when every leaf of it is an array or a
+    ``jax.ShapeDtypeStruct``; anything else (block sizes, flags) is passed as is,
+    the way ``static_argnums`` would.
+    """
+    import jax
+
+    def is_array(leaf: Any) -> bool:
+        return hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+
+    traced = [
+        i
+        for i, a in enumerate(args)
+        if (leaves := jax.tree.leaves(a)) and all(is_array(x) for x in leaves)
+    ]
+    if len(traced) == len(args) and not kwargs:
+        return fn, tuple(args)
+    fixed = list(args)
+
+    def target(*arrays: Any) -> Any:
+        full = list(fixed)
+        for position, array in zip(traced, arrays):
+            full[position] = array
+        return fn(*full, **kwargs)
+
+    return target, tuple(args[i] for i in traced)
+
+
+def _lower_for_tpu(target: Callable[..., Any], args: Sequence[Any], info: Any, name: str) -> None:
+    import jax
+
+    try:
+        jax.jit(target).trace(*args).lower(lowering_platforms=("tpu",))
+    except Exception as error:  # Mosaic's reasons are in the message
+        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+        summary = " ".join(lines[:3])
+        if len(summary) > 600:
+            summary = summary[:600] + " ..."
+        raise TpuRuleViolation(
+            [
+                Violation(
+                    MOSAIC_LOWERING,
+                    f"in '{name}'",
+                    None,
+                    f"lowering for the TPU ({info.chip_version}) failed in Mosaic with "
+                    f"{type(error).__name__}: {summary}",
+                    "change what the message names (an operation, dtype or shape Mosaic "
+                    "does not support on this chip); interpret mode accepts it but the TPU "
+                    "compiler does not.",
+                )
+            ]
+        ) from error
+
+
+def _function_name(fn: Callable[..., Any]) -> str:
+    inner = getattr(fn, "func", fn)
+    return getattr(inner, "__qualname__", None) or getattr(inner, "__name__", None) or repr(inner)
+
+
+def pallas_call_checker(
+    chip: Any = "v5e",
+    check_options: CheckOptions | None = None,
+    reports: list[KernelReport] | None = None,
+) -> Callable[[dict[str, Any]], None]:
+    """An observer for ``_jax_compat.observe_pallas_calls``: checks each pallas_call as traced.
+
+    Raises :class:`TpuRuleViolation` from inside the trace, which aborts it
+    (so the broken kernel is never cached and fails again on the next call).
+    Appends each report to ``reports`` if given. A pallas_call traced again
+    with the same params (vmap, re-tracing) is checked once.
+    """
+    options = check_options or CheckOptions()
+    info = tpu_info_for(chip)
+    static = options.static_options()
+    seen: collections.OrderedDict[tuple[int, ...], tuple[Any, KernelReport]] = (
+        collections.OrderedDict()
+    )
+    lock = threading.Lock()
+
+    def observe(params: dict[str, Any]) -> None:
+        anchors = (params.get("grid_mapping"), params.get("jaxpr"), params.get("compiler_params"))
+        key = tuple(id(a) for a in anchors)
+        with lock:
+            cached = seen.get(key)
+        if cached is not None and all(a is b for a, b in zip(cached[0], anchors)):
+            report = cached[1]
+        else:
+            report = check_pallas_call_info(
+                _jax_compat.describe_pallas_call(params), info, **static
+            )
+            with lock:
+                seen[key] = (anchors, report)  # keeps anchors alive, so ids stay unique
+                while len(seen) > 512:
+                    seen.popitem(last=False)
+        if reports is not None:
+            reports.append(report)
+        raise_for([report])
+
+    return observe
+
+
+@contextlib.contextmanager
+def checking_pallas_calls(
+    chip: Any = "v5e", check_options: CheckOptions | None = None
+) -> Iterator[list[KernelReport]]:
+    """Statically check every pallas_call traced inside the block; yields the reports.
+
+        with checking_pallas_calls(chip="v5e") as reports:
+            my_kernel(x)  # raises TpuRuleViolation at trace time if broken
+    """
+    reports: list[KernelReport] = []
+    with _jax_compat.observe_pallas_calls(pallas_call_checker(chip, check_options, reports)):
+        yield reports
+
+
+@contextlib.contextmanager
+def kernel_exits_checked() -> Iterator[list[Any]]:
+    """Fail if an interpreted kernel ended with a race, a semaphore off 0 or a DMA pending.
+
+    Needs TPU interpret mode (``pltpu.InterpretParams``); races are looked for
+    only with ``detect_races=True``. The check runs when the block ends
+    normally; an exception from the block passes through unchanged.
+
+        with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(detect_races=True)):
+            with kernel_exits_checked():
+                jax.block_until_ready(my_kernel(x))
+    """
+    with _jax_compat.record_kernel_exits() as states:
+        yield states
+    violations = kernel_exit_violations(states)
+    if violations:
+        raise TpuRuleViolation(violations)

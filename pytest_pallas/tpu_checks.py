@@ -1,0 +1,897 @@
+"""What a TPU would reject or get wrong in a pallas_call that interprets fine on the CPU.
+
+Interpret mode runs a kernel's Python semantics; it does not know which block
+shapes Mosaic lowers, how much VMEM the chip has, that "parallel" grid axes
+are split across TensorCores, or that an output block is written back to HBM
+as soon as the grid leaves it. The checks here read a pallas_call's grid
+mapping (through :mod:`pytest_pallas._jax_compat`, which owns every JAX
+internal) and name the rule a kernel breaks, the operand, and the fix:
+
+``block-tiling``
+    Mosaic's own lowering rule (``_check_block_mappings`` in
+    ``jax/_src/pallas/mosaic/lowering.py``): for blocks of rank >= 2 the last
+    dimension is a multiple of 128 or the full array dimension, the
+    second-minor a multiple of 8 or the full dimension, whatever the dtype; a
+    squeezed (``None``/``pl.Squeezed``) dimension counts as 1. Rank-1 blocks:
+    the full dimension, a multiple of 1024 (8 x 128), or a power of two of at
+    least 128 x (32 / bitwidth). Blocks in ``pl.ANY``/HBM: the whole array with
+    an index map of zeros. The stricter packed tiling (16 rows for 16-bit, 32
+    for 8-bit dtypes) is what XLA's layouts use, but Mosaic lowers 8-row
+    blocks of bfloat16; ask for it with ``packed_sublanes=True``.
+``vmem-footprint``
+    Every VMEM block buffered (twice unless ``pipeline_mode=pl.Buffered(n)``),
+    plus VMEM scratch, plus the peak of ``pl.run_scoped`` allocations, padded
+    to (8, 128) tiles, against the scoped-VMEM limit the kernel compiles under:
+    ``CompilerParams(vmem_limit_bytes=...)`` if given, else the default limit
+    of the chip (16 MiB up to v5, 32 MiB from v6e). That limit, not the
+    capacity, is what Mosaic enforces: a kernel between the two fails to
+    compile until it raises the limit. ``vmem_limit_bytes`` itself must not
+    exceed ``TpuInfo.vmem_capacity_bytes``.
+``parallel-axis-race``
+    An output block written from two grid points that differ along an axis
+    marked "parallel": megacore chips split those axes across TensorCores,
+    which then race on the block, and each core starts its own accumulator.
+``output-revisit``
+    An output block visited again after the grid left it: Pallas TPU writes a
+    block back when the grid moves on and never reads it back, so a reduction
+    must sit on the minormost (last) grid axes.
+``block-out-of-bounds``
+    An index map that returns a block lying wholly outside its array.
+
+Races, DMA waits and semaphores are dynamic: :func:`kernel_exit_violations`
+turns what the TPU interpreter saw at kernel exit into the same kind of
+error, and :func:`translate_interpreter_error` names the rule behind the
+interpreter's own errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_pallas._jax_compat import BlockOperand, KernelExitState, PallasCallInfo
+
+TILING = "block-tiling"
+VMEM = "vmem-footprint"
+PARALLEL_RACE = "parallel-axis-race"
+REVISIT = "output-revisit"
+OUT_OF_BOUNDS = "block-out-of-bounds"
+DATA_RACE = "data-race"
+SEMAPHORES = "unbalanced-semaphores"
+DMA_NOT_WAITED = "dma-not-waited"
+DMA_OUT_OF_BOUNDS = "out-of-bounds-access"
+
+MIB = 1024 * 1024
+
+#: Largest grid whose index maps are evaluated point by point; beyond it the
+#: grid-order checks reason from which grid axes each index map reads.
+MAX_GRID_POINTS = 1 << 16
+
+_PARALLEL = ("parallel", "core_parallel")
+
+
+class TpuRuleViolation(AssertionError):
+    """A kernel breaks a rule the TPU enforces (or relies on) but interpret mode does not.
+
+    ``violations`` holds one :class:`Violation` per rule broken; the message
+    is their paragraphs, the first naming kernel, rule, operand and fix.
+    """
+
+    def __init__(self, violations: Sequence[Violation]):
+        self.violations = tuple(violations)
+        first = self.violations[0]
+        self.kernel = first.kernel
+        self.rule = first.rule
+        self.operand = first.operand
+        self.fix = first.fix
+        super().__init__("\n\n".join(str(v) for v in self.violations))
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    """One rule broken by one kernel, as a one-paragraph explanation."""
+
+    rule: str
+    kernel: str  # the kernel's display title
+    operand: str | None  # "input 0 (args[0], kernel parameter x_ref)", ...
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        where = f" {self.operand}:" if self.operand else ""
+        return (
+            f"TPU rule [{self.rule}] broken by kernel {self.kernel}:{where} {self.problem} "
+            f"Fix: {self.fix}"
+        )
+
+
+@dataclasses.dataclass
+class KernelReport:
+    """What the static checks found for one pallas_call."""
+
+    kernel: str
+    grid: tuple[int | None, ...]
+    dimension_semantics: tuple[str, ...]
+    vmem_bytes: int | None = None
+    vmem_limit_bytes: int | None = None
+    vmem_limit_source: str = ""
+    checked: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    violations: list[Violation] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+# --- The chip ---------------------------------------------------------------
+
+
+def tpu_info_for(chip: Any = "v5e") -> Any:
+    """A ``pltpu.TpuInfo`` for a chip name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a TpuInfo.
+
+    Megacore chips (v4, v5p) are described in megacore mode, two TensorCores
+    behind one device, as JAX sees them by default.
+
+        >>> tpu_info_for("v5e").vmem_capacity_bytes // 2**20
+        128
+    """
+    from jax.experimental.pallas import tpu as pltpu
+
+    if isinstance(chip, pltpu.TpuInfo):
+        return chip
+    try:
+        version = pltpu.ChipVersion(str(chip))
+    except ValueError:
+        known = ", ".join(v.value for v in pltpu.ChipVersion)
+        raise ValueError(f"unknown TPU chip {chip!r}; JAX knows {known}") from None
+    cores = 2 if version.supports_megacore else 1
+    return pltpu.get_tpu_info_for_chip(version, cores)
+
+
+def default_scoped_vmem_bytes(info: Any) -> int:
+    """The scoped-VMEM limit a kernel compiles under when it does not set ``vmem_limit_bytes``.
+
+    libtpu's ``--xla_tpu_scoped_vmem_limit_kib`` default: 16 MiB up to TPU v5,
+    32 MiB from v6e, never more than the chip's VMEM. A value of that flag in
+    ``LIBTPU_INIT_ARGS`` wins, as it does on the chip.
+    """
+    match = re.search(
+        r"--xla_tpu_scoped_vmem_limit_kib=(\d+)", os.environ.get("LIBTPU_INIT_ARGS", "")
+    )
+    if match:
+        limit = int(match.group(1)) * 1024
+    else:
+        limit = (16 if info.generation <= 5 else 32) * MIB
+    return min(limit, info.vmem_capacity_bytes)
+
+
+# --- Describing operands ----------------------------------------------------
+
+
+def describe_operand(op: BlockOperand) -> str:
+    """``input 0 (args[0], kernel parameter x_ref)``."""
+    names = [op.origin]
+    if op.parameter and op.parameter != op.origin:
+        names.append(f"kernel parameter {op.parameter}")
+    return f"{op.role} {op.index} ({', '.join(names)})"
+
+
+def _block_text(op: BlockOperand) -> str:
+    dims = ", ".join("None" if kind == "squeezed" else str(size) for kind, size in op.block_dims)
+    array = ", ".join(str(d) for d in op.array_shape)
+    comma = "," if len(op.block_dims) == 1 else ""
+    return f"block shape ({dims}{comma}) over a {_dtype_name(op.dtype)}[{array}] array"
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(getattr(dtype, "name", dtype))
+
+
+def _bits(dtype: Any) -> int | None:
+    import numpy as np
+
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        return None
+    if dtype == np.bool_:
+        return 32  # Mosaic stores booleans as int32 in memory
+    bits = getattr(dtype, "itemsize", 0) * 8
+    if dtype.name in ("int4", "uint4", "float4_e2m1fn"):
+        bits = 4
+    return bits or None
+
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:.1f} MiB" if n >= MIB / 10 else f"{n / 1024:.1f} KiB"
+
+
+# --- block-tiling -------------------------------------------------------------
+
+
+def check_block_tiling(
+    call: PallasCallInfo, info: Any, *, packed_sublanes: bool = False
+) -> list[Violation]:
+    """Mosaic's block-shape rule, for every input and output BlockSpec of ``call``."""
+    found = []
+    for op in call.operands:
+        violation = _tiling_violation(call, op, info, packed_sublanes)
+        if violation is not None:
+            found.append(violation)
+    return found
+
+
+def _tiling_violation(
+    call: PallasCallInfo, op: BlockOperand, info: Any, packed: bool
+) -> Violation | None:
+    space = op.memory_space
+    if space == "semaphore" or (space == "smem" and op.trivial_window):
+        return None
+    bits = _bits(op.dtype)
+    if bits is None:  # extended dtypes (PRNG keys, ...): Mosaic checks their physical shape
+        return None
+    where = describe_operand(op)
+    rank = len(op.block_dims)
+    if rank < 1:
+        return Violation(
+            TILING,
+            call.title,
+            where,
+            "Mosaic supports only blocks of rank >= 1, and this block is a scalar.",
+            "give the operand at least one dimension, or pass it through SMEM "
+            "(pltpu.PrefetchScalarGridSpec or memory_space=pltpu.SMEM).",
+        )
+    if space in ("any", "hbm") and not op.trivial_window:
+        return Violation(
+            TILING,
+            call.title,
+            where,
+            f"it lives in memory space {space} (no automatic copy to VMEM) but its "
+            f"{_block_text(op)} is not the whole array with an index map of zeros, which "
+            "is all Mosaic accepts there.",
+            "drop block_shape and index_map for pl.ANY operands "
+            "(pl.BlockSpec(memory_space=pl.ANY)) and copy the part you need with "
+            "pltpu.make_async_copy, or use a VMEM BlockSpec to let Pallas copy the block.",
+        )
+    sizes = op.block_shape
+    shape = op.array_shape
+    if rank >= 2:
+        problems, fixes = [], []
+        minor, full_minor = sizes[-1], shape[-1]
+        if not (minor == full_minor or minor % info.num_lanes == 0):
+            problems.append(
+                f"its last dimension is {_dim_text(op, -1)} but must be a multiple of "
+                f"{info.num_lanes} or the full {full_minor}"
+            )
+            fixes.append(_suggest(op, -1, info.num_lanes))
+        rows = info.num_sublanes * (32 // bits if packed and bits < 32 else 1)
+        second, full_second = sizes[-2], shape[-2]
+        if not (second == full_second or second % rows == 0):
+            reason = f"a multiple of {rows}" + (
+                f" ({32 // bits} rows of {_dtype_name(op.dtype)} pack into each 32-bit sublane)"
+                if rows != info.num_sublanes
+                else ""
+            )
+            problems.append(
+                f"its second-minor dimension is {_dim_text(op, -2)} but must be {reason} "
+                f"or the full {full_second}"
+            )
+            fixes.append(_suggest(op, -2, rows))
+        if not problems:
+            return None
+        rule_text = (
+            "Mosaic's TPU lowering requires the last two block dimensions to be divisible "
+            f"by {info.num_sublanes} and {info.num_lanes} or equal to the array's"
+        )
+        if rows != info.num_sublanes:
+            rule_text = (
+                f"with packed sublanes (packed_sublanes=True) the last two block dimensions "
+                f"must be divisible by {rows} and {info.num_lanes} or equal to the array's"
+            )
+        return Violation(
+            TILING,
+            call.title,
+            where,
+            f"{_block_text(op)}: {'; '.join(problems)} ({rule_text}).",
+            "; ".join(fixes) + ".",
+        )
+    # Rank 1.
+    packing = 32 // bits if bits < 32 else 1
+    chunk = info.num_sublanes * info.num_lanes
+    min_tiling = info.num_lanes * packing
+    (size,), (full,) = sizes, shape
+    if size == full or size % chunk == 0 or (size >= min_tiling and size & (size - 1) == 0):
+        return None
+    return Violation(
+        TILING,
+        call.title,
+        where,
+        f"{_block_text(op)}: Mosaic lowers a rank-1 block only if it is the full "
+        f"dimension ({full}), a multiple of {chunk} ({info.num_sublanes} x {info.num_lanes}), "
+        f"or a power of two of at least {min_tiling} (128 x 32 / {bits} bits); "
+        f"it is {size}.",
+        f"use a block of {_next_rank1(size, chunk, min_tiling, full)} or the full {full}, "
+        "or reshape the array to 2-D (rows, 128) and block it as (8k, 128).",
+    )
+
+
+def _dim_text(op: BlockOperand, axis: int) -> str:
+    kind, size = op.block_dims[axis]
+    return f"squeezed (None, counted as {size})" if kind == "squeezed" else str(size)
+
+
+def _suggest(op: BlockOperand, axis: int, multiple: int) -> str:
+    kind, size = op.block_dims[axis]
+    full = op.array_shape[axis]
+    name = "last" if axis == -1 else "second-minor"
+    if kind == "squeezed":
+        return (
+            f"keep the {name} dimension in the block (size {min(full, multiple)} or the full "
+            f"{full}) and index it inside the kernel, or squeeze a leading dimension instead"
+        )
+    bigger = -(-size // multiple) * multiple
+    if bigger < full:
+        return (
+            f"make the {name} block dimension {bigger} (a multiple of {multiple}) "
+            f"or the full {full}"
+        )
+    return f"make the {name} block dimension the full {full}"
+
+
+def _next_rank1(size: int, chunk: int, min_tiling: int, full: int) -> int:
+    power = max(min_tiling, 1 << max(0, (size - 1).bit_length()))
+    return min(power, -(-size // chunk) * chunk, max(full, min_tiling))
+
+
+# --- vmem-footprint -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class VmemItem:
+    what: str
+    buffers: int
+    bytes_each: int
+
+    @property
+    def total(self) -> int:
+        return self.buffers * self.bytes_each
+
+
+def padded_vmem_bytes(shape: Sequence[int], dtype: Any, info: Any) -> int:
+    """Bytes an array of ``shape`` takes in VMEM, its last two dimensions padded to (8, 128) tiles.
+
+    A lower bound: Mosaic may pick larger tiles for narrow dtypes.
+    """
+    bits = _bits(dtype) or 32
+    shape = tuple(int(d) for d in shape)
+    if not shape:
+        elements = info.num_sublanes * info.num_lanes
+    elif len(shape) == 1:
+        elements = _round_up(shape[0], info.num_lanes)
+    else:
+        elements = (
+            math.prod(shape[:-2])
+            * _round_up(shape[-2], info.num_sublanes)
+            * _round_up(shape[-1], info.num_lanes)
+        )
+    return elements * bits // 8
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-max(n, 1) // multiple) * multiple
+
+
+def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
+    """Everything ``call`` keeps in VMEM at once: buffered blocks, scratch, the run_scoped peak."""
+    items = []
+    for op in call.operands:
+        if op.memory_space == "vmem":
+            items.append(
+                VmemItem(
+                    f"{describe_operand(op)} block {op.ref_shape} {_dtype_name(op.dtype)}",
+                    op.buffer_count or 2,
+                    padded_vmem_bytes(op.ref_shape, op.dtype, info),
+                )
+            )
+    for s in call.scratch:
+        if s.memory_space == "vmem":
+            name = f"scratch {s.index}" + (
+                f" (kernel parameter {s.parameter})" if s.parameter else ""
+            )
+            items.append(
+                VmemItem(
+                    f"{name} {s.shape} {_dtype_name(s.dtype)}",
+                    1,
+                    padded_vmem_bytes(s.shape, s.dtype, info),
+                )
+            )
+    peak, where = _scoped_peak(call.scoped, info)
+    if peak:
+        items.append(VmemItem(f"pl.run_scoped allocations (peak, {where})", 1, peak))
+    return items
+
+
+def _scoped_peak(region: Any, info: Any) -> tuple[int, str]:
+    own = sum(
+        padded_vmem_bytes(a.shape, a.dtype, info)
+        for a in region.allocations
+        if a.memory_space == "vmem"
+    )
+    where = region.allocations[0].where if region.allocations else ""
+    best, best_where = 0, ""
+    for child in region.children:
+        peak, child_where = _scoped_peak(child, info)
+        if peak > best:
+            best, best_where = peak, child_where
+    return own + best, where or best_where
+
+
+def check_vmem_footprint(
+    call: PallasCallInfo, info: Any, *, bound: str = "scoped"
+) -> tuple[list[Violation], int, int, str]:
+    """``(violations, footprint, limit, where the limit comes from)`` for one pallas_call.
+
+    ``bound="scoped"`` (the default) checks against the limit the kernel
+    compiles under; ``bound="capacity"`` only against the chip's VMEM, for
+    projects that raise ``--xla_tpu_scoped_vmem_limit_kib`` globally.
+    """
+    if bound not in ("scoped", "capacity"):
+        raise ValueError(f"bound must be 'scoped' or 'capacity', not {bound!r}")
+    capacity = info.vmem_capacity_bytes
+    chip = str(info.chip_version)
+    items = vmem_items(call, info)
+    total = sum(item.total for item in items)
+    violations = []
+    if call.vmem_limit_bytes is not None:
+        limit, source = call.vmem_limit_bytes, "its CompilerParams(vmem_limit_bytes=...)"
+        if limit > capacity:
+            violations.append(
+                Violation(
+                    VMEM,
+                    call.title,
+                    None,
+                    f"it asks for vmem_limit_bytes={limit} ({_mib(limit)}) but a {chip} "
+                    f"TensorCore has {_mib(capacity)} of VMEM.",
+                    f"set vmem_limit_bytes to at most {capacity} ({_mib(capacity)}).",
+                )
+            )
+            limit = capacity
+    elif bound == "capacity":
+        limit, source = capacity, f"the {chip}'s VMEM capacity"
+    else:
+        limit, source = default_scoped_vmem_bytes(info), f"the default scoped-VMEM limit on {chip}"
+    if total > limit:
+        biggest = sorted(items, key=lambda i: -i.total)[:4]
+        breakdown = "; ".join(
+            f"{item.what}: {item.buffers} x {_mib(item.bytes_each)}"
+            if item.buffers > 1
+            else f"{item.what}: {_mib(item.bytes_each)}"
+            for item in biggest
+        )
+        if total <= capacity:
+            suggestion = min(capacity, _round_up(int(total * 1.25), MIB))
+            fix = (
+                f"raise the limit with compiler_params=pltpu.CompilerParams(vmem_limit_bytes="
+                f"{suggestion}) (the chip has {_mib(capacity)}), or shrink the blocks, or "
+                "single-buffer blocks whose index map is constant with "
+                "pipeline_mode=pl.Buffered(1)."
+            )
+        else:
+            fix = (
+                f"shrink the blocks (the footprint is over the chip's whole {_mib(capacity)}), or "
+                "single-buffer blocks whose index map is constant with "
+                "pipeline_mode=pl.Buffered(1)."
+            )
+        violations.append(
+            Violation(
+                VMEM,
+                call.title,
+                None,
+                f"it needs at least {_mib(total)} of VMEM (blocks double-buffered, tiles padded to "
+                f"({info.num_sublanes}, {info.num_lanes})) but compiles under {source}, "
+                f"{_mib(limit)}, so "
+                f"Mosaic rejects it on the chip; largest: {breakdown}.",
+                fix,
+            )
+        )
+    return violations, total, limit, source
+
+
+# --- grid order: parallel-axis-race, output-revisit, block-out-of-bounds ---------
+
+
+def check_grid_order(
+    call: PallasCallInfo, *, max_grid_points: int = MAX_GRID_POINTS
+) -> tuple[list[Violation], list[str]]:
+    """Races on "parallel" axes, revisited output blocks, out-of-bounds blocks.
+
+    Evaluates every index map over the whole grid when it has at most
+    ``max_grid_points`` points; larger grids are judged from which grid axes
+    each output's index map reads. Returns ``(violations, skipped notes)``.
+    """
+    import numpy as np
+
+    notes: list[str] = []
+    if any(g is None for g in call.grid):
+        return [], ["grid-order checks: the grid has dynamic dimensions"]
+    grid = tuple(int(g) for g in call.grid)
+    size = math.prod(grid)
+    if size == 0:
+        return [], []
+    exact = size <= max_grid_points
+    points = None
+    if exact:
+        points = np.indices(grid).reshape(len(grid), -1).T if grid else np.zeros((1, 0), np.int64)
+    else:
+        notes.append(
+            f"grid-order checks: grid {grid} has {size} points (> {max_grid_points}); "
+            "judged from the axes each index map reads"
+        )
+    parallel_axes = [
+        a for a, s in enumerate(call.dimension_semantics) if s in _PARALLEL and grid[a] > 1
+    ]
+    violations: list[Violation] = []
+    for op in call.operands:
+        if op.memory_space in ("any", "hbm", "semaphore"):
+            continue
+        if op.index_map_reads_scalar_prefetch:
+            notes.append(
+                f"grid-order checks: the index map of {describe_operand(op)} reads scalar "
+                "prefetch operands (TPU interpret mode checks revisits at run time)"
+            )
+            continue
+        if not exact:
+            if op.role == "output":
+                violations.extend(_order_by_dataflow(call, op, grid, parallel_axes))
+            continue
+        try:
+            blocks = op.block_indices(points)
+        except Exception as error:  # noqa: BLE001  # an index map not evaluable on the CPU
+            notes.append(
+                f"grid-order checks: could not evaluate the index map of "
+                f"{describe_operand(op)} ({type(error).__name__}: {error})"
+            )
+            continue
+        bounds = _out_of_bounds(call, op, blocks, points)
+        if bounds is not None:
+            violations.append(bounds)
+            continue
+        if op.role != "output":
+            continue
+        _, ids = np.unique(blocks, axis=0, return_inverse=True)
+        ids = ids.reshape(-1)
+        race = _parallel_race(call, op, grid, parallel_axes, ids, blocks, points)
+        if race is not None:
+            violations.append(race)
+        elif not op.revisit_any:
+            revisit = _revisit(call, op, grid, ids, blocks, points)
+            if revisit is not None:
+                violations.append(revisit)
+    return violations, notes
+
+
+def _point(p: Any) -> str:
+    values = tuple(int(v) for v in p)
+    return "(" + ", ".join(map(str, values)) + ("," if len(values) == 1 else "") + ")"
+
+
+def _axes_text(call: PallasCallInfo, axes: Iterable[int]) -> str:
+    return ", ".join(f'{a} ("{call.dimension_semantics[a]}")' for a in axes)
+
+
+def _out_of_bounds(call, op, blocks, points) -> Violation | None:
+    import numpy as np
+
+    if blocks.shape[1] != len(op.block_dims):
+        return None
+    kinds = [kind for kind, _ in op.block_dims]
+    # A blocked dimension's index counts blocks, a squeezed one's counts elements;
+    # element, bounded and indirect dimensions index in ways checked at run time.
+    checked = np.array([kind in ("blocked", "squeezed") for kind in kinds])
+    if not checked.any():
+        return None
+    step = np.array(
+        [size if kind == "blocked" else 1 for kind, size in op.block_dims], dtype=np.int64
+    )
+    shape = np.array(op.array_shape, dtype=np.int64)
+    bad = checked & ((blocks < 0) | (blocks * step >= shape))
+    rows = np.flatnonzero(bad.any(axis=1))
+    if rows.size == 0:
+        return None
+    row = rows[0]
+    axis = int(np.flatnonzero(bad[row])[0])
+    count = -(-int(shape[axis]) // int(step[axis]))
+    unit = f"block(s) of {int(step[axis])}" if kinds[axis] == "blocked" else "element(s)"
+    return Violation(
+        OUT_OF_BOUNDS,
+        call.title,
+        describe_operand(op),
+        f"at grid point {_point(points[row])} its index map returns block {_point(blocks[row])}, "
+        f"but dimension {axis} of the {_dtype_name(op.dtype)}{list(op.array_shape)} array has only "
+        f"{count} {unit} (valid indices 0..{count - 1}); on the TPU the block's DMA reads or "
+        "writes outside the array.",
+        "return block indices, not element offsets, from the index map, and size the grid as "
+        "pl.cdiv(array dimension, block dimension).",
+    )
+
+
+def _parallel_race(call, op, grid, parallel_axes, ids, blocks, points) -> Violation | None:
+    import numpy as np
+
+    if not parallel_axes:
+        return None
+    keys = np.ravel_multi_index(points[:, parallel_axes].T, [grid[a] for a in parallel_axes])
+    pairs = np.unique(np.stack([ids, keys], axis=1), axis=0)
+    distinct = np.bincount(pairs[:, 0], minlength=int(ids.max()) + 1)
+    shared = np.flatnonzero(distinct > 1)
+    if shared.size == 0:
+        return None
+    block_id = shared[0]
+    rows = np.flatnonzero(ids == block_id)
+    first = rows[0]
+    other = next(r for r in rows if keys[r] != keys[first])
+    differing = [a for a in parallel_axes if points[first, a] != points[other, a]]
+    return Violation(
+        PARALLEL_RACE,
+        call.title,
+        describe_operand(op),
+        f"its block {_point(blocks[first])} is written at grid points {_point(points[first])} and "
+        f"{_point(points[other])}, which differ along grid axis {_axes_text(call, differing)}. "
+        'A "parallel" axis promises that its iterations are independent: megacore chips '
+        "(v4, v5p) split it across two TensorCores, which then both write this block and each "
+        "start their own accumulator, and TPU interpret mode runs it in a shuffled order.",
+        f'mark axis {", ".join(map(str, differing))} "arbitrary" in '
+        "pltpu.CompilerParams(dimension_semantics=...) and move it after the parallel axes "
+        "(a reduction belongs on the last grid axes), or make the output's index map depend on it.",
+    )
+
+
+def _revisit(call, op, grid, ids, blocks, points) -> Violation | None:
+    import numpy as np
+
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    run_ids = ids[starts]
+    seen: dict[int, int] = {}
+    for run, block_id in enumerate(run_ids):
+        if block_id in seen:
+            earlier = seen[block_id]
+            first = starts[earlier]
+            left = starts[earlier + 1]
+            again = starts[run]
+            reduction = [a for a in range(len(grid)) if grid[a] > 1 and a not in op.index_map_axes]
+            return Violation(
+                REVISIT,
+                call.title,
+                describe_operand(op),
+                f"its block {_point(blocks[first])} is visited at grid point "
+                f"{_point(points[first])}, "
+                f"left at {_point(points[left])} and visited again at {_point(points[again])}. "
+                "Pallas TPU writes an output block back to HBM when the grid moves to another "
+                "block and never reads it back, so the second visit starts from stale VMEM "
+                '(TPU interpret mode raises "Revisited block"; plain interpret mode hides it).',
+                (
+                    f"put the reduction axis {', '.join(map(str, reduction))} last in the grid "
+                    "(the minormost axes iterate fastest), so each output block's visits are "
+                    "consecutive"
+                    if reduction
+                    else "order the grid so that each output block's visits are consecutive"
+                )
+                + "; or, if the revisit is intended, pass pipeline_mode=pl.Buffered(1, "
+                "revisit=pl.RevisitMode.ANY) on the output BlockSpec (Mosaic allows "
+                "RevisitMode.ANY only single-buffered).",
+            )
+        seen[block_id] = run
+    return None
+
+
+def _order_by_dataflow(call, op, grid, parallel_axes) -> list[Violation]:
+    reads = op.index_map_axes
+    missing_parallel = [a for a in parallel_axes if a not in reads]
+    if missing_parallel:
+        return [
+            Violation(
+                PARALLEL_RACE,
+                call.title,
+                describe_operand(op),
+                f"its index map does not read grid axis {_axes_text(call, missing_parallel)}, "
+                'so grid points that differ only along that "parallel" axis write the same '
+                "block; megacore chips split parallel axes across TensorCores, which then race "
+                "on it.",
+                f'mark axis {", ".join(map(str, missing_parallel))} "arbitrary" and move it '
+                "after the parallel axes, or make the output's index map depend on it.",
+            )
+        ]
+    if op.revisit_any:
+        return []
+    live = [a for a in range(len(grid)) if grid[a] > 1]
+    unread = [a for a in live if a not in reads]
+    read = [a for a in live if a in reads]
+    if unread and read and min(unread) < max(read):
+        return [
+            Violation(
+                REVISIT,
+                call.title,
+                describe_operand(op),
+                f"its index map ignores grid axis {min(unread)} but reads axis {max(read)}, which "
+                "iterates faster, so each block is left and visited again; Pallas TPU writes a "
+                "block back when the grid leaves it and never reads it back.",
+                f"put the reduction axis {', '.join(map(str, unread))} last in the grid, or pass "
+                "pipeline_mode=pl.Buffered(1, revisit=pl.RevisitMode.ANY) on the output BlockSpec.",
+            )
+        ]
+    return []
+
+
+# --- everything for one pallas_call -----------------------------------------------
+
+
+ALL_CHECKS = (TILING, VMEM, "grid-order")
+
+
+def check_pallas_call_info(
+    call: PallasCallInfo,
+    info: Any,
+    *,
+    checks: Sequence[str] = ALL_CHECKS,
+    packed_sublanes: bool = False,
+    vmem_bound: str = "scoped",
+    max_grid_points: int = MAX_GRID_POINTS,
+) -> KernelReport:
+    """Run the static checks on a described pallas_call; the report lists what they found."""
+    report = KernelReport(call.title, call.grid, call.dimension_semantics)
+    if not call.for_tensor_core:
+        report.skipped.append("not a TensorCore kernel (GPU compiler params or a SparseCore mesh)")
+        return report
+    if TILING in checks:
+        report.violations.extend(check_block_tiling(call, info, packed_sublanes=packed_sublanes))
+        report.checked.append(TILING)
+    if VMEM in checks:
+        found, total, limit, source = check_vmem_footprint(call, info, bound=vmem_bound)
+        report.violations.extend(found)
+        report.vmem_bytes, report.vmem_limit_bytes, report.vmem_limit_source = total, limit, source
+        report.checked.append(VMEM)
+    if "grid-order" in checks:
+        found, notes = check_grid_order(call, max_grid_points=max_grid_points)
+        report.violations.extend(found)
+        report.skipped.extend(notes)
+        report.checked.extend((PARALLEL_RACE, REVISIT, OUT_OF_BOUNDS))
+    return report
+
+
+def check_pallas_call(params: dict[str, Any], *, chip: Any = "v5e", **options: Any) -> KernelReport:
+    """Run the static checks on a pallas_call equation's params (as an observer receives them)."""
+    from pytest_pallas import _jax_compat
+
+    return check_pallas_call_info(
+        _jax_compat.describe_pallas_call(params), tpu_info_for(chip), **options
+    )
+
+
+def raise_for(reports: Iterable[KernelReport]) -> None:
+    """Raise one :class:`TpuRuleViolation` carrying every violation in ``reports``, if any."""
+    violations = [v for report in reports for v in report.violations]
+    if violations:
+        raise TpuRuleViolation(violations)
+
+
+# --- what the TPU interpreter saw at run time ---------------------------------------
+
+
+def kernel_exit_violations(states: Iterable[KernelExitState]) -> list[Violation]:
+    """Violations for kernels that exited with races, unbalanced semaphores or DMAs never waited."""
+    found = []
+    for state in states:
+        kernel = f"'{state.kernel}'"
+        where = f"on device {state.device}"
+        if state.race_found:
+            found.append(
+                Violation(
+                    DATA_RACE,
+                    kernel,
+                    None,
+                    f"the TPU interpreter's race detector found two unordered accesses to the same "
+                    f'buffer {where}, at least one a write (details under "RACE DETECTED" in the '
+                    "captured stdout): a read of a DMA's destination before its .wait(), a "
+                    "write to a DMA's source before it completes, or two cores writing one output "
+                    "block.",
+                    "wait on the DMA's semaphore before touching its source or destination, and "
+                    'keep reductions on "arbitrary" grid axes.',
+                )
+            )
+        if state.pending_dmas:
+            sem, core, count = state.pending_dmas[0]
+            found.append(
+                Violation(
+                    DMA_NOT_WAITED,
+                    kernel,
+                    None,
+                    f"{count} DMA(s) signalling semaphore {sem} (core {core}, {where}) were "
+                    "started and never waited for before the kernel ended; on the TPU the copy "
+                    "may still be in flight when the kernel's outputs are read, and the semaphore "
+                    "is left unbalanced.",
+                    "call .wait() on every pltpu.make_async_copy/make_async_remote_copy you "
+                    ".start() (for remote copies, both the send and the receive semaphore).",
+                )
+            )
+        if state.unbalanced_semaphores:
+            sem, core, count = state.unbalanced_semaphores[0]
+            found.append(
+                Violation(
+                    SEMAPHORES,
+                    kernel,
+                    None,
+                    f"semaphore {sem} ends the kernel with count {count} (core {core}, {where}), "
+                    "not 0; Mosaic checks semaphores at kernel exit and the TPU reports an error "
+                    "(or the next kernel that reuses the semaphore misbehaves).",
+                    "match every signal (pl.semaphore_signal, a DMA's completion) with a wait of "
+                    "the same amount before the kernel returns.",
+                )
+            )
+    return found
+
+
+_REVISIT_ERROR = re.compile(
+    r"Revisited block (?P<block>.+?) of output (?P<output>\d+) in iteration (?P<at>\(.*?\))\. "
+    r"The block was previously visited in iterations (?P<first>\(.*?\)) through (?P<last>\(.*?\))"
+)
+_OOB_ERROR = re.compile(
+    r"(Out-of-bounds (read|block index)[^\n]*|Range [^\n]* out of bounds[^\n]*)"
+)
+
+
+def translate_interpreter_error(
+    error: BaseException, kernel: str | None = None
+) -> TpuRuleViolation | None:
+    """The rule behind an error the TPU interpreter raised, or None if it is not one of its checks.
+
+        try:
+            kernel(x)
+        except Exception as error:
+            violation = translate_interpreter_error(error, "my_kernel")
+            if violation is not None:
+                raise violation from error
+            raise
+    """
+    text = str(error)
+    title = f"'{kernel}'" if kernel else "(run by TPU interpret mode)"
+    match = _REVISIT_ERROR.search(text)
+    if match:
+        return TpuRuleViolation(
+            [
+                Violation(
+                    REVISIT,
+                    title,
+                    f"output {match['output']}",
+                    f"block {match['block']} was visited again in grid iteration {match['at']} "
+                    f"after the grid left it (earlier visits: iterations {match['first']} "
+                    f"through {match['last']}); Pallas TPU writes a block back when the grid "
+                    "moves on and never reads it back.",
+                    "put the reduction axis last in the grid so each output block's visits are "
+                    "consecutive, or pass pipeline_mode=pl.Buffered(1, "
+                    "revisit=pl.RevisitMode.ANY).",
+                )
+            ]
+        )
+    match = _OOB_ERROR.search(text)
+    if match:
+        return TpuRuleViolation(
+            [
+                Violation(
+                    DMA_OUT_OF_BOUNDS,
+                    title,
+                    None,
+                    "the TPU interpreter stopped an out-of-bounds access: "
+                    f"{match.group(0).strip()} On the TPU this reads or writes memory outside "
+                    "the buffer.",
+                    "clamp the copy's pl.ds(start, size) so start + size stays within the array, "
+                    "or handle the ragged tail with a smaller final copy.",
+                )
+            ]
+        )
+    return None

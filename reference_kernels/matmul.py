@@ -1,0 +1,554 @@
+"""Matrix multiplication on the TPU: blocked, pipelined, with an activation epilogue.
+
+Contract ops (CONTRACT.md section 2):
+
+* ``matmul(x, y)``: ``(m, k) @ (k, n)``, output dtype = input dtype.
+* ``matmul_activation(x, y, *, activation)``: ``activation(x @ y)``, the activation
+  applied once to the full float32 product.
+* ``batched_matmul(x, y)``: ``(b, m, k) @ (b, k, n)`` by ``jax.vmap`` of the 2-D kernel.
+
+Tunable variants: ``matmul_blocked`` (the ``pallas_call`` kernel with explicit
+``block_m, block_k, block_n``) and ``matmul_emit_pipeline`` (the same algorithm
+written with ``pl.kernel`` and ``pltpu.emit_pipeline``). Each kernel sits next to
+its float64 NumPy oracle (``*_reference``) and its cost model (``*_cost``).
+
+The TPU ideas shown here:
+
+* A ``(block_m, block_k) @ (block_k, block_n)`` product per grid step: BlockSpecs
+  tell Pallas which block of ``x`` and ``y`` each step needs, so it copies the
+  next step's blocks from HBM into VMEM while the MXU works on the current ones.
+* The reduction over ``k`` is the minormost grid axis: the output block ``(i, j)``
+  stays resident in VMEM for all ``k`` steps and is written back to HBM once,
+  after the last one (an output block is never read back from HBM, so a
+  reduction may not revisit it later).
+* Bigger blocks raise the arithmetic intensity (each block of ``x`` is re-read
+  once per block column of ``y``): ``bm * bn / (bm + bn)`` flops per byte of
+  16-bit input moved from HBM.
+
+Sizes need not be multiples of the TPU tile. A block spanning a whole dimension
+is legal at any size, so a dimension that fits one block is left alone; a longer
+one is padded with zeros (which add nothing to a dot product) to a multiple of
+its block, and the result is sliced back.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+__all__ = [
+    "DEFAULT_BLOCK_K",
+    "DEFAULT_BLOCK_M",
+    "DEFAULT_BLOCK_N",
+    "batched_matmul",
+    "batched_matmul_cost",
+    "batched_matmul_reference",
+    "matmul",
+    "matmul_activation",
+    "matmul_activation_cost",
+    "matmul_activation_reference",
+    "matmul_blocked",
+    "matmul_cost",
+    "matmul_emit_pipeline",
+    "matmul_reference",
+]
+
+# Largest default blocks. 512 x 512 output blocks give 256 flops per byte of
+# bfloat16 input (above the ~240 a v5e needs to be compute bound); with
+# 512-deep k blocks a float32 step holds two double-buffered 1 MiB input blocks,
+# a double-buffered output block and the 1 MiB accumulator: about 7 MiB, well
+# under 16 MiB (all of a v4's VMEM, and no more than the default scoped-VMEM
+# limit of later chips). Smaller problems get one block per dimension (see
+# _default_block), so small tests run in one grid step.
+DEFAULT_BLOCK_M = 512
+DEFAULT_BLOCK_K = 512
+DEFAULT_BLOCK_N = 512
+
+_LANES = 128
+_SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+
+# --- shared helpers -------------------------------------------------------------
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _sublanes(dtype: Any) -> int:
+    # A vreg holds 8 sublanes of 32-bit words; 16-bit values pack two per word.
+    return 8 * (4 // jnp.dtype(dtype).itemsize)
+
+
+def _default_block(dim: int, tile: int, cap: int) -> int:
+    """The default block for a dimension of size ``dim``.
+
+    Up to ``cap``: the whole dimension, one block, legal for any size (a block
+    equal to the full dimension is exempt from the tiling rule) and no
+    padding. Beyond: the fewest blocks of at most ``cap``, each a multiple of
+    ``tile``, spread evenly so that the zero padding stays under one tile per
+    block (600 rows become two 304-row blocks, not two 512-row ones).
+    """
+    if dim <= cap:
+        return dim
+    num_blocks = -(-dim // cap)
+    return _round_up(-(-dim // num_blocks), tile)
+
+
+def _check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, why: str) -> None:
+    if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+        raise ValueError(f"{name} must be a positive int, got {block!r}")
+    if block % multiple and block != dim:
+        raise ValueError(
+            f"{name}={block} must be a multiple of {multiple} ({why}) "
+            f"or equal the full dimension {dim_name}={dim}"
+        )
+
+
+def _check_operands(x: Any, y: Any, *, batched: bool) -> None:
+    rank = 3 if batched else 2
+    expected = "(b, m, k) @ (b, k, n)" if batched else "(m, k) @ (k, n)"
+    if jnp.ndim(x) != rank or jnp.ndim(y) != rank:
+        raise ValueError(
+            f"expected {expected}, got shapes {jnp.shape(x)} and {jnp.shape(y)}"
+        )
+    if x.shape[-1] != y.shape[-2] or (batched and x.shape[0] != y.shape[0]):
+        raise ValueError(
+            f"expected {expected}, got shapes {x.shape} and {y.shape} whose dimensions disagree"
+        )
+    if x.dtype != y.dtype or jnp.dtype(x.dtype) not in _SUPPORTED_DTYPES:
+        raise ValueError(
+            f"x and y must both be float32 or both bfloat16, got {x.dtype} and {y.dtype}"
+        )
+
+
+def _resolve_blocks(
+    m: int, k: int, n: int, dtype: Any, block_m: int | None, block_k: int | None, block_n: int | None
+) -> tuple[int, int, int]:
+    sublanes = _sublanes(dtype)
+    name = jnp.dtype(dtype).name
+    if block_m is None:
+        block_m = _default_block(m, sublanes, DEFAULT_BLOCK_M)
+    else:
+        _check_block("block_m", block_m, "m", m, sublanes,
+                     f"TPU sublane tiling of {name}, the second-minor dimension of x's block")
+    if block_k is None:
+        block_k = _default_block(k, _LANES, DEFAULT_BLOCK_K)
+    else:
+        _check_block("block_k", block_k, "k", k, _LANES,
+                     "TPU lane tiling, the minor dimension of x's block")
+    if block_n is None:
+        block_n = _default_block(n, _LANES, DEFAULT_BLOCK_N)
+    else:
+        _check_block("block_n", block_n, "n", n, _LANES,
+                     "TPU lane tiling, the minor dimension of y's and the output's block")
+    return block_m, block_k, block_n
+
+
+def _pad_to(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, target - size) for size, target in zip(array.shape, shape)])
+
+
+def _output_struct(shape: tuple[int, ...], dtype: Any, *operands: Any) -> jax.ShapeDtypeStruct:
+    # Inside jax.shard_map(check_vma=True) a kernel must say how its output
+    # varies across the mesh axes: as its operands do, together. Outside
+    # shard_map this is the empty set and is ignored.
+    varying = frozenset().union(*(jax.typeof(x).manual_axis_type.varying for x in operands))
+    return jax.ShapeDtypeStruct(
+        shape, dtype, manual_axis_type=jax.sharding.ManualAxisType(varying=varying)
+    )
+
+
+# --- activations: the kernel's epilogue and the oracle's float64 twin ----------------
+
+
+def _gelu_tanh(z: np.ndarray) -> np.ndarray:
+    return 0.5 * z * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (z + 0.044715 * z**3)))
+
+
+def _gelu_erf(z: np.ndarray) -> np.ndarray:
+    import scipy.special  # only the exact-gelu oracle needs SciPy
+
+    return 0.5 * z * (1.0 + scipy.special.erf(z / np.sqrt(2.0)))
+
+
+def _silu(z: np.ndarray) -> np.ndarray:
+    return z / (1.0 + np.exp(-z))
+
+
+# float64 NumPy twins of the jax.nn activations the contract names, keyed by the
+# function object (jax.nn.swish is jax.nn.silu). jax.nn.gelu's default is the
+# tanh approximation.
+_NUMPY_ACTIVATIONS: dict[Any, Callable[[np.ndarray], np.ndarray]] = {
+    jax.nn.relu: lambda z: np.maximum(z, 0.0),
+    jax.nn.gelu: _gelu_tanh,
+    jax.nn.silu: _silu,
+}
+
+# (flops, transcendentals) per output element, for the cost model.
+_ACTIVATION_COSTS: dict[Any, tuple[int, int]] = {
+    None: (0, 0),
+    jax.nn.relu: (1, 0),
+    jax.nn.gelu: (8, 1),
+    jax.nn.silu: (3, 1),
+}
+
+
+def _numpy_activation(activation: Any) -> Callable[[np.ndarray], np.ndarray]:
+    if activation is None:
+        return lambda z: z
+    if activation in _NUMPY_ACTIVATIONS:
+        return _NUMPY_ACTIVATIONS[activation]
+    if (
+        isinstance(activation, functools.partial)
+        and activation.func is jax.nn.gelu
+        and not activation.args
+        and set(activation.keywords) <= {"approximate"}
+    ):
+        return _gelu_tanh if activation.keywords.get("approximate", True) else _gelu_erf
+    raise ValueError(
+        f"no float64 oracle for activation {activation!r}; known: None, jax.nn.relu, "
+        "jax.nn.gelu (and functools.partial(jax.nn.gelu, approximate=...)), jax.nn.silu"
+    )
+
+
+def _activation_cost(activation: Any) -> tuple[int, int]:
+    if isinstance(activation, functools.partial) and activation.func is jax.nn.gelu:
+        return _ACTIVATION_COSTS[jax.nn.gelu]
+    # An unknown activation is charged like gelu: a few flops and one transcendental.
+    return _ACTIVATION_COSTS.get(activation, (8, 1))
+
+
+# --- oracles ------------------------------------------------------------------------
+
+
+def _float64(array: Any) -> np.ndarray:
+    return np.asarray(array).astype(np.float64)
+
+
+def matmul_reference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``x @ y`` in float64 NumPy (bfloat16 inputs come as ``ml_dtypes.bfloat16``)."""
+    return _float64(x) @ _float64(y)
+
+
+def matmul_activation_reference(x: np.ndarray, y: np.ndarray, *, activation: Any) -> np.ndarray:
+    """``activation(x @ y)`` in float64 NumPy; the activation's NumPy twin is looked up by identity.
+
+    >>> matmul_activation_reference(np.eye(2), -np.ones((2, 2)), activation=jax.nn.relu)
+    array([[0., 0.],
+           [0., 0.]])
+    """
+    return _numpy_activation(activation)(matmul_reference(x, y))
+
+
+def batched_matmul_reference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``(b, m, k) @ (b, k, n)`` in float64 NumPy."""
+    return np.matmul(_float64(x), _float64(y))
+
+
+# --- cost models --------------------------------------------------------------------
+
+
+def matmul_cost(
+    x: Any, y: Any, *, block_m: int | None = None, block_n: int | None = None, activation: Any = None
+) -> pl.CostEstimate:
+    """Flops, transcendentals and HBM bytes of ``x @ y`` (anything with ``.shape``/``.dtype``).
+
+    Without blocks, the bytes are the minimum (read x and y once, write the
+    output once), as a roofline wants. With ``block_m``/``block_n`` they are what
+    the blocked kernel moves: each block row of ``x`` is read once per block
+    column of the output, each block column of ``y`` once per block row.
+    """
+    *x_batch, m, k = x.shape
+    *y_batch, _, n = y.shape
+    batch = math.prod(np.broadcast_shapes(tuple(x_batch), tuple(y_batch)))
+    itemsize = jnp.dtype(x.dtype).itemsize
+    if block_m is None and block_n is None:
+        input_elements = math.prod(x_batch) * m * k + math.prod(y_batch) * k * n
+    else:
+        x_reads = 1 if block_n is None else -(-n // block_n)
+        y_reads = 1 if block_m is None else -(-m // block_m)
+        input_elements = batch * (m * k * x_reads + k * n * y_reads)
+    act_flops, act_transcendentals = _activation_cost(activation)
+    return pl.CostEstimate(
+        flops=batch * (2 * m * k * n + act_flops * m * n),
+        transcendentals=batch * act_transcendentals * m * n,
+        bytes_accessed=itemsize * (input_elements + batch * m * n),
+    )
+
+
+def matmul_activation_cost(x: Any, y: Any, *, activation: Any) -> pl.CostEstimate:
+    """Cost of ``activation(x @ y)``: the matmul plus a few flops per output element."""
+    return matmul_cost(x, y, activation=activation)
+
+
+def batched_matmul_cost(x: Any, y: Any) -> pl.CostEstimate:
+    """Cost of ``(b, m, k) @ (b, k, n)``: ``b`` independent matmuls."""
+    return matmul_cost(x, y)
+
+
+# --- the pallas_call kernel ---------------------------------------------------------
+
+
+def _matmul_kernel(x_ref, y_ref, o_ref, acc_ref, *, num_batch_axes: int, num_k_blocks: int,
+                   activation: Any):
+    """One (..., i, j, k) grid step: accumulate a block product into the float32 scratch.
+
+    The scratch persists across grid steps, but starts as garbage (NaN in TPU
+    interpret mode), hence the initialisation at the first k step. The output
+    block is written once, at the last k step, where the full product is known:
+    the activation must see the whole sum, never a partial one.
+    """
+    k = pl.program_id(num_batch_axes + 2)
+
+    @pl.when(k == 0)
+    def _initialise():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    # preferred_element_type makes the MXU accumulate bfloat16 products in float32.
+    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+    @pl.when(k == num_k_blocks - 1)
+    def _write_back():
+        result = acc_ref[...]
+        if activation is not None:
+            result = activation(result)
+        o_ref[...] = result.astype(o_ref.dtype)
+
+
+def _batch_index(batch_shape: tuple[int, ...], grid_indices: tuple[Any, ...]) -> tuple[Any, ...]:
+    # A batch axis of size 1 is shared by every step of that grid axis: the
+    # operand was not vmapped there, and is read in place instead of broadcast.
+    return tuple(index if size != 1 else 0 for size, index in zip(batch_shape, grid_indices))
+
+
+def _matmul_pallas_call(x, y, *, block_m: int, block_k: int, block_n: int, activation: Any):
+    """The kernel on padded operands ``(*batch, m, k) @ (*batch, k, n)``, each batch axis full or 1."""
+    *x_batch, m, k = x.shape
+    *y_batch, _, n = y.shape
+    nb = len(x_batch)
+    batch = tuple(max(a, b) for a, b in zip(x_batch, y_batch))
+    grid = (*batch, m // block_m, n // block_n, k // block_k)
+    squeezed = (None,) * nb  # batch axes: one element per grid step, squeezed away in the kernel
+
+    def x_index(*g):
+        return (*_batch_index(tuple(x_batch), g[:nb]), g[nb], g[nb + 2])
+
+    def y_index(*g):
+        return (*_batch_index(tuple(y_batch), g[:nb]), g[nb + 2], g[nb + 1])
+
+    def o_index(*g):
+        return (*g[:nb], g[nb], g[nb + 1])
+
+    return pl.pallas_call(
+        functools.partial(_matmul_kernel, num_batch_axes=nb, num_k_blocks=grid[-1],
+                          activation=activation),
+        out_shape=_output_struct((*batch, m, n), x.dtype, x, y),
+        grid=grid,
+        in_specs=[
+            pl.BlockSpec((*squeezed, block_m, block_k), x_index),
+            pl.BlockSpec((*squeezed, block_k, block_n), y_index),
+        ],
+        out_specs=pl.BlockSpec((*squeezed, block_m, block_n), o_index),
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        # Batch, i and j steps are independent (a megacore chip splits them
+        # across its two TensorCores); k carries the accumulator from step to
+        # step, so it is "arbitrary" and, being a reduction, the minormost axis.
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",) * (nb + 2) + ("arbitrary",)
+        ),
+        cost_estimate=matmul_cost(x, y, block_m=block_m, block_n=block_n, activation=activation),
+        name="matmul",
+    )(x, y)
+
+
+@functools.cache
+def _matmul_kernel_call(block_m: int, block_k: int, block_n: int, activation: Any):
+    """The kernel as a function that ``jax.vmap`` turns into extra parallel grid axes.
+
+    Pallas's own batching rule prepends a grid axis too, but leaves
+    ``dimension_semantics`` one entry short, which JAX 0.10's TPU interpreter
+    rejects (the Mosaic compiler pads it with "parallel"). This rule does what
+    the compiler does: each vmapped axis becomes a leading "parallel" grid axis,
+    and an operand that is not mapped gets a size-1 axis that every step reads
+    (no broadcast copy).
+    """
+    call = functools.partial(_matmul_pallas_call, block_m=block_m, block_k=block_k,
+                             block_n=block_n, activation=activation)
+
+    @jax.custom_batching.custom_vmap
+    def kernel_call(x, y):
+        return call(x, y)
+
+    @kernel_call.def_vmap
+    def _batched(axis_size, in_batched, x, y):
+        del axis_size
+        x_batched, y_batched = in_batched
+        return kernel_call(x if x_batched else x[None], y if y_batched else y[None]), True
+
+    return kernel_call
+
+
+@functools.partial(jax.jit, static_argnames=("block_m", "block_k", "block_n", "activation"))
+def _matmul_pallas(x, y, *, block_m: int, block_k: int, block_n: int, activation: Any):
+    (m, k), n = x.shape, y.shape[1]
+    m_pad, k_pad, n_pad = _round_up(m, block_m), _round_up(k, block_k), _round_up(n, block_n)
+    x = _pad_to(x, (m_pad, k_pad))
+    y = _pad_to(y, (k_pad, n_pad))
+    out = _matmul_kernel_call(block_m, block_k, block_n, activation)(x, y)
+    return out[:m, :n]
+
+
+def matmul_blocked(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    block_m: int | None = None,
+    block_k: int | None = None,
+    block_n: int | None = None,
+    activation: Callable[[jax.Array], jax.Array] | None = None,
+) -> jax.Array:
+    """``activation(x @ y)`` with a 3-D grid ``(i, j, k)`` and chosen blocks.
+
+    ``block_m`` must be a multiple of the sublane tiling (8 for float32, 16 for
+    bfloat16), ``block_k`` and ``block_n`` multiples of 128, or each equal its
+    full dimension; ``None`` picks a default (at most 512, one block per
+    dimension for small problems). Sizes need not divide the blocks.
+
+    >>> x = jnp.ones((100, 300), jnp.float32)
+    >>> matmul_blocked(x, x.T, block_m=32, block_k=128, block_n=128).shape
+    (100, 100)
+    """
+    _check_operands(x, y, batched=False)
+    (m, k), n = x.shape, y.shape[1]
+    block_m, block_k, block_n = _resolve_blocks(m, k, n, x.dtype, block_m, block_k, block_n)
+    return _matmul_pallas(
+        x, y, block_m=block_m, block_k=block_k, block_n=block_n, activation=activation
+    )
+
+
+def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
+    """``x @ y`` for ``(m, k) @ (k, n)`` float32 or bfloat16, accumulated in float32.
+
+    >>> matmul(jnp.ones((3, 5)), jnp.ones((5, 7)))[0, 0]
+    Array(5., dtype=float32)
+    """
+    return matmul_blocked(x, y)
+
+
+def matmul_activation(
+    x: jax.Array, y: jax.Array, *, activation: Callable[[jax.Array], jax.Array] | None
+) -> jax.Array:
+    """``activation(x @ y)``, the activation fused into the kernel's last k step.
+
+    ``activation`` is ``None`` or a function on arrays such as ``jax.nn.relu``,
+    ``jax.nn.gelu`` or ``jax.nn.silu``; it sees the float32 product before the
+    cast to the output dtype.
+    """
+    return matmul_blocked(x, y, activation=activation)
+
+
+def batched_matmul(x: jax.Array, y: jax.Array) -> jax.Array:
+    """``(b, m, k) @ (b, k, n)``: ``jax.vmap`` of the 2-D kernel.
+
+    vmap adds the batch as a leading "parallel" grid axis, so the kernel body
+    does not change: grid ``(b, i, j, k)``.
+    """
+    _check_operands(x, y, batched=True)
+    return jax.vmap(matmul)(x, y)
+
+
+# --- the pl.kernel + emit_pipeline formulation ----------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("block_m", "block_k", "block_n", "num_cores"))
+def _matmul_emit_pipeline(x, y, *, block_m: int, block_k: int, block_n: int, num_cores: int):
+    (m, k), n = x.shape, y.shape[1]
+    m_pad, k_pad, n_pad = _round_up(m, block_m), _round_up(k, block_k), _round_up(n, block_n)
+    x = _pad_to(x, (m_pad, k_pad))
+    y = _pad_to(y, (k_pad, n_pad))
+    grid = (m_pad // block_m, n_pad // block_n, k_pad // block_k)
+
+    def block_step(x_block, y_block, o_block, acc_ref):
+        k_index = pl.program_id(2)
+
+        @pl.when(k_index == 0)
+        def _initialise():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(x_block[...], y_block[...], preferred_element_type=jnp.float32)
+
+        @pl.when(k_index == grid[2] - 1)
+        def _write_back():
+            o_block[...] = acc_ref[...].astype(o_block.dtype)
+
+    def kernel(x_hbm, y_hbm, o_hbm, acc_ref):
+        # The refs live in HBM (pl.ANY, the TensorCore mesh's default): nothing
+        # is copied in before the body runs. emit_pipeline allocates the
+        # double-buffered VMEM blocks and issues the DMAs a pallas_call grid
+        # would, here as a loop written inside the kernel.
+        pipeline = pltpu.emit_pipeline(
+            functools.partial(block_step, acc_ref=acc_ref),
+            grid=grid,
+            in_specs=[
+                pl.BlockSpec((block_m, block_k), lambda i, j, kk: (i, kk)),
+                pl.BlockSpec((block_k, block_n), lambda i, j, kk: (kk, j)),
+            ],
+            out_specs=[pl.BlockSpec((block_m, block_n), lambda i, j, kk: (i, j))],
+            # On a megacore chip each TensorCore takes a share of the parallel
+            # axes. With one core there is nothing to split, and naming the core
+            # axis would fail in plain interpret mode, which does not bind it.
+            core_axis_name="core" if num_cores > 1 else None,
+            dimension_semantics=(pltpu.PARALLEL, pltpu.PARALLEL, pltpu.ARBITRARY),
+        )
+        pipeline(x_hbm, y_hbm, o_hbm)
+
+    out = pl.kernel(
+        kernel,
+        out_type=_output_struct((m_pad, n_pad), x.dtype, x, y),
+        mesh=pltpu.create_tensorcore_mesh("core", num_cores=num_cores),
+        scratch_types=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        cost_estimate=matmul_cost(x, y, block_m=block_m, block_n=block_n),
+        name="matmul_emit_pipeline",
+    )(x, y)
+    return out[:m, :n]
+
+
+def matmul_emit_pipeline(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    block_m: int | None = None,
+    block_k: int | None = None,
+    block_n: int | None = None,
+) -> jax.Array:
+    """``x @ y`` written with ``pl.kernel`` on a TensorCore mesh and ``pltpu.emit_pipeline``.
+
+    The same blocked algorithm as ``matmul_blocked``, but the pipeline is an
+    explicit call inside the kernel instead of the ``pallas_call`` grid: the
+    style for kernels that run several pipelines in sequence or mix them with
+    hand-written DMAs. Same block rules and defaults as ``matmul_blocked``.
+
+    ``emit_pipeline`` asks ``pltpu.get_tpu_info()`` for the chip's tiling, so on
+    the CPU it needs the chip the run stands in for (pytest-pallas registers it
+    for tests marked ``pallas``); on a megacore chip the grid is split over the
+    two TensorCores, which needs TPU interpret mode on the CPU.
+    """
+    _check_operands(x, y, batched=False)
+    (m, k), n = x.shape, y.shape[1]
+    block_m, block_k, block_n = _resolve_blocks(m, k, n, x.dtype, block_m, block_k, block_n)
+    # TensorCores per device of the chip JAX sees (or stands in for): a static
+    # argument, so that a change of chip retraces instead of reusing the mesh.
+    num_cores = pltpu.get_tpu_info().num_cores
+    return _matmul_emit_pipeline(x, y, block_m=block_m, block_k=block_k, block_n=block_n,
+                                 num_cores=num_cores)

@@ -1,0 +1,279 @@
+"""Reductions on the wrong grid axes fail on the CPU, statically and in the TPU interpreter.
+
+Two ways to get a reduction's grid wrong, both invisible to plain interpret
+mode, which keeps whole outputs in memory and runs the grid in order:
+
+* a reduction axis marked "parallel": megacore chips split it across two
+  TensorCores that race on the output block (the static check names it; the
+  TPU interpreter with two simulated cores and race detection sees the race);
+* a reduction axis that is not the minormost: each output block is left and
+  revisited, after Pallas TPU already wrote it back (the static check names
+  it; the TPU interpreter raises "Revisited block").
+"""
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu.matmul import matmul
+
+from pytest_pallas import _jax_compat
+from pytest_pallas.kernel_check import CheckOptions, check_kernel, kernel_exits_checked
+from pytest_pallas.tpu_checks import (
+    DATA_RACE,
+    OUT_OF_BOUNDS,
+    PARALLEL_RACE,
+    REVISIT,
+    TpuRuleViolation,
+    translate_interpreter_error,
+)
+
+pytestmark = pytest.mark.pallas
+
+STATIC_ONLY = CheckOptions(lower_for_tpu=False)
+BY_DATAFLOW = CheckOptions(lower_for_tpu=False, max_grid_points=1)  # never enumerate the grid
+
+
+def _accumulate_kernel(x_ref, o_ref, *, reduction_axis):
+    @pl.when(pl.program_id(reduction_axis) == 0)
+    def _():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    o_ref[...] += x_ref[...]
+
+
+def sum_over_axis_parallel(x):
+    """(n, 8, 128) -> (8, 128), the reduction axis marked "parallel": the seeded race."""
+    return pl.pallas_call(
+        functools.partial(_accumulate_kernel, reduction_axis=0),
+        out_shape=jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+        grid=(x.shape[0],),
+        in_specs=[pl.BlockSpec((None, 8, 128), lambda k: (k, 0, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda k: (0, 0)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        name="sum_parallel_reduction",
+    )(x)
+
+
+def sum_over_axis(x, *, reduction_first, semantics=None, revisit_any=False):
+    """(n, 8, c) -> (8, c) over a grid of (column block, n) or, seeded bug, (n, column block)."""
+    n, rows, cols = x.shape
+    if reduction_first:  # the reduction axis iterates slowest: every block is revisited
+        grid, axis = (n, cols // 128), 0
+        in_map, out_map = (lambda k, j: (k, 0, j)), (lambda k, j: (0, j))
+    else:
+        grid, axis = (cols // 128, n), 1
+        in_map, out_map = (lambda j, k: (k, 0, j)), (lambda j, k: (0, j))
+    mode = {"pipeline_mode": pl.Buffered(1, revisit=pl.RevisitMode.ANY)} if revisit_any else {}
+    return pl.pallas_call(
+        functools.partial(_accumulate_kernel, reduction_axis=axis),
+        out_shape=jax.ShapeDtypeStruct((rows, cols), x.dtype),
+        grid=grid,
+        in_specs=[pl.BlockSpec((None, rows, 128), in_map)],
+        out_specs=pl.BlockSpec((rows, 128), out_map, **mode),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+        name="sum_over_axis",
+    )(x)
+
+
+X = jax.ShapeDtypeStruct((4, 8, 256), jnp.float32)
+
+
+# --- static: caught from the grid mapping, at trace time ------------------------
+
+
+@pytest.mark.parametrize("options", [STATIC_ONLY, BY_DATAFLOW], ids=["enumerated", "dataflow"])
+def test_parallel_reduction_axis_is_a_race(options):
+    with pytest.raises(TpuRuleViolation) as caught:
+        check_kernel(
+            sum_over_axis_parallel,
+            jax.ShapeDtypeStruct((4, 8, 128), jnp.float32),
+            check_options=options,
+        )
+    error = caught.value
+    assert error.rule == PARALLEL_RACE
+    assert "sum_parallel_reduction" in error.kernel
+    assert error.operand == "output 0 (outputs, kernel parameter o_ref)"
+    assert 'grid axis 0 ("parallel")' in str(error)
+    assert 'mark axis 0 "arbitrary"' in error.fix
+    if options is STATIC_ONLY:
+        assert "written at grid points (0,) and (1,)" in str(error)
+
+
+@pytest.mark.parametrize("options", [STATIC_ONLY, BY_DATAFLOW], ids=["enumerated", "dataflow"])
+def test_reduction_on_a_major_axis_revisits_output_blocks(options):
+    with pytest.raises(TpuRuleViolation) as caught:
+        check_kernel(sum_over_axis, X, reduction_first=True, check_options=options)
+    error = caught.value
+    assert error.rule == REVISIT
+    assert "put the reduction axis 0 last in the grid" in error.fix
+    if options is STATIC_ONLY:
+        assert (
+            "block (0, 0) is visited at grid point (0, 0), left at (0, 1) and visited again "
+            "at (1, 0)"
+        ) in str(error)
+
+
+@pytest.mark.parametrize("options", [STATIC_ONLY, BY_DATAFLOW], ids=["enumerated", "dataflow"])
+@pytest.mark.parametrize("semantics", [None, ("arbitrary", "arbitrary"), ("parallel", "arbitrary")])
+def test_reduction_on_the_last_axis_passes(options, semantics):
+    (report,) = check_kernel(
+        sum_over_axis, X, reduction_first=False, semantics=semantics, check_options=options
+    )
+    assert report.ok and {PARALLEL_RACE, REVISIT} <= set(report.checked)
+
+
+def test_a_parallel_reduction_on_the_last_axis_is_still_a_race():
+    with pytest.raises(TpuRuleViolation, match=PARALLEL_RACE):
+        check_kernel(
+            sum_over_axis,
+            X,
+            reduction_first=False,
+            semantics=("parallel", "parallel"),
+            check_options=STATIC_ONLY,
+        )
+
+
+def test_declared_revisits_are_allowed():
+    (report,) = check_kernel(sum_over_axis, X, reduction_first=True, revisit_any=True)
+    assert report.ok  # and Mosaic lowers it (RevisitMode.ANY needs single buffering)
+
+
+def test_index_map_returning_element_offsets_is_out_of_bounds():
+    def offsets(x):
+        spec = pl.BlockSpec((8, 128), lambda i: (i * 8, 0))  # should be (i, 0)
+        return pl.pallas_call(
+            lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            grid=(4,),
+            in_specs=[spec],
+            out_specs=spec,
+            name="offsets",
+        )(x)
+
+    with pytest.raises(TpuRuleViolation, match=OUT_OF_BOUNDS) as caught:
+        check_kernel(offsets, jax.ShapeDtypeStruct((32, 128), jnp.float32))
+    assert "at grid point (1,) its index map returns block (8, 0)" in str(caught.value)
+    assert "valid indices 0..3" in str(caught.value)
+
+
+def test_jax_matmul_passes_on_a_large_grid():
+    x = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
+    (report,) = check_kernel(matmul, x, x, block_shape=(128, 128), block_k=128)  # 32768 points
+    assert report.ok and not report.skipped
+
+
+# --- dynamic: what the TPU interpreter sees when the kernel runs -------------------
+
+
+@pytest.fixture
+def interpreter():
+    """Run the body in TPU interpret mode with the given params, from fresh interpreter state.
+
+    The kernels here are broken on purpose: checks a harness runs around the
+    whole test (static checks, kernel-exit checks) are suspended inside, and
+    the interpreter's race flag is cleared on the way out.
+    """
+
+    @contextlib.contextmanager
+    def run(**params):
+        _jax_compat.reset_interpreter_state()
+        try:
+            with (
+                _jax_compat.suspend_pallas_call_observers(),
+                _jax_compat.suspend_kernel_exit_recording(),
+                pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(**params)),
+            ):
+                yield
+        finally:
+            _jax_compat.reset_interpreter_state()
+
+    return run
+
+
+def _stack(n):
+    return jnp.arange(n * 8 * 128, dtype=jnp.float32).reshape(n, 8, 128) % 7
+
+
+def test_two_simulated_cores_with_race_detection_catch_the_parallel_reduction(interpreter):
+    x = _stack(2)
+    with (
+        interpreter(num_cores_or_threads=2, detect_races=True, random_seed=0),
+        pytest.raises(TpuRuleViolation) as caught,
+        kernel_exits_checked(),
+    ):
+        out = jax.block_until_ready(sum_over_axis_parallel(x))
+    assert caught.value.rule == DATA_RACE
+    assert "sum_parallel_reduction" in caught.value.kernel
+    assert not np.allclose(out, x.sum(0))  # and each core kept its own partial sum
+
+
+def test_the_plain_interpreter_computes_the_racy_reduction_right():
+    x = _stack(4)
+    with pltpu.force_tpu_interpret_mode(None), _jax_compat.suspend_pallas_call_observers():
+        out = pl.pallas_call(
+            lambda x_ref, o_ref: _accumulate_kernel(x_ref, o_ref, reduction_axis=0),
+            out_shape=jax.ShapeDtypeStruct((8, 128), x.dtype),
+            grid=(4,),
+            in_specs=[pl.BlockSpec((None, 8, 128), lambda k: (k, 0, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda k: (0, 0)),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+            interpret=True,
+        )(x)
+    np.testing.assert_allclose(out, x.sum(0))  # why the static check is needed
+
+
+def test_jax_matmul_is_race_free_on_two_cores(interpreter):
+    x = jnp.arange(256 * 256, dtype=jnp.float32).reshape(256, 256) / 65536
+    y = x[:, :128]  # grid (2, 1, 2): one row block per core, a two-step reduction on each
+    with (
+        interpreter(num_cores_or_threads=2, detect_races=True, random_seed=0),
+        kernel_exits_checked() as exits,
+    ):
+        out = jax.block_until_ready(matmul(x, y, block_shape=(128, 128), block_k=128))
+    assert exits and all(state.clean for state in exits)
+    np.testing.assert_allclose(out, x @ y, rtol=1e-5)
+
+
+def test_the_tpu_interpreter_raises_on_a_revisit_and_the_error_names_the_rule(interpreter):
+    x = jnp.ones((2, 8, 256), jnp.float32)
+    with interpreter(), pytest.raises(Exception, match="Revisited block") as caught:
+        jax.block_until_ready(sum_over_axis(x, reduction_first=True))
+    violation = translate_interpreter_error(caught.value, "sum_over_axis")
+    assert violation is not None and violation.rule == REVISIT
+    assert "output 0" in violation.operand and "iteration (1, 0)" in str(violation)
+
+
+def gathered_sum(order, x):
+    """Like sum_over_axis(reduction_first=True), with the column block read from SMEM."""
+    n, rows, cols = x.shape
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(n, cols // 128),
+        in_specs=[pl.BlockSpec((None, rows, 128), lambda k, j, order: (k, 0, order[j]))],
+        out_specs=pl.BlockSpec((rows, 128), lambda k, j, order: (0, order[j])),
+    )
+
+    def kernel(order_ref, x_ref, o_ref):
+        _accumulate_kernel(x_ref, o_ref, reduction_axis=0)
+
+    return pl.pallas_call(
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct((rows, cols), x.dtype),
+        name="gathered_sum",
+    )(order, x)
+
+
+def test_data_dependent_index_maps_are_left_to_the_interpreter(interpreter):
+    order = jnp.array([1, 0], jnp.int32)
+    x = jnp.ones((2, 8, 256), jnp.float32)
+    (report,) = check_kernel(gathered_sum, order, x, check_options=STATIC_ONLY)
+    assert report.ok and any("scalar prefetch" in note for note in report.skipped)
+    with interpreter(), pytest.raises(Exception, match="Revisited block"):
+        jax.block_until_ready(gathered_sum(order, x))

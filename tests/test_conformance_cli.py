@@ -1,0 +1,184 @@
+"""The conformance suite from a user's seat: flags, mistakes, broken kernels, reports, xdist."""
+
+import json
+import textwrap
+
+import pytest
+
+USER_KERNELS = textwrap.dedent(
+    """
+    import jax.numpy as jnp
+    import numpy as np
+    from pytest_pallas import supports
+
+    def add(x, y):
+        return x + y
+
+    def add_raises(x, y):
+        raise ValueError("my kernel is not finished")
+
+    def add_numpy(x, y):
+        return np.asarray(x) + np.asarray(y)
+
+    def add_tuple(x, y):
+        return (x + y,)
+
+    def add_wrong_dtype(x, y):
+        return (x + y).astype(jnp.float16)
+
+    def add_scalar(x, y):
+        return 1.0
+
+    @supports(dtypes=("float32",), max_size={"shape": 128})
+    def add_restricted(x, y):
+        assert x.dtype == jnp.float32 and max(x.shape) <= 128, (x.dtype, x.shape)
+        return x + y
+
+    def softmax(x):
+        return jax.nn.softmax(x, axis=-1)
+
+    not_callable = 42
+    """
+).replace("import jax.numpy as jnp", "import jax\nimport jax.numpy as jnp")
+
+
+@pytest.fixture
+def user_module(pytester):
+    pytester.makepyfile(my_kernels=USER_KERNELS)
+    pytester.syspathinsert()
+    return "my_kernels"
+
+
+def run(pytester, *args):
+    return pytester.runpytest("-p", "no:cacheprovider", "--pallas-seed=0", "--pallas-examples=4",
+                              *args)
+
+
+def test_user_implementation_passes_and_only_its_op_runs(pytester, user_module):
+    result = run(pytester, "--pallas-impl", "add=my_kernels:add")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*pallas conformance*", "add  my_kernels:add  *"])
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] == 3 and "failed" not in outcomes
+
+
+def test_supports_narrows_the_domain_and_is_reported(pytester, user_module):
+    report = pytester.path / "report.json"
+    result = run(pytester, "--pallas-impl", "add=my_kernels:add_restricted",
+                 f"--pallas-report={report}")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["add  my_kernels:add_restricted  * dtypes=float32; shape<=128"])
+    document = json.loads(report.read_text())
+    assert document["complete"] is True
+    assert document["ops"]["add"]["restrictions"] == {
+        "dtypes": ["float32"], "multiple_of": {}, "max_size": {"shape": 128}}
+    value = document["ops"]["add"]["properties"]["value"]
+    assert value["verdict"] == "pass" and value["examples"] >= 4
+    assert 0 <= value["worst_error_in_tolerances"] <= 1
+    assert document["environment"]["jax"] and document["environment"]["backend"]
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("add_raises", "ValueError: my kernel is not finished"),
+    ("add_numpy", "my_kernels:add_numpy turned a traced input into a NumPy array; the suite "
+                  "calls implementations under jax.jit"),
+    ("add_tuple", "add returned a tuple (Array("),
+    ("add_wrong_dtype", "and dtype float16; the contract expects a jax.Array of shape"),
+    # Under jax.jit a Python scalar comes back as a 0-d array.
+    ("add_scalar", "add returned a jax.Array of shape () and dtype float32; the contract "
+                   "expects a jax.Array of shape"),
+])
+def test_broken_kernel_fails_its_property_with_a_clear_message(pytester, user_module, target,
+                                                               expected):
+    result = run(pytester, "--pallas-impl", f"add=my_kernels:{target}",
+                 "--pallas-impl", "softmax=my_kernels:softmax")
+    assert result.ret == 1
+    assert expected in result.stdout.str()
+    # The input that triggered it is shown, and the other op still ran and passed.
+    result.stdout.fnmatch_lines(["*Draw 1 (input): Case(add: shape=*, dtype=*, values=*, seed=*"])
+    result.stdout.fnmatch_lines(["softmax  my_kernels:softmax * 6 * 0 *"])
+    assert "compare.py" not in result.stdout.str()
+
+
+USAGE_CASES = [
+    (["--pallas-impl", "add=no_such_module:add"],
+     "--pallas-impl add=no_such_module:add: cannot import module 'no_such_module': "
+     "ModuleNotFoundError: No module named 'no_such_module'"),
+    (["--pallas-impl", "add=broken_module:add"],
+     "--pallas-impl add=broken_module:add: cannot import module 'broken_module': "
+     "ZeroDivisionError: division by zero"),
+    (["--pallas-impl", "add=my_kernels:missing"],
+     "--pallas-impl add=my_kernels:missing: module 'my_kernels' has no attribute 'missing'."),
+    (["--pallas-impl", "add=my_kernels:not_callable"],
+     "--pallas-impl add=my_kernels:not_callable: my_kernels:not_callable is a int, not a "
+     "callable; point it at the function that computes the op."),
+    (["--pallas-impl", "add=bad_supports:unknown_key"],
+     "--pallas-impl add=bad_supports:unknown_key: @supports got unknown key(s) block; it takes "
+     "dtypes, multiple_of, max_size."),
+    (["--pallas-impl", "matmul=bad_supports:unknown_dimension"],
+     "--pallas-impl matmul=bad_supports:unknown_dimension: @supports(multiple_of={'q': ...}): "
+     "op 'matmul' has no dimension 'q'; its dimensions are m, k, n."),
+]
+
+
+@pytest.mark.parametrize("args, message", USAGE_CASES, ids=[a[1] for a, _ in USAGE_CASES])
+def test_impl_mistakes_are_one_line_usage_errors(pytester, user_module, args, message):
+    pytester.makepyfile(broken_module="x = 1 / 0\n")
+    if "bad_supports" in args[1]:
+        name = args[1].split(":")[1]
+        decoration = ('@supports(block=128)' if name == "unknown_key"
+                      else '@supports(multiple_of={"q": 128})')
+        pytester.makepyfile(bad_supports=f"from pytest_pallas import supports\n\n{decoration}\n"
+                                         f"def {name}(x, y):\n    return x\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    assert result.ret == 4
+    errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
+    assert errors == ["ERROR: " + message], result.stderr.str()
+
+
+def test_conformance_runs_from_any_directory_without_collecting_it(pytester):
+    pytester.makepyfile(test_unrelated="def test_unrelated():\n    raise AssertionError\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pallas-seed=0",
+                                           "--pallas-examples=3", "--pallas-conformance",
+                                           "--pallas-ops=copy", "-k", "value", timeout=300)
+    assert result.ret == 0, result.stdout.str()
+    assert "test_unrelated" not in result.stdout.str()
+
+
+def test_interrupted_run_leaves_a_valid_incomplete_report(pytester, user_module):
+    pytester.makepyfile(my_interrupting=textwrap.dedent(
+        """
+        def add(x, y):
+            raise KeyboardInterrupt
+        """
+    ))
+    report = pytester.path / "report.json"
+    # In a subprocess: the KeyboardInterrupt must not reach this test's own runner.
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pallas-seed=0", "--pallas-examples=4", "--pallas-impl",
+        "add=my_interrupting:add", f"--pallas-report={report}", timeout=300)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    document = json.loads(report.read_text())
+    assert document["complete"] is False
+
+
+def test_xdist_reaches_the_serial_verdicts_and_merges_one_report(pytester, user_module):
+    pytest.importorskip("xdist")
+    serial_report = pytester.path / "serial.json"
+    parallel_report = pytester.path / "parallel.json"
+    args = ["--pallas-impl", "add=my_kernels:add", "--pallas-impl", "softmax=my_kernels:softmax"]
+    serial = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pallas-seed=3",
+                                           "--pallas-examples=3", *args,
+                                           f"--pallas-report={serial_report}", timeout=300)
+    parallel = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pallas-seed=3",
+                                             "--pallas-examples=3", "-n", "2", *args,
+                                             f"--pallas-report={parallel_report}", timeout=300)
+    assert serial.ret == parallel.ret == 0
+    one, two = (json.loads(p.read_text()) for p in (serial_report, parallel_report))
+    assert two["complete"] is True
+    verdicts = lambda doc: {(op, name): prop["verdict"] for op, data in doc["ops"].items()  # noqa: E731
+                            for name, prop in data["properties"].items()}
+    assert verdicts(one) == verdicts(two) and len(verdicts(one)) >= 8
+    examples = lambda doc: {op: data["properties"]["value"]["examples"]  # noqa: E731
+                            for op, data in doc["ops"].items()}
+    assert examples(one) == examples(two)

@@ -1,0 +1,208 @@
+"""pytest_pallas._jax_compat against the installed JAX: every private internal the plugin's
+foundation relies on is where it expects, and a moved one is a clear JaxInternalsChanged."""
+
+import importlib
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pytest_pallas import _jax_compat, options
+from pytest_pallas._jax_compat import JaxInternalsChanged
+
+TPU_INFO = importlib.import_module("jax._src.pallas.mosaic.tpu_info")
+INTERPRETER = importlib.import_module("jax._src.pallas.mosaic.interpret.interpret_pallas_call")
+
+
+def copy_kernel(*, wait_before_reading):
+    def kernel(x_hbm, o_ref, buffer, semaphore):
+        copy = pltpu.make_async_copy(x_hbm, buffer, semaphore)
+        copy.start()
+        if wait_before_reading:
+            copy.wait()
+        o_ref[...] = buffer[...]
+        if not wait_before_reading:
+            copy.wait()
+
+    return kernel
+
+
+def run_interpreted(kernel, params):
+    return jax.block_until_ready(pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA(())],
+        interpret=params,
+    )(jnp.ones((8, 128), jnp.float32)))
+
+
+@pytest.fixture
+def clean_interpreter():
+    _jax_compat.reset_interpreter_state()
+    yield
+    _jax_compat.reset_interpreter_state()
+
+
+# --- the TPU interpreter's state --------------------------------------------------------
+
+
+def test_races_found_sees_a_race_and_reset_clears_it(clean_interpreter, capsys):
+    detecting = pltpu.InterpretParams(detect_races=True)
+    assert _jax_compat.races_found() is False
+
+    run_interpreted(copy_kernel(wait_before_reading=True), detecting)
+    assert _jax_compat.races_found() is False
+
+    run_interpreted(copy_kernel(wait_before_reading=False), detecting)
+    assert _jax_compat.races_found() is True
+    assert "RACE DETECTED" in capsys.readouterr().out
+
+    _jax_compat.reset_interpreter_state()
+    assert _jax_compat.races_found() is False
+
+
+def test_reset_interpreter_state_drops_what_a_failed_kernel_left_behind(clean_interpreter):
+    def add_one(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1
+
+    def call():
+        return jax.block_until_ready(pl.pallas_call(
+            add_one, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            interpret=pltpu.InterpretParams())(jnp.ones((8, 128), jnp.float32)))
+
+    # What a kernel that raised mid-interpretation leaves: the next kernel reuses it and fails.
+    INTERPRETER._shared_memory = object()
+    with pytest.raises(Exception, match="object"):
+        call()
+    _jax_compat.reset_interpreter_state()
+    assert INTERPRETER._shared_memory is None and INTERPRETER.races is None
+    np.testing.assert_array_equal(call(), 2.0)
+
+
+# --- chips ----------------------------------------------------------------------------------
+
+
+def test_chip_versions_are_the_chips_the_options_accept():
+    versions = _jax_compat.chip_versions()
+    assert set(versions) == set(options.KNOWN_CHIPS)
+    assert all(isinstance(version, pltpu.ChipVersion) and version.value == name
+               for name, version in versions.items())
+    assert options.DEFAULT_CHIP in versions
+
+
+@pytest.mark.parametrize("device_kind, chip", [
+    ("TPU v5 lite", "v5e"), ("TPU v5e", "v5e"), ("TPU v4", "v4"), ("TPU v5p", "v5p"),
+    ("TPU v6 lite", "v6e"), ("TPU7x", "7x"), ("cpu", None), ("TPU v99", None),
+])
+def test_chip_version_of_device_kind(device_kind, chip):
+    version = _jax_compat.chip_version_of_device_kind(device_kind)
+    assert (version.value if version is not None else None) == chip
+    if chip == "v5e":
+        assert version == pltpu.ChipVersion("v5e")
+
+
+def test_device_kind_answers_as_then_restores_the_registry():
+    kind = jax.devices()[0].device_kind
+    v4 = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion("v4"), 2)
+    assert kind not in TPU_INFO.registry
+    with _jax_compat.device_kind_answers_as(kind, lambda: v4):
+        assert pltpu.get_tpu_info() is v4
+        assert str(pltpu.get_tpu_info().chip_version) == "v4"
+    assert kind not in TPU_INFO.registry
+    with pytest.raises(ValueError, match="Unsupported TPU device kind"):
+        pltpu.get_tpu_info()
+
+
+def test_device_kind_answers_as_restores_a_previous_entry_even_after_an_error(monkeypatch):
+    kind = jax.devices()[0].device_kind
+    v5e = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion("v5e"), 1)
+    v6e = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion("v6e"), 1)
+
+    def previous():
+        return v5e
+
+    monkeypatch.setitem(TPU_INFO.registry, kind, previous)
+    with (pytest.raises(KeyError, match="inside"),
+          _jax_compat.device_kind_answers_as(kind, lambda: v6e)):
+        assert pltpu.get_tpu_info() is v6e
+        raise KeyError("inside")
+    assert TPU_INFO.registry[kind] is previous
+    assert pltpu.get_tpu_info() is v5e
+
+
+# --- backends and the pallas_call primitive -------------------------------------------------
+
+
+def test_backends_are_initialized():
+    jax.devices()
+    assert _jax_compat.backends_are_initialized() is True
+
+
+def test_backends_are_not_initialized_by_importing_jax():
+    script = textwrap.dedent("""
+        import jax
+        from pytest_pallas import _jax_compat
+        assert _jax_compat.backends_are_initialized() is False
+        jax.devices()
+        assert _jax_compat.backends_are_initialized() is True
+        """)
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                               timeout=120, check=False)
+    assert completed.returncode == 0, completed.stderr
+
+
+def test_pallas_call_primitive_is_the_one_in_a_traced_kernel():
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    primitive = _jax_compat.pallas_call_primitive()
+    jaxpr = jax.make_jaxpr(pl.pallas_call(
+        double, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32)))(jnp.ones((8, 128)))
+    assert primitive.name == "pallas_call"
+    assert [eqn.primitive for eqn in jaxpr.jaxpr.eqns] == [primitive]
+    assert "grid_mapping" in jaxpr.jaxpr.eqns[0].params
+
+
+# --- a JAX release that moved an internal ------------------------------------------------------
+
+
+@pytest.mark.parametrize("module, attribute, call", [
+    (TPU_INFO, "chip_version_from_device_kind",
+     lambda: _jax_compat.chip_version_of_device_kind("TPU v5 lite")),
+    (TPU_INFO, "registry",
+     lambda: _jax_compat.device_kind_answers_as("cpu", lambda: None).__enter__()),
+    (INTERPRETER, "races", _jax_compat.races_found),
+    (importlib.import_module("jax._src.xla_bridge"), "backends_are_initialized",
+     _jax_compat.backends_are_initialized),
+    (importlib.import_module("jax._src.pallas.pallas_call"), "pallas_call_p",
+     _jax_compat.pallas_call_primitive),
+], ids=["chip_version_from_device_kind", "registry", "races", "backends_are_initialized",
+        "pallas_call_p"])
+def test_a_moved_internal_is_a_clear_error(monkeypatch, module, attribute, call):
+    monkeypatch.delattr(module, attribute)
+    with pytest.raises(JaxInternalsChanged) as raised:
+        call()
+    message = str(raised.value)
+    assert f"pytest-pallas needs {module.__name__}.{attribute}, which this JAX does not have" \
+        in message
+    assert "install a supported jax" in message
+    assert isinstance(raised.value, RuntimeError) and not isinstance(raised.value, AttributeError)
+
+
+def test_a_registry_that_changed_type_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(TPU_INFO, "registry", [])
+    with (pytest.raises(JaxInternalsChanged, match=r"tpu_info\.registry is no longer a dict"),
+          _jax_compat.device_kind_answers_as("cpu", lambda: None)):
+        pass
+
+
+def test_a_missing_module_is_a_clear_error():
+    with pytest.raises(JaxInternalsChanged, match=r"pytest-pallas needs jax\._src\.no_such_module, "
+                                                  r"which this JAX does not have"):
+        _jax_compat._private("jax._src.no_such_module", "anything")

@@ -1,0 +1,54 @@
+"""Installed means loaded in every pytest run: the plugin must not import JAX, print anything or
+touch the device count for a test suite that does not use Pallas. Fresh processes only, since
+this process imported JAX long ago."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+@pytest.fixture
+def environment_without_jax_settings(monkeypatch):
+    for name in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS", "CI"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_loading_the_plugin_does_not_import_jax(environment_without_jax_settings):
+    script = textwrap.dedent("""
+        import sys
+        import pytest_pallas.plugin
+        import pytest_pallas
+        heavy = sorted(name for name in sys.modules if name.split(".")[0] in ("jax", "jaxlib"))
+        assert not heavy, heavy
+        """)
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                               timeout=120, check=False)
+    assert completed.returncode == 0, completed.stderr
+
+
+def test_a_suite_that_does_not_use_pallas_does_not_see_the_plugin(
+        pytester, environment_without_jax_settings):
+    pytester.makepyfile(test_plain=textwrap.dedent("""
+        import os, sys
+
+        def test_first_nothing_imported_jax():
+            assert "pytest_pallas.plugin" in sys.modules, "the plugin is loaded"
+            jax_modules = [name for name in sys.modules if name.split(".")[0] in ("jax", "jaxlib")]
+            assert not jax_modules, jax_modules
+            assert "JAX_NUM_CPU_DEVICES" not in os.environ
+
+        def test_then_jax_has_its_own_defaults():
+            import jax
+            assert jax.device_count() == 1, "the plugin must not change the device count"
+        """))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=2)
+    assert not [line for line in result.stdout.lines if line.startswith("pallas")]
+
+    # The same run with a Pallas flag: now the header says what the plugin does.
+    flagged = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pallas-interpret=tpu",
+                                            "--collect-only", timeout=120)
+    flagged.stdout.fnmatch_lines(["pallas: CPU, tpu interpreter*"])
