@@ -65,6 +65,17 @@ def selected_ops(user_ops: tuple[str, ...], impl_ops: tuple[str, ...]) -> tuple[
     return tuple(op for op in OP_NAMES if op in ops)
 
 
+def _failure_summary(error: Exception) -> str:
+    """One line for the report: the timeout's own message, not XLA's wrapping of it."""
+    import re
+
+    text = str(error)
+    match = re.search(r"KernelTimeout: (.*)", text)
+    if match:
+        return match.group(1)
+    return f"{type(error).__name__}: {text}"
+
+
 # Kernels of these ops use DMAs, semaphores or remote copies, which only the
 # TPU interpreter simulates.
 TPU_INTERPRETER_OPS = ("copy", "ppermute")
@@ -131,7 +142,14 @@ class Conformance:
             self.recorder.outcome(op, prop, False, message)
             raise AssertionError(f"[{op}: {prop}] {message}") from None
         except Exception as error:
-            self.recorder.outcome(op, prop, False, f"{type(error).__name__}: {error}")
+            summary = _failure_summary(error)
+            self.recorder.outcome(op, prop, False, summary)
+            if "--pallas-timeout" in summary:
+                import pytest
+
+                # pytest.fail is a BaseException: Hypothesis stops at once
+                # instead of re-running a hung kernel while it shrinks.
+                pytest.fail(f"[{op}: {prop}] {summary}\ninput: {case!r}", pytrace=False)
             raise
 
     # --- properties --------------------------------------------------------------
