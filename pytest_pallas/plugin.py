@@ -270,6 +270,9 @@ def _write_report(config: pytest.Config, *, complete: bool) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    from .benchmarking import terminal_summary as benchmark_summary
+
+    benchmark_summary(terminalreporter, config)
     pallas = _session(config)
     if pallas.recorder is None or not pallas.recorder.ops:
         return
@@ -327,6 +330,25 @@ def device_mesh(request: pytest.FixtureRequest):
 
 
 @pytest.fixture
+def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
+    """pytest-benchmark's ``benchmark`` for kernels: compile excluded, XLA timed beside, roofline.
+
+    Example::
+
+        def test_speed(pallas_benchmark):
+            x = pallas_benchmark.random((1024, 1024))
+            pallas_benchmark("softmax", my_softmax, x)
+
+    See ``pytest_pallas.benchmarking.PallasBenchmark`` for what lands in ``extra_info``.
+    """
+    from .benchmarking import PallasBenchmark
+
+    pallas = _session(request.config)
+    return PallasBenchmark.for_test(request, benchmark, pallas.item_backend(request.node),
+                                    pallas.key_seed(request.node.nodeid))
+
+
+@pytest.fixture
 def conformance(request: pytest.FixtureRequest):
     """The conformance harness: draws inputs for an op and checks the chosen implementation."""
     from .conformance_harness import Conformance
@@ -340,5 +362,6 @@ def conformance(request: pytest.FixtureRequest):
                        or pallas.options.detect_races)
 
 
-assert set(FIXTURE_NAMES) >= {"pallas_backend", "pallas_key", "device_mesh"}, "fixtures drifted"
+assert set(FIXTURE_NAMES) == {"pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark"}, (
+    "fixtures drifted")
 _ = sys  # the module must stay importable without JAX; see tests/test_startup.py

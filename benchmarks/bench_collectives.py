@@ -1,0 +1,87 @@
+"""Collectives by remote DMA: ``ppermute`` and ``all_gather`` inside ``jax.shard_map``.
+
+All the devices JAX sees form a ring (8 simulated CPU devices by default, every
+chip of the slice on a TPU). Times are of the whole ``shard_map`` call; the
+roofline spans all devices.
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec
+
+from pytest_pallas.benchmarking import xla_version
+from reference_kernels import collectives
+
+# Simulated devices on the CPU: the plugin skips these, saying why, when JAX sees fewer.
+pytestmark = [pytest.mark.pallas, pytest.mark.devices(2)]
+
+# Per-device block (rows, cols), dtype. TPU: 64 MiB per device. CPU: under 128 KiB, since
+# JAX 0.10's TPU interpreter deadlocks on a 2-CPU host when 8 simulated devices exchange
+# blocks of 128 KiB or more (their host transfers wait for threads the callbacks hold).
+SIZES = {
+    "cpu": ((32, 512), "float32"),
+    "tpu": ((2048, 8192), "float32"),
+}
+AXIS = "ring"
+
+
+def _ring():
+    devices = jax.devices()
+    if len(devices) < 2:
+        pytest.skip(f"a ring needs 2 or more devices, JAX sees {len(devices)}")
+    return Mesh(np.array(devices), (AXIS,))
+
+
+def _sharded(function, mesh):
+    return jax.shard_map(function, mesh=mesh, in_specs=PartitionSpec(AXIS),
+                         out_specs=PartitionSpec(AXIS), check_vma=False)
+
+
+@pytest.mark.bench_op("ppermute")
+def bench_ppermute(pallas_benchmark, implementation, kernel, scale):
+    mesh = _ring()
+    n = mesh.shape[AXIS]
+    (rows, cols), dtype = SIZES[scale]
+    x = pallas_benchmark.random((n * rows, cols), dtype)
+    block = jax.ShapeDtypeStruct((rows, cols), x.dtype)
+    per_device = collectives.ppermute_cost(block, num_devices=n, shift=1)
+    cost = type(per_device)(flops=0, transcendentals=0,
+                            bytes_accessed=n * per_device.bytes_accessed,
+                            remote_bytes_transferred=n * per_device.remote_bytes_transferred)
+    pallas_benchmark(
+        "ppermute",
+        _sharded(functools.partial(kernel, axis_name=AXIS, shift=1), mesh), x,
+        xla_fn=_sharded(functools.partial(xla_version("ppermute"), axis_name=AXIS, shift=1), mesh),
+        cost=cost, devices=n, implementation=implementation.description,
+    )
+
+
+def xla_all_gather(x, *, axis_name):
+    return jax.lax.all_gather(x, axis_name, tiled=True)
+
+
+def bench_all_gather(pallas_benchmark, scale):
+    mesh = _ring()
+    n = mesh.shape[AXIS]
+    (rows, cols), dtype = SIZES[scale]
+    # Each device receives all n blocks: n times less per block keeps the output's size.
+    rows = max(1, rows // n)
+    x = pallas_benchmark.random((n * rows, cols), dtype)
+    per_device = collectives.all_gather_cost(jax.ShapeDtypeStruct((rows, cols), x.dtype),
+                                             num_devices=n)
+    cost = type(per_device)(flops=0, transcendentals=0,
+                            bytes_accessed=n * per_device.bytes_accessed,
+                            remote_bytes_transferred=n * per_device.remote_bytes_transferred)
+
+    def gathered(function):
+        # Every device returns all n blocks; the mesh stacks the n copies.
+        return _sharded(functools.partial(function, axis_name=AXIS), mesh)
+
+    pallas_benchmark(
+        "all_gather", gathered(collectives.all_gather), x,
+        xla_fn=gathered(xla_all_gather),
+        cost=cost, devices=n, implementation="all_gather",
+    )

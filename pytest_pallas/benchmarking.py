@@ -1,0 +1,594 @@
+"""Benchmarks of Pallas kernels on top of pytest-benchmark: the object behind ``pallas_benchmark``.
+
+``pallas_benchmark(operation, fn, *args, **kwargs)`` times ``fn(*args, **kwargs)``
+with pytest-benchmark's own ``benchmark`` fixture (so ``--benchmark-*`` flags,
+storage, ``--benchmark-compare`` and its JSON all work unchanged) and fills the
+result's ``extra_info`` with what a kernel author wants beside the time: the
+cost model's FLOPs and bytes, the chip's roofline and the fraction of it reached,
+and the plain XLA version of the op timed in the same rounds.
+
+The timing protocol:
+
+* ``fn`` is wrapped in ``jax.jit``; the first call (tracing, compilation and
+  the first execution) is made and timed apart, as ``first_call_seconds``, and
+  never enters the statistics. A second, untimed call warms the caches.
+* Each timed call ends with ``jax.block_until_ready`` on the result: JAX
+  dispatches asynchronously, and a clock stopped at dispatch measures nothing.
+* The XLA version runs once before each timed round of the kernel, in the same
+  process and the same seconds, with the same timer (pytest-benchmark's
+  ``pedantic(setup=...)``, which is not timed). A machine that is slower, or
+  busier for a moment, slows both; their ratio is what ``benchmark_gate`` judges.
+* The number of rounds follows pytest-benchmark's ``--benchmark-max-time`` and
+  ``--benchmark-min-rounds`` (or a ``@pytest.mark.benchmark(...)`` marker), with
+  one call per round.
+* The clock is pytest-benchmark's ``--benchmark-timer``. Left at its default, a
+  run on the CPU uses ``time.process_time``: the interpreted kernel and XLA's
+  code are work done by this process, and their CPU time does not count the
+  moments a shared machine gives to others. On a TPU the default wall clock
+  (``time.perf_counter``) stays.
+* Under ``--benchmark-disable`` (pytest-benchmark's smoke-test mode) the kernel is
+  compiled and run once, untimed, and the XLA version is not run at all.
+
+What ``extra_info`` holds (pytest-benchmark saves it in its JSON):
+
+* the call: ``operation``, ``implementation``, ``shapes``, ``dtypes``, ``blocks``,
+  ``kwargs``, ``devices``;
+* the cost model: ``flops``, ``transcendentals``, ``bytes_accessed``,
+  ``arithmetic_intensity`` (FLOPs per byte), and from the median time
+  ``achieved_flops_per_second`` and ``achieved_bytes_per_second``;
+* the roofline: ``peak_flops_per_second``, ``peak_bytes_per_second``,
+  ``roofline_seconds`` (the least time the cost allows), ``roofline_bound``
+  (``compute`` or ``memory``), ``fraction_of_roofline`` (roofline time over the
+  median) and ``roofline_meaningful`` (true on a TPU only);
+* XLA: ``xla_version``, ``xla_median`` and ``xla_min`` (seconds per call),
+  ``speedup_vs_xla`` (XLA median over kernel median), ``kernel_over_xla`` (the
+  median over rounds of kernel time over the XLA time of the same round) and
+  ``kernel_over_xla_min`` (fastest kernel round over fastest XLA round): the two
+  ratios ``benchmark_gate`` judges;
+* the run: ``first_call_seconds`` (compilation and first call, not in the
+  statistics), ``rounds``, ``timer``, ``xla_calls_per_round``, ``backend``,
+  ``platform``, ``interpreter``, ``chip``, ``device_kind``, ``device_count``,
+  ``python``, ``jax``, ``jaxlib``, ``libtpu``, ``pytest_pallas``.
+
+The roofline is the chip's: peak bfloat16 FLOP/s and HBM bytes/s per TensorCore
+(``pltpu.TpuInfo``) times the TensorCores of a logical device, times the devices
+the benchmark spans. On the CPU the kernel runs interpreted and the chip is the
+one the run stands in for (``--pallas-chip``): the fractions are then tiny and
+say nothing about the chip (``roofline_meaningful`` is false), and "vs XLA" is a
+large slowdown, since XLA's version runs natively. That is expected, and why
+regressions are judged by the kernel's time relative to XLA's rather than by
+either alone.
+
+This module imports no JAX at import time: the plugin calls ``terminal_summary``
+in every run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from .ops import OPERATIONS
+
+__all__ = [
+    "PallasBenchmark",
+    "Roofline",
+    "performance_facts",
+    "random_array",
+    "roofline_of",
+    "terminal_summary",
+    "xla_version",
+]
+
+# What the terminal table reads: one record per benchmark of the session.
+RESULTS = pytest.StashKey[list]()
+
+_DEFAULT: Any = object()
+# Untimed rounds of the kernel and of the XLA version before the statistics start.
+_WARMUP_ROUNDS = 1
+# At most this many XLA calls make up one round's XLA sample.
+_MAX_XLA_CALLS = 1000
+
+
+# --- the plain XLA version of each operation ------------------------------------------
+
+
+def xla_version(operation: str) -> Callable:
+    """The operation written in plain ``jax.numpy``: what XLA makes of it without Pallas.
+
+    Same signature, dtypes and accumulation as the contract (float32 accumulation
+    for bfloat16 inputs), so that the kernel is compared with the version a user
+    would otherwise write. Raises ``KeyError`` for an op without one.
+
+    >>> import jax.numpy as jnp
+    >>> xla_version("add")(jnp.ones(3), jnp.ones(3))
+    Array([2., 2., 2.], dtype=float32)
+    """
+    versions = _xla_versions()
+    try:
+        return versions[operation]
+    except KeyError:
+        raise KeyError(
+            f"no XLA version for {operation!r}; the ops with one are {', '.join(versions)}. "
+            "Pass xla_fn= (or xla_fn=None for no baseline)."
+        ) from None
+
+
+@functools.cache
+def _xla_versions() -> dict[str, Callable]:
+    import jax
+    import jax.numpy as jnp
+
+    f32 = jnp.float32
+
+    def add(x, y):
+        return x + y
+
+    def sum_leading_axis(x):
+        return jnp.sum(x, axis=0, dtype=f32).astype(x.dtype)
+
+    def matmul(x, y):
+        return jnp.matmul(x, y, preferred_element_type=f32).astype(x.dtype)
+
+    def matmul_activation(x, y, *, activation):
+        product = jnp.matmul(x, y, preferred_element_type=f32)
+        return (product if activation is None else activation(product)).astype(x.dtype)
+
+    def softmax(x):
+        return jax.nn.softmax(x.astype(f32), axis=-1).astype(x.dtype)
+
+    def attention(q, k, v):
+        # Leading axes batch; a size-1 axis of k and v (mqa's heads) broadcasts.
+        logits = jnp.einsum("...sd,...td->...st", q, k, preferred_element_type=f32)
+        weights = jax.nn.softmax(logits, axis=-1)
+        out = jnp.einsum("...st,...td->...sd", weights, v.astype(f32),
+                         preferred_element_type=f32)
+        return out.astype(q.dtype)
+
+    def mqa(q, k, v):
+        return attention(q, k[:, None], v[:, None])
+
+    def copy(x):
+        return jnp.copy(x)
+
+    def ppermute(x, *, axis_name, shift):
+        n = jax.lax.axis_size(axis_name)
+        return jax.lax.ppermute(x, axis_name, [(i, (i + shift) % n) for i in range(n)])
+
+    return {
+        "add": add,
+        "sum": sum_leading_axis,
+        "matmul": matmul,
+        "matmul_activation": matmul_activation,
+        "batched_matmul": matmul,
+        "softmax": softmax,
+        "attention": attention,
+        "mha": attention,
+        "mqa": mqa,
+        "copy": copy,
+        "ppermute": ppermute,
+    }
+
+
+# --- inputs -------------------------------------------------------------------------------
+
+
+def random_array(key: Any, shape: tuple[int, ...], dtype: Any = "float32") -> Any:
+    """Random values of ``dtype``: standard normal floats, integers uniform in [-1000, 1000].
+
+    Never zeros: a TPU moves and multiplies zeros no faster, but a benchmark on
+    constant data can be flattered by caches and compressed links elsewhere.
+
+    >>> import jax
+    >>> random_array(jax.random.key(0), (2, 3), "bfloat16").dtype
+    dtype(bfloat16)
+    """
+    import jax
+    import jax.numpy as jnp
+
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jax.random.randint(key, shape, -1000, 1001, dtype=dtype)
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+# --- the roofline -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofline:
+    """Peak rates of what a benchmark runs on: FLOP/s and HBM bytes/s."""
+
+    peak_flops_per_second: float
+    peak_bytes_per_second: float
+
+    @property
+    def ridge_intensity(self) -> float:
+        """FLOPs per byte above which the peak FLOP/s, not bandwidth, bounds a kernel."""
+        return self.peak_flops_per_second / self.peak_bytes_per_second
+
+    def bound_seconds(self, flops: float, bytes_accessed: float) -> float:
+        """The least time the work can take: compute-bound or memory-bound, whichever is slower."""
+        return max(flops / self.peak_flops_per_second, bytes_accessed / self.peak_bytes_per_second)
+
+    def attainable_flops_per_second(self, intensity: float) -> float:
+        return min(self.peak_flops_per_second, intensity * self.peak_bytes_per_second)
+
+
+def roofline_of(tpu_info: Any, devices: int = 1) -> Roofline:
+    """The roofline of ``devices`` logical devices of the chip ``tpu_info`` describes.
+
+    ``pltpu.TpuInfo`` gives rates per TensorCore; a logical device has
+    ``num_cores`` of them (2 on a megacore v4 or v5p). FLOP/s are bfloat16 MXU
+    rates: the bound for float32 too, at the TPU's default matmul precision.
+    """
+    cores = max(1, int(getattr(tpu_info, "num_cores", 1))) * max(1, int(devices))
+    return Roofline(
+        peak_flops_per_second=float(tpu_info.bf16_ops_per_second) * cores,
+        peak_bytes_per_second=float(tpu_info.mem_bw_bytes_per_second) * cores,
+    )
+
+
+def performance_facts(cost: Any, median_seconds: float, roofline: Roofline | None,
+                      xla_median_seconds: float | None,
+                      paired_ratio: float | None = None) -> dict[str, Any]:
+    """The numbers a benchmark's ``extra_info`` derives from its cost, its time and XLA's.
+
+    ``cost`` is a ``pl.CostEstimate`` (or anything with ``flops`` and
+    ``bytes_accessed``), or None when the op has no cost model. ``paired_ratio``
+    is the median over rounds of kernel time / XLA time of the same round; it
+    becomes ``kernel_over_xla`` (else the ratio of the medians does).
+
+    >>> import types
+    >>> facts = performance_facts(types.SimpleNamespace(flops=2e9, bytes_accessed=1e9,
+    ...                           transcendentals=0), 0.01, Roofline(1e12, 1e11), 0.02)
+    >>> facts["arithmetic_intensity"], facts["fraction_of_roofline"], facts["speedup_vs_xla"]
+    (2.0, 1.0, 2.0)
+    """
+    facts: dict[str, Any] = {}
+    if cost is not None:
+        flops = int(cost.flops)
+        bytes_accessed = int(cost.bytes_accessed)
+        facts.update({
+            "flops": flops,
+            "transcendentals": int(getattr(cost, "transcendentals", 0) or 0),
+            "bytes_accessed": bytes_accessed,
+            "arithmetic_intensity": flops / bytes_accessed if bytes_accessed else None,
+            "achieved_flops_per_second": flops / median_seconds,
+            "achieved_bytes_per_second": bytes_accessed / median_seconds,
+        })
+        remote = getattr(cost, "remote_bytes_transferred", 0) or 0
+        if remote:
+            facts["remote_bytes_transferred"] = int(remote)
+        if roofline is not None:
+            bound = roofline.bound_seconds(flops, bytes_accessed)
+            compute_bound = flops / roofline.peak_flops_per_second >= (
+                bytes_accessed / roofline.peak_bytes_per_second)
+            facts.update({
+                "peak_flops_per_second": roofline.peak_flops_per_second,
+                "peak_bytes_per_second": roofline.peak_bytes_per_second,
+                "roofline_seconds": bound,
+                "roofline_bound": "compute" if compute_bound else "memory",
+                "fraction_of_roofline": bound / median_seconds,
+            })
+    if xla_median_seconds is not None:
+        facts.update({
+            "xla_median": xla_median_seconds,
+            "kernel_over_xla": (paired_ratio if paired_ratio is not None
+                                else median_seconds / xla_median_seconds),
+            "speedup_vs_xla": xla_median_seconds / median_seconds,
+        })
+    return facts
+
+
+# --- the fixture's object -------------------------------------------------------------------
+
+
+class PallasBenchmark:
+    """What the ``pallas_benchmark`` fixture gives a test: pytest-benchmark plus the Pallas facts.
+
+    Example (a benchmark module; the test needs no other fixture)::
+
+        def bench_matmul(pallas_benchmark):
+            x = pallas_benchmark.random((1024, 2048), "bfloat16")
+            y = pallas_benchmark.random((2048, 512), "bfloat16")
+            pallas_benchmark("matmul", my_kernels.matmul, x, y, blocks={"block_m": 512})
+
+    ``fn`` gets ``x, y`` and ``block_m=512``; the plain XLA matmul gets ``x, y``.
+
+    Attributes:
+      benchmark: pytest-benchmark's fixture, whose stats and ``extra_info`` this fills.
+      backend: the ``Backend`` the kernel runs on.
+    """
+
+    def __init__(self, benchmark: Any, backend: Any, *, config: pytest.Config | None = None,
+                 seed: int = 0, timer_chosen: bool = True) -> None:
+        self.benchmark = benchmark
+        self.backend = backend
+        self._config = config
+        self._seed = seed
+        self._draws = 0
+        if not timer_chosen and not backend.is_tpu:
+            # Interpreted on the CPU, the kernel is work for this process, and its CPU time
+            # is that work whatever else the machine runs; on a TPU, wall time is the only
+            # clock the chip's time shows on.
+            benchmark._timer = time.process_time
+
+    @classmethod
+    def for_test(cls, request: pytest.FixtureRequest, benchmark: Any, backend: Any,
+                 seed: int) -> PallasBenchmark:
+        """The fixture's object for the test of ``request`` (what the plugin's fixture returns)."""
+        return cls(benchmark, backend, config=request.config, seed=seed,
+                   timer_chosen=timer_chosen(request.config, request.node))
+
+    def random(self, shape: tuple[int, ...], dtype: Any = "float32") -> Any:
+        """A random ``jax.Array`` (normal floats, integers in [-1000, 1000]); a new draw per call.
+
+        Seeded from ``--pallas-seed`` and the test id, so a rerun with the same
+        seed benchmarks the same data.
+        """
+        import jax
+
+        key = jax.random.fold_in(jax.random.key(self._seed), self._draws)
+        self._draws += 1
+        return random_array(key, tuple(shape), dtype)
+
+    def __call__(
+        self,
+        operation: str,
+        fn: Callable,
+        *args: Any,
+        xla_fn: Callable | None = _DEFAULT,
+        cost: Any = _DEFAULT,
+        blocks: dict[str, Any] | None = None,
+        implementation: str | None = None,
+        devices: int = 1,
+        **kwargs: Any,
+    ) -> Any:
+        """Benchmark ``fn(*args, **kwargs)``; return its result.
+
+        Args:
+          operation: an op of the contract (``"matmul"``, ...), which gives the
+            defaults of ``xla_fn`` and ``cost``, or any label of your own.
+          fn: the kernel; ``jax.jit``-ed here, ``kwargs`` held static.
+          xla_fn: the baseline timed in the same rounds (default: ``xla_version(operation)``
+            for a contract op, else none); None for no baseline.
+          cost: a ``pl.CostEstimate`` of one call (default: the op's cost model
+            applied to ``args`` and ``kwargs``); None for no roofline.
+          blocks: keyword arguments of ``fn`` that choose its block sizes
+            (``{"block_q": 512, "block_kv": 1024}``): passed to ``fn`` only, not to
+            ``xla_fn`` or the cost model (a roofline counts the least traffic), and
+            recorded in ``extra_info``.
+          implementation: who wrote ``fn`` (``"reference"``, ``"user: my.mod:fn"``).
+          devices: how many logical devices the call spans (scales the roofline).
+          kwargs: keyword arguments of ``fn`` and ``xla_fn`` (``activation=``, ``shift=``).
+        """
+        import jax
+
+        op = OPERATIONS.get(operation)
+        if xla_fn is _DEFAULT:
+            xla_fn = xla_version(operation) if op is not None else None
+        if cost is _DEFAULT:
+            cost = _default_cost(op, args, kwargs)
+        kernel = jax.jit(functools.partial(fn, **kwargs, **(blocks or {})))
+        if self.benchmark.disabled:
+            # --benchmark-disable: a smoke test that the kernel compiles and runs, untimed
+            # (pytest-benchmark's pedantic then makes the one call).
+            return self.benchmark.pedantic(lambda *a: jax.block_until_ready(kernel(*a)),
+                                           args=args)
+
+        timer = getattr(self.benchmark, "_timer", time.perf_counter)
+        first_call_seconds = _time_call(timer, kernel, args)  # tracing, compiling, running
+        baseline = None if xla_fn is None else jax.jit(functools.partial(xla_fn, **kwargs))
+        if baseline is not None:
+            jax.block_until_ready(baseline(*args))
+        rounds, xla_calls = self._plan(timer, kernel, baseline, args)
+        xla_times: list[float] = []
+
+        def run_baseline() -> None:
+            # pedantic's setup: before every round, outside the kernel's timed region.
+            if baseline is None:
+                return
+            begin = timer()
+            for _ in range(xla_calls):
+                jax.block_until_ready(baseline(*args))
+            xla_times.append((timer() - begin) / xla_calls)
+
+        def timed(*operands):
+            return jax.block_until_ready(kernel(*operands))
+
+        if not self.benchmark.group:
+            # pytest-benchmark's tables then put each op's implementations side by side.
+            self.benchmark.group = operation
+        result = self.benchmark.pedantic(timed, args=args, setup=run_baseline, rounds=rounds,
+                                         warmup_rounds=_WARMUP_ROUNDS)
+        del xla_times[:_WARMUP_ROUNDS]
+        info = self._describe(operation, implementation, args, kwargs, blocks, devices)
+        info.update({
+            "first_call_seconds": first_call_seconds,
+            "rounds": rounds,
+            "timer": getattr(timer, "__qualname__", str(timer)),
+            "xla_version": None if xla_fn is None else _callable_name(xla_fn),
+            "xla_calls_per_round": xla_calls if baseline is not None else None,
+        })
+        info.update(self._timing_facts(cost, devices, xla_times))
+        # extra_info is the dict pytest-benchmark serialises: update it, never replace it.
+        self.benchmark.extra_info.update(info)
+        self._record(self.benchmark.stats.stats.median, info)
+        return result
+
+    def _plan(self, timer, kernel, baseline, args) -> tuple[int, int]:
+        """Rounds to run, and XLA calls per round, from one more (timed) call of each."""
+        kernel_seconds = _time_call(timer, kernel, args)
+        xla_calls, per_round = 1, kernel_seconds
+        if baseline is not None:
+            xla_seconds = max(_time_call(timer, baseline, args), 1e-9)
+            # Each round times the XLA version for about as long as the kernel (the mean of
+            # several calls when it is much faster): two samples of similar length, side by
+            # side, see the same share of a busy machine, so their ratio keeps still.
+            xla_calls = max(1, min(_MAX_XLA_CALLS, round(kernel_seconds / xla_seconds)))
+            per_round += xla_calls * xla_seconds
+        max_time = float(getattr(self.benchmark, "_max_time", 1.0))
+        min_rounds = int(getattr(self.benchmark, "_min_rounds", 5))
+        return max(min_rounds, math.ceil(max_time / max(per_round, 1e-9))), xla_calls
+
+    def _timing_facts(self, cost: Any, devices: int, xla_times: list[float]) -> dict[str, Any]:
+        stats = self.benchmark.stats.stats
+        xla_median = statistics.median(xla_times) if xla_times else None
+        # Round by round: the kernel's time over the XLA time measured just before it.
+        paired = [k / x for k, x in zip(stats.data, xla_times) if x > 0]
+        facts = performance_facts(cost, stats.median, roofline_of(self.backend.tpu_info, devices),
+                                  xla_median, statistics.median(paired) if paired else None)
+        if xla_times:
+            # The least disturbed round of each: on a busy machine, the steadiest ratio.
+            facts["xla_min"] = min(xla_times)
+            facts["kernel_over_xla_min"] = stats.min / min(xla_times)
+        return facts
+
+    def _describe(self, operation, implementation, args, kwargs, blocks, devices):
+        import jax
+
+        from .report import environment_facts
+
+        leaves = [leaf for leaf in jax.tree.leaves(args) if hasattr(leaf, "shape")]
+        info: dict[str, Any] = {
+            "operation": operation,
+            "implementation": implementation,
+            "shapes": [list(leaf.shape) for leaf in leaves],
+            "dtypes": [str(leaf.dtype) for leaf in leaves],
+            "blocks": dict(blocks) if blocks else None,
+            "kwargs": {name: _describe_value(value) for name, value in kwargs.items()},
+            "devices": devices,
+            "platform": self.backend.platform,
+            "interpreter": self.backend.interpreter,
+            "roofline_meaningful": bool(self.backend.is_tpu),
+        }
+        info.update(environment_facts(self.backend))
+        return info
+
+    def _record(self, median: float, info: dict[str, Any]) -> None:
+        if self._config is None:
+            return
+        records = self._config.stash.setdefault(RESULTS, [])
+        records.append({"name": self.benchmark.name, "median": median, **info})
+
+
+def timer_chosen(config: pytest.Config, node: Any) -> bool:
+    """Whether the user picked pytest-benchmark's timer (flag, addopts or marker)."""
+    import os
+    import shlex
+
+    marker = node.get_closest_marker("benchmark") if node is not None else None
+    if marker is not None and "timer" in marker.kwargs:
+        return True
+    words = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))]
+    try:
+        words += list(config.getini("addopts"))
+    except ValueError:
+        pass
+    return any(str(word).startswith("--benchmark-timer") for word in words)
+
+
+def _time_call(timer: Callable[[], float], function: Callable, args: tuple) -> float:
+    import jax
+
+    started = timer()
+    jax.block_until_ready(function(*args))
+    return timer() - started
+
+
+def _default_cost(op: Any, args: tuple, kwargs: dict) -> Any:
+    if op is None:
+        return None
+    model = op.load_cost()
+    try:
+        return model(*args, **kwargs)
+    except TypeError as error:
+        raise TypeError(
+            f"the cost model of {op.name} ({op.cost}) does not take these arguments ({error}); "
+            "pass cost=pl.CostEstimate(...) or cost=None."
+        ) from None
+
+
+def _callable_name(function: Any) -> str:
+    while isinstance(function, functools.partial):
+        function = function.func
+    return getattr(function, "__name__", None) or repr(function)[:80]
+
+
+def _describe_value(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return getattr(value, "__name__", None) or repr(value)
+
+
+# --- the terminal table ------------------------------------------------------------------------
+
+
+def format_seconds(seconds: float) -> str:
+    """``0.00123`` -> ``"1.23 ms"``."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def format_versus_xla(speedup: float | None) -> str:
+    """``2.0`` -> ``"2.00x faster"``, ``0.25`` -> ``"4.00x slower"``."""
+    if speedup is None:
+        return "-"
+    if speedup >= 1:
+        return f"{speedup:.2f}x faster"
+    return f"{1 / speedup:.3g}x slower"
+
+
+def _bar(fraction: float, width: int = 10) -> str:
+    filled = max(0, min(width, round(fraction * width)))
+    return "#" * filled + "." * (width - filled)
+
+
+def format_roofline(fraction: float | None, bound: str | None) -> str:
+    if fraction is None:
+        return "-"
+    percent = f"{fraction:.1%}" if fraction >= 0.001 else f"{fraction:.1e}"
+    return f"{_bar(fraction)} {percent} ({bound})"
+
+
+def summary_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The rows of the table printed at the end of a benchmark run."""
+    header = ("kernel", "median", "vs XLA", "fraction of roofline")
+    rows = [(
+        record["name"],
+        format_seconds(record["median"]),
+        format_versus_xla(record.get("speedup_vs_xla")),
+        format_roofline(record.get("fraction_of_roofline"), record.get("roofline_bound")),
+    ) for record in records]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+             for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    if any(not record.get("roofline_meaningful") for record in records):
+        chips = sorted({str(record.get("chip")) for record in records})
+        lines.append(
+            f"interpreted on the CPU: the roofline is TPU {', '.join(chips)}'s and 'vs XLA' "
+            "compares with XLA's native CPU code; both mean something only with --pallas-tpu. "
+            "Regressions are judged by the ratio to XLA (python -m pytest_pallas.benchmark_gate)."
+        )
+    return lines
+
+
+def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Print the table of this run's Pallas benchmarks, if any ran (called by the plugin)."""
+    records = config.stash.get(RESULTS, None)
+    if not records:
+        return
+    terminalreporter.write_sep("=", "pallas benchmarks")
+    for line in summary_lines(records):
+        terminalreporter.write_line(line)
