@@ -184,13 +184,20 @@ def generate_values(shape: Sequence[int], dtype: Any, *, seed: int,
     ``large`` (magnitudes up to 1e11 for float32 and bfloat16, up to a tenth of
     the maximum for narrower floats; ints near the extremes of their range), ``ties`` (few distinct values, so max and sort
     ties occur), ``small`` (subnormals and tiny values mixed in), ``extremes``
-    (the dtype's min, max, +-0 and, for floats, finite extremes).
+    (the dtype's min, max, +-0 and, for floats, finite extremes), ``neg_inf``
+    (floats only: normal values with about 30% ``-inf``, the first entry of every
+    row along the last axis kept finite, as a masked softmax row has).
+
+    >>> bool(np.isfinite(generate_values((3, 5), "float32", seed=0, profile="neg_inf")[:, 0]).all())
+    True
     """
     dtype = as_dtype(dtype)
     rng = np.random.default_rng(seed)
     shape = tuple(shape)
     if np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype)
+        if profile == "neg_inf":
+            raise ValueError(f"value profile 'neg_inf' needs a float dtype, not {dtype}")
         if profile == "large" or profile == "extremes":
             edge = rng.integers(0, 64, size=shape)
             values = np.where(rng.random(shape) < 0.5, info.max - edge, info.min + edge)
@@ -200,6 +207,12 @@ def generate_values(shape: Sequence[int], dtype: Any, *, seed: int,
             values = rng.integers(-1000, 1001, size=shape)
         return values.astype(dtype)
     finfo = ml_dtypes.finfo(dtype)
+    if profile == "neg_inf":
+        values = rng.standard_normal(shape)
+        mask = np.random.default_rng(seed + 1).random(shape) < 0.3
+        if mask.ndim:
+            mask[..., 0] = False  # every row keeps a finite entry
+        return np.where(mask, -np.inf, values).astype(dtype)
     if profile == "large":
         # A third of the exponent range leaves room for sums and products (1e11 in float32
         # and bfloat16); narrow floats go up to a tenth of their maximum instead, or they

@@ -202,3 +202,67 @@ def test_interpreter_state_is_reset_after_a_failing_kernel(pytester):
         """
     )
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1, failed=1)
+
+
+def _fake_tpu_session(device_kind="TPU v5 lite", count=4):
+    """A session whose backend is a TPU host described by fake device facts."""
+    from pytest_pallas.backend import select_backend
+    from pytest_pallas.options import PallasOptions
+    from pytest_pallas.session import PallasSession
+
+    class FakeTpu:
+        num_cores = 1
+
+    FakeTpu.device_kind = device_kind
+    options = PallasOptions(tpu=True)
+    backend = select_backend(options, tpu_devices=lambda: [FakeTpu()] * count)
+    return PallasSession(options=options, _backend=backend)
+
+
+MARKED_TESTS = textwrap.dedent(
+    """
+    import pytest
+
+    @pytest.mark.tpu_only
+    def test_tpu_only(): pass
+
+    @pytest.mark.interpret_only
+    def test_interpret_only(): pass
+
+    @pytest.mark.tpu_generation("v5e", "v6e")
+    def test_for_v5e_or_v6e(): pass
+
+    @pytest.mark.tpu_generation("v4")
+    def test_for_v4(): pass
+
+    @pytest.mark.devices(8)
+    def test_eight_devices(): pass
+
+    @pytest.mark.devices(2)
+    def test_two_devices(): pass
+    """
+)
+
+
+def test_markers_on_a_fake_tpu_host_skip_what_the_chip_cannot_run(pytester):
+    items = {item.name: item for item in pytester.getitems(MARKED_TESTS)}
+    session = _fake_tpu_session("TPU v5 lite", count=4)
+    reasons = {name: session.skip_reason(item) for name, item in items.items()}
+    assert reasons == {
+        "test_tpu_only": None,
+        "test_interpret_only": "interpret_only: runs only in interpret mode on the CPU",
+        "test_for_v5e_or_v6e": None,
+        "test_for_v4": "tpu_generation: for v4, this TPU is v5e",
+        "test_eight_devices": "needs 8 TPU devices, this host has 4",
+        "test_two_devices": None,
+    }
+
+
+def test_tpu_only_is_skipped_with_its_reason_on_the_cpu(pytester):
+    pytester.makepyfile(MARKED_TESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rs", "--pallas-devices=2")
+    result.assert_outcomes(passed=4, skipped=2)
+    result.stdout.fnmatch_lines([
+        "*tpu_only: needs a real TPU (run with --pallas-tpu on a TPU VM)*",
+        "*needs 8 devices, JAX sees 2 CPU devices; run with --pallas-devices=8*",
+    ])

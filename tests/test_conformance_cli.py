@@ -26,6 +26,16 @@ USER_KERNELS = textwrap.dedent(
     def add_wrong_dtype(x, y):
         return (x + y).astype(jnp.float16)
 
+    def add_wrong_shape(x, y):
+        return jnp.concatenate([(x + y).ravel(), jnp.zeros(1, x.dtype)])
+
+    def _fails_when_run(x):
+        raise ValueError("my kernel failed at run time")
+
+    def add_raises_at_run_time(x, y):
+        # Traces fine; raises only when the compiled computation runs.
+        return jax.pure_callback(_fails_when_run, jax.ShapeDtypeStruct(x.shape, x.dtype), x + y)
+
     def add_scalar(x, y):
         return 1.0
 
@@ -83,7 +93,9 @@ def test_supports_narrows_the_domain_and_is_reported(pytester, user_module):
     ("add_numpy", "my_kernels:add_numpy turned a traced input into a NumPy array; the suite "
                   "calls implementations under jax.jit"),
     ("add_tuple", "add returned a tuple (Array("),
+    ("add_raises_at_run_time", "ValueError: my kernel failed at run time"),
     ("add_wrong_dtype", "and dtype float16; the contract expects a jax.Array of shape"),
+    ("add_wrong_shape", "add returned a jax.Array of shape ("),
     # Under jax.jit a Python scalar comes back as a 0-d array.
     ("add_scalar", "add returned a jax.Array of shape () and dtype float32; the contract "
                    "expects a jax.Array of shape"),

@@ -257,3 +257,14 @@ def test_dtype_names():
     assert [ps.sublane_multiple(name) for name in ("float32", "bfloat16", "int8")] == [8, 16, 32]
     with pytest.raises(ValueError, match="unknown dtype 'float13'; known: float32"):
         ps.as_dtype("float13")
+
+
+@given(rows=st.integers(1, 6), cols=st.integers(1, 40), seed=st.integers(0, 2**31 - 1),
+       dtype=st.sampled_from(["float32", "bfloat16"]))
+def test_neg_inf_values_keep_a_finite_entry_in_every_row(rows, cols, seed, dtype):
+    values = np.asarray(ps.generate_values((rows, cols), dtype, seed=seed, profile="neg_inf"),
+                        dtype=np.float64)
+    assert not np.isnan(values).any() and not np.isposinf(values).any()
+    assert np.isfinite(values).any(axis=-1).all()
+    if rows * cols >= 200:
+        assert np.isneginf(values).any()
