@@ -18,6 +18,8 @@ shows that), while a float32-accumulating one passes.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 from typing import Any
@@ -285,6 +287,25 @@ def _leaves(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
     return [(jax.tree_util.keystr(path), leaf) for path, leaf in paths_and_leaves], treedef
 
 
+# The matmul precision of the backend the current test runs on: the plugin sets it
+# while a Pallas test runs (a TPU rounds float32 dot operands to bfloat16), so a
+# test's assert_allclose needs no backend-specific argument.
+_BACKEND_MATMUL_PRECISION: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "pallas_backend_matmul_precision", default="float32")
+
+
+@contextlib.contextmanager
+def backend_matmul_precision(precision: str):
+    """Within the block, ``assert_allclose`` defaults to ``matmul_precision=precision``."""
+    if precision not in ("float32", "bfloat16"):
+        raise ValueError(f"matmul precision {precision!r} must be 'float32' or 'bfloat16'")
+    token = _BACKEND_MATMUL_PRECISION.set(precision)
+    try:
+        yield
+    finally:
+        _BACKEND_MATMUL_PRECISION.reset(token)
+
+
 def assert_allclose(
     actual: Any,
     expected: Any,
@@ -292,7 +313,7 @@ def assert_allclose(
     rtol: float | None = None,
     atol: float | None = None,
     reduction_length: int | None = None,
-    matmul_precision: str = "float32",
+    matmul_precision: str | None = None,
     dtype: Any = None,
     exact: bool | None = None,
 ) -> float:
@@ -301,12 +322,17 @@ def assert_allclose(
     Works on arrays and on pytrees of arrays (same structure). NaN and +-Inf
     must sit at the same places. Returns the worst error in units of the
     tolerance (<= 1.0), which the conformance report prints.
+    ``matmul_precision`` (which widens the allowance of a reduction) defaults to
+    the precision of the backend the test runs on: ``"bfloat16"`` on a TPU,
+    ``"float32"`` interpreted on the CPU or outside a Pallas test.
 
     >>> import numpy as np
     >>> assert_allclose(np.float32([1.0, 2.0]), np.array([1.0, 2.0])) <= 1.0
     True
     """
     __tracebackhide__ = True
+    if matmul_precision is None:
+        matmul_precision = _BACKEND_MATMUL_PRECISION.get()
     actual_leaves, actual_tree = _leaves(actual)
     expected_leaves, expected_tree = _leaves(expected)
     if actual_tree != expected_tree:

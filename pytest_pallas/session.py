@@ -111,6 +111,7 @@ class PallasSession:
 
     def activate(self, item: pytest.Item) -> None:
         """Enter the test's backend and the TPU-fidelity checks (see ``tpu_checks``)."""
+        from .compare import backend_matmul_precision
         from .kernel_check import checking_pallas_calls
 
         backend = self.backend_for(item)
@@ -125,6 +126,8 @@ class PallasSession:
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
         stack.enter_context(checking_pallas_calls(chip=backend.chip))
+        # assert_allclose in the test then allows for the backend's matmul rounding.
+        stack.enter_context(backend_matmul_precision(backend.matmul_precision))
         stack.enter_context(backend.activate())
         item.stash[_ACTIVE] = stack
         item.stash[_BACKEND] = backend

@@ -235,8 +235,8 @@ MARKED_TESTS = textwrap.dedent(
     @pytest.mark.tpu_generation("v4")
     def test_for_v4(): pass
 
-    @pytest.mark.devices(8)
-    def test_eight_devices(): pass
+    @pytest.mark.devices(64)
+    def test_sixty_four_devices(): pass
 
     @pytest.mark.devices(2)
     def test_two_devices(): pass
@@ -253,16 +253,38 @@ def test_markers_on_a_fake_tpu_host_skip_what_the_chip_cannot_run(pytester):
         "test_interpret_only": "interpret_only: runs only in interpret mode on the CPU",
         "test_for_v5e_or_v6e": None,
         "test_for_v4": "tpu_generation: for v4, this TPU is v5e",
-        "test_eight_devices": "needs 8 TPU devices, this host has 4",
+        "test_sixty_four_devices": "needs 64 TPU devices, this host has 4",
         "test_two_devices": None,
     }
 
 
 def test_tpu_only_is_skipped_with_its_reason_on_the_cpu(pytester):
     pytester.makepyfile(MARKED_TESTS)
-    result = pytester.runpytest("-p", "no:cacheprovider", "-rs", "--pallas-devices=2")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(passed=4, skipped=2)
     result.stdout.fnmatch_lines([
         "*tpu_only: needs a real TPU (run with --pallas-tpu on a TPU VM)*",
-        "*needs 8 devices, JAX sees 2 CPU devices; run with --pallas-devices=8*",
+        "*needs 64 devices, JAX sees * CPU devices; run with --pallas-devices=64*",
     ])
+
+
+def test_on_a_tpu_assert_allclose_allows_for_bfloat16_matmul_rounding(pytester):
+    import numpy as np
+
+    from pytest_pallas import assert_allclose
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 1024)), rng.standard_normal((1024, 128))
+    exact = x @ y
+    # What a TPU's default-precision float32 dot computes: operands rounded to bfloat16.
+    rounded = (x.astype("bfloat16").astype(np.float64) @ y.astype("bfloat16").astype(np.float64))
+    rounded = rounded.astype(np.float32)
+    [item] = pytester.getitems("import pytest\n@pytest.mark.pallas\ndef test_k(): pass\n")
+    session = _fake_tpu_session()
+    session.activate(item)
+    try:
+        assert assert_allclose(rounded, exact, reduction_length=1024) <= 1
+    finally:
+        session.deactivate(item)
+    with pytest.raises(AssertionError, match="Arrays are not close"):
+        assert_allclose(rounded, exact, reduction_length=1024)  # float32 on the CPU
