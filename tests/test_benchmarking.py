@@ -242,8 +242,8 @@ def test_several_baselines_give_the_median_ratio(tmp_path):
 @pytest.fixture(scope="module")
 def softmax_runs(tmp_path_factory):
     """Short real runs of the reference softmax benchmark: two baselines (the first also
-    autosaved to pytest-benchmark's storage), one run with the kernel run twice per call
-    (--bench-slowdown softmax=2) and an unchanged rerun, the last two also compared with the
+    autosaved to pytest-benchmark's storage), one run with the kernel run eight times per call
+    (--bench-slowdown softmax=8) and an unchanged rerun, the last two also compared with the
     saved baseline by pytest-benchmark. The slowed run sits between the baselines: on a
     machine whose load drifts, their median is the fairest reference for it."""
     directory = tmp_path_factory.mktemp("softmax_runs")
@@ -251,8 +251,10 @@ def softmax_runs(tmp_path_factory):
     runs = {}
     for label, extra in (
         ("baseline", ["--benchmark-autosave"]),
-        # pytest-benchmark's own absolute comparison, with thresholds far from the noise.
-        ("slowed", ["--bench-slowdown=softmax=2", "--benchmark-compare=0001",
+        # Thresholds far from the noise of a shared machine: these tests check that real
+        # files are judged, not how small a slowdown is caught (benchmarks/regression_study.py
+        # measures that).
+        ("slowed", ["--bench-slowdown=softmax=8", "--benchmark-compare=0001",
                     "--benchmark-compare-fail=min:5%"]),
         ("baseline2", []),
         ("unchanged", ["--benchmark-compare=0001", "--benchmark-compare-fail=min:300%"]),
@@ -299,13 +301,13 @@ def test_a_benchmark_records_what_the_issue_asks_for(softmax_runs):
                for line in stdout.splitlines())
 
 
-def test_unchanged_code_passes_the_gate_and_a_2x_slower_kernel_fails_it(softmax_runs):
+def test_unchanged_code_passes_the_gate_and_an_8x_slower_kernel_fails_it(softmax_runs):
     baselines = [softmax_runs["baseline"][0], softmax_runs["baseline2"][0]]
     status, out, err = gate("--baseline", *baselines, "--current", softmax_runs["unchanged"][0],
-                            "--max-slowdown", "1.5")
+                            "--max-slowdown", "4")
     assert status == 0, out + err
     status, out, err = gate("--baseline", *baselines, "--current", softmax_runs["slowed"][0],
-                            "--max-slowdown", "1.5")
+                            "--max-slowdown", "3")
     assert status == 1, out + err
     assert "REGRESSED" in out
 
