@@ -1,6 +1,7 @@
 """Backends: every pallas_call a Pallas test makes is interpreted on the CPU; chips stand in."""
 
 import textwrap
+import types
 
 import pytest
 
@@ -135,15 +136,17 @@ def test_emit_pipeline_runs_on_the_cpu(pytester):
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
+def fake_tpu_devices(device_kind="TPU v5 lite", count=1):
+    """What ``jax.devices("tpu")`` would return on a TPU host: only the facts the plugin reads."""
+    devices = [types.SimpleNamespace(device_kind=device_kind, num_cores=1) for _ in range(count)]
+    return lambda: devices
+
+
 def test_fake_tpu_device_facts_select_the_chip():
     from pytest_pallas.backend import select_backend
     from pytest_pallas.options import PallasOptions
 
-    class FakeTpu:
-        device_kind = "TPU v5 lite"
-        num_cores = 1
-
-    backend = select_backend(PallasOptions(tpu=True), tpu_devices=lambda: [FakeTpu()] * 4)
+    backend = select_backend(PallasOptions(tpu=True), tpu_devices=fake_tpu_devices(count=4))
     assert (backend.platform, backend.chip, backend.device_count) == ("tpu", "v5e", 4)
     assert backend.interpret_params is None
     assert backend.matmul_precision == "bfloat16"
@@ -156,24 +159,18 @@ def test_fake_tpu_that_disagrees_with_chip_flag_is_a_usage_error():
     from pytest_pallas.backend import select_backend
     from pytest_pallas.options import PallasOptions
 
-    class FakeTpu:
-        device_kind = "TPU v6 lite"
-
     with pytest.raises(pytest.UsageError, match=r"--pallas-chip=v5e disagrees with the TPU JAX "
                                                 r"sees \(TPU v6 lite, chip v6e\)"):
         select_backend(PallasOptions(tpu=True, chip="v5e", chip_given=True),
-                       tpu_devices=lambda: [FakeTpu()])
+                       tpu_devices=fake_tpu_devices("TPU v6 lite"))
 
 
 def test_unknown_tpu_device_kind_is_a_usage_error():
     from pytest_pallas.backend import select_backend
     from pytest_pallas.options import PallasOptions
 
-    class FakeTpu:
-        device_kind = "TPU v99"
-
     with pytest.raises(pytest.UsageError, match="does not know the chip of device kind 'TPU v99'"):
-        select_backend(PallasOptions(tpu=True), tpu_devices=lambda: [FakeTpu()])
+        select_backend(PallasOptions(tpu=True), tpu_devices=fake_tpu_devices("TPU v99"))
 
 
 def test_interpreter_state_is_reset_after_a_failing_kernel(pytester):
@@ -210,12 +207,8 @@ def _fake_tpu_session(device_kind="TPU v5 lite", count=4):
     from pytest_pallas.options import PallasOptions
     from pytest_pallas.session import PallasSession
 
-    class FakeTpu:
-        num_cores = 1
-
-    FakeTpu.device_kind = device_kind
     options = PallasOptions(tpu=True)
-    backend = select_backend(options, tpu_devices=lambda: [FakeTpu()] * count)
+    backend = select_backend(options, tpu_devices=fake_tpu_devices(device_kind, count))
     return PallasSession(options=options, _backend=backend)
 
 
