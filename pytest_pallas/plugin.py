@@ -231,6 +231,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _write_report(session.config, complete=False)
 
 
+# pytest-xdist's hook: optional, or pytest rejects the plugin where xdist is not installed.
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     # pytest-xdist: each worker sends what it recorded; the controller merges.
     data = getattr(node, "workeroutput", {}).get("pallas_conformance")

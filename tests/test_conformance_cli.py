@@ -194,3 +194,11 @@ def test_xdist_reaches_the_serial_verdicts_and_merges_one_report(pytester, user_
     examples = lambda doc: {op: data["properties"]["value"]["examples"]  # noqa: E731
                             for op, data in doc["ops"].items()}
     assert examples(one) == examples(two)
+
+
+def test_the_suite_runs_where_pytest_xdist_is_not_installed(pytester):
+    # -p no:xdist stands in for a plain `pip install pytest-pallas`, which brings no xdist.
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider",
+                                           "--pallas-conformance", "--pallas-ops=add",
+                                           "--pallas-examples=2", "-k", "value")
+    assert result.ret == 0, result.stdout.str()[-2000:] + result.stderr.str()[-2000:]
