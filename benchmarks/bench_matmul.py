@@ -1,4 +1,5 @@
-"""Matrix products: ``matmul``, ``matmul_activation``, ``batched_matmul`` and the emit_pipeline form."""
+"""Matrix products: ``matmul``, ``matmul_activation``, ``batched_matmul`` and the
+emit_pipeline form."""
 
 import jax
 import pytest

@@ -1,1 +1,2 @@
-"""The conformance suite: Hypothesis properties that check any implementation of the contract ops."""
+"""The conformance suite: Hypothesis properties that check any implementation of the
+contract ops."""

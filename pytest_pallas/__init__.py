@@ -20,6 +20,7 @@ _PUBLIC = {
     "Tolerance": "pytest_pallas.compare",
     "supports": "pytest_pallas.domains",
     "check_kernel": "pytest_pallas.kernel_check",
+    "check_uninitialized_reads": "pytest_pallas.kernel_check",
     "TpuRuleViolation": "pytest_pallas.tpu_checks",
     "Backend": "pytest_pallas.backend",
     "strategies": "pytest_pallas.strategies",

@@ -12,9 +12,21 @@ CI here first.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
+import functools
 import importlib
-from typing import Any, Callable, Iterator
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    # For annotations only. NumPy is imported inside the functions that need it:
+    # this module loads with the plugin in every pytest run, and importing NumPy
+    # would slow each run down by a tenth of a second.
+    import numpy as np
 
 
 class JaxInternalsChanged(RuntimeError):
@@ -64,6 +76,8 @@ def reset_interpreter_state() -> None:
     from jax.experimental.pallas import tpu as pltpu
 
     pltpu.reset_tpu_interpret_mode_state()
+    with _observer_lock:
+        _running_kernels.clear()
 
 
 # --- Device kinds -> chip facts ----------------------------------------------
@@ -196,13 +210,6 @@ def pallas_call_primitive() -> Any:
     """The ``pallas_call`` primitive, whose equations carry grid mappings and compiler params."""
     return _private(_PALLAS_CALL, "pallas_call_p")
 
-
-# Imports used only by the functions below. NumPy is imported inside the
-# functions that need it: this module loads with the plugin in every pytest
-# run, and importing NumPy would slow each run down by a tenth of a second.
-import dataclasses
-import functools
-import threading
 
 _CORE = "jax._src.core"
 _SOURCE_INFO = "jax._src.source_info_util"
@@ -413,15 +420,24 @@ class PallasCallInfo:
 
     @property
     def title(self) -> str:
-        if self.source and not self.source.startswith(self.name):
-            return f"'{self.name}' ({self.source})"
-        return f"'{self.source or self.name}'"
+        source = short_source(self.source) if self.source else None
+        if source and not source.startswith(self.name):
+            return f"'{self.name}' ({source})"
+        return f"'{source or self.name}'"
+
+
+def short_source(kernel: str) -> str:
+    """JAX's 'body at /home/me/repo/kernels.py:12' as 'body at kernels.py:12' under the cwd."""
+    name, at, path = kernel.rpartition(" at ")
+    if not at or not os.path.isabs(path):
+        return kernel
+    relative = os.path.relpath(path)
+    return f"{name} at {path if relative.startswith('..') else relative}"
 
 
 def describe_pallas_call(params: dict[str, Any]) -> PallasCallInfo:
     """Turn a pallas_call equation's params into a :class:`PallasCallInfo`."""
     import numpy as np
-
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
@@ -656,6 +672,18 @@ class KernelExitState:
 
 _exit_recorders: list[list[KernelExitState]] = []
 _exit_hook_error: JaxInternalsChanged | None = None
+# How many devices are inside each interpreted kernel now (entered, not yet at the exit check).
+_running_kernels: collections.Counter[str] = collections.Counter()
+
+
+def running_interpreted_kernels() -> list[str]:
+    """The kernels the TPU interpreter is running now (what a hung test is waiting in).
+
+    Known for kernels lowered after :func:`install_kernel_exit_hook`; a kernel
+    that raised stays listed until :func:`reset_interpreter_state`.
+    """
+    with _observer_lock:
+        return [kernel for kernel, devices in _running_kernels.items() if devices > 0]
 
 
 @contextlib.contextmanager
@@ -710,6 +738,9 @@ def install_kernel_exit_hook() -> None:
     original_validate = _private(_INTERPRETER, "_validate")
     if getattr(current, "_pytest_pallas_exit_hook", False):
         return
+    # Called as each kernel starts on each device. Only names what is running, for
+    # --pallas-timeout's message: without it that message names the test instead.
+    original_initialize = getattr(module, "_initialize_shared_memory", None)
 
     def interpret_pallas_call(*args: Any, **kwargs: Any) -> Any:
         debug_info = getattr(kwargs.get("jaxpr"), "debug_info", None)
@@ -719,22 +750,37 @@ def install_kernel_exit_hook() -> None:
             or getattr(debug_info, "func_name", None)
             or "<kernel>"
         )
+        kernel = short_source(str(kernel))
         # interpret_pallas_call looks _validate up when it stages the exit
         # check, so swapping it for the duration of this call names the kernel.
-        module._validate = functools.partial(_validate_and_record, original_validate, str(kernel))
+        module._validate = functools.partial(_validate_and_record, original_validate, kernel)
+        if original_initialize is not None:
+            module._initialize_shared_memory = functools.partial(
+                _enter_kernel, original_initialize, kernel)
         try:
             return current(*args, **kwargs)
         finally:
             module._validate = original_validate
+            if original_initialize is not None:
+                module._initialize_shared_memory = original_initialize
 
     interpret_pallas_call._pytest_pallas_exit_hook = True  # type: ignore[attr-defined]
     interpret_pallas_call.__wrapped__ = current  # type: ignore[attr-defined]
     module.interpret_pallas_call = interpret_pallas_call
 
 
+def _enter_kernel(original: Callable[..., Any], kernel: str, *args: Any, **kwargs: Any) -> Any:
+    with _observer_lock:
+        _running_kernels[kernel] += 1
+    return original(*args, **kwargs)
+
+
 def _validate_and_record(
     original: Callable[..., Any], kernel: str, token: Any, device_id: Any
 ) -> Any:
+    with _observer_lock:
+        if _running_kernels[kernel] > 0:
+            _running_kernels[kernel] -= 1
     if _exit_recorders:
         module = _private(_INTERPRETER)
         device = int(device_id)

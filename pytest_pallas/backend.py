@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -69,7 +70,7 @@ class Backend:
         )
 
     @contextlib.contextmanager
-    def activate(self) -> Iterator["Backend"]:
+    def activate(self) -> Iterator[Backend]:
         """Run the body's kernels on this backend (see the module docstring)."""
         if self.is_tpu:
             yield self

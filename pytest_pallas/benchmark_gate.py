@@ -1,4 +1,5 @@
-"""A regression gate that holds on noisy shared CI: each kernel judged by its time relative to XLA's.
+"""A regression gate that holds on noisy shared CI: each kernel judged by its time
+relative to XLA's.
 
     python -m pytest_pallas.benchmark_gate --baseline BASE.json [MORE.json ...] \\
         --current CURRENT.json [--max-slowdown 1.5] [--statistic both|min|median] \\
@@ -116,6 +117,11 @@ def load_results(path: str) -> dict[str, Result]:
         raise GateInputError(
             f"{path} is not a pytest-benchmark JSON file (no 'benchmarks' list); write one with "
             "--benchmark-json=PATH or --benchmark-autosave."
+        )
+    if (document.get("pallas") or {}).get("complete") is False:
+        raise GateInputError(
+            f"{path} is from an interrupted run ({len(benchmarks)} benchmarks, maybe not all); "
+            "run the benchmarks to the end and use that file."
         )
     results = {}
     for entry in benchmarks:
@@ -245,7 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="pytest-benchmark JSON of the run to judge")
     parser.add_argument("--max-slowdown", type=float, default=DEFAULT_MAX_SLOWDOWN,
                         metavar="FACTOR",
-                        help=f"largest allowed growth of kernel/XLA (default {DEFAULT_MAX_SLOWDOWN})")
+                        help="largest allowed growth of kernel/XLA "
+                             f"(default {DEFAULT_MAX_SLOWDOWN})")
     parser.add_argument("--statistic", choices=STATISTICS, default=DEFAULT_STATISTIC,
                         help="min: fastest kernel round / fastest XLA round; median: median "
                         "over rounds of kernel time / XLA time of the same round; both: a "

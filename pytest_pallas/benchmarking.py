@@ -584,6 +584,40 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+# Set at the end of a run whose Pallas benchmarks were cut short (Ctrl-C).
+INTERRUPTED = pytest.StashKey[str]()
+
+
+def withhold_interrupted_run(config: pytest.Config, exitstatus: int) -> None:
+    """Keep an interrupted run's benchmarks out of pytest-benchmark's storage.
+
+    ``--benchmark-autosave``/``--benchmark-save`` would store the partial run as
+    the newest one, and ``--benchmark-compare`` (with no run id) then takes it
+    as the baseline. An explicit ``--benchmark-json`` file is still written,
+    marked ``"pallas": {"complete": false}``, which the gate refuses. Runs before
+    pytest-benchmark saves (the plugin's sessionfinish wrapper is tryfirst);
+    only runs that used ``pallas_benchmark`` are touched.
+    """
+    if exitstatus != pytest.ExitCode.INTERRUPTED or not config.stash.get(RESULTS, None):
+        return
+    # pytest-benchmark's session object: its save/autosave options, read when it saves.
+    session = getattr(config, "_benchmarksession", None)
+    saving = session is not None and (
+        getattr(session, "save", None) or getattr(session, "autosave", None))
+    if not saving:
+        config.stash[INTERRUPTED] = "the run was interrupted"
+        return
+    session.save, session.autosave = None, False
+    config.stash[INTERRUPTED] = (
+        "the run was interrupted: its benchmarks were NOT saved to the benchmark storage, where "
+        "--benchmark-compare would take a partial run for the newest baseline; rerun to save")
+
+
+def mark_completeness(config: pytest.Config, output_json: dict[str, Any]) -> None:
+    """Say in pytest-benchmark's JSON whether the run finished (``benchmark_gate`` checks)."""
+    output_json["pallas"] = {"complete": INTERRUPTED not in config.stash}
+
+
 def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """Print the table of this run's Pallas benchmarks, if any ran (called by the plugin)."""
     records = config.stash.get(RESULTS, None)
@@ -592,3 +626,5 @@ def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     terminalreporter.write_sep("=", "pallas benchmarks")
     for line in summary_lines(records):
         terminalreporter.write_line(line)
+    if INTERRUPTED in config.stash:
+        terminalreporter.write_line(f"pallas: {config.stash[INTERRUPTED]}.", yellow=True)

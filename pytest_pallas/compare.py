@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,8 @@ def default_tolerance(
     reduction_length: int | None = None,
     matmul_precision: str = "float32",
 ) -> Tolerance:
-    """The default tolerance for an output of ``dtype`` whose largest expected magnitude is ``scale``.
+    """The default tolerance for an output of ``dtype`` whose largest expected magnitude
+    is ``scale``.
 
     >>> default_tolerance("bfloat16", scale=1.0).rtol
     0.0078125
@@ -130,7 +132,9 @@ def _to_numpy(value: Any, what: str) -> np.ndarray:
     try:
         return np.asarray(value)
     except Exception as error:
-        raise TypeError(f"{what} of type {type(value).__name__} cannot be read as an array: {error}")
+        raise TypeError(
+            f"{what} of type {type(value).__name__} cannot be read as an array: {error}"
+        )
 
 
 def _format_index(flat_index: int, shape: tuple[int, ...]) -> str:
@@ -253,6 +257,7 @@ def compare_arrays(
         f"rtol={tolerance.rtol:.3g}, atol={tolerance.atol:.3g} ({tolerance.why})"
     )
     lines.append(f"Worst error: {worst_error:.3g} x tolerance")
+    lines += _nan_where_finite_hint(a, e)
     return Comparison(False, worst_error, tolerance, "\n".join(lines))
 
 
@@ -261,8 +266,7 @@ def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str) -> Com
         expected = expected.astype(actual.dtype)
     if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in _EPSILON:
         # Bit for bit: NaN payloads and signed zeros count.
-        view = np.dtype(f"u{actual.dtype.itemsize}")
-        mismatched = actual.view(view) != expected.astype(actual.dtype).view(view)
+        mismatched = bitwise_differences(actual, expected.astype(actual.dtype))
     else:
         mismatched = actual != expected
     count = int(np.count_nonzero(mismatched))
@@ -270,14 +274,30 @@ def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str) -> Com
         return Comparison(True, 0.0, Tolerance(0.0, 0.0, "exact"), "")
     first = int(np.flatnonzero(mismatched)[0])
     size = actual.size
-    message = "\n".join([
+    lines = [
         f"Arrays are not equal: {header} must match exactly.",
         f"Mismatched elements: {count} / {size} ({100.0 * count / size:.3g}%)",
         f"First mismatch at index {_format_index(first, actual.shape)}: "
         f"actual {actual.flat[first].item()!r}, expected {expected.flat[first].item()!r}",
         "Tolerance: exact (integer or bit-for-bit output)",
-    ])
-    return Comparison(False, math.inf, Tolerance(0.0, 0.0, "exact"), message)
+    ]
+    if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in _EPSILON:
+        lines += _nan_where_finite_hint(actual.astype(np.float64), expected.astype(np.float64))
+    return Comparison(False, math.inf, Tolerance(0.0, 0.0, "exact"), "\n".join(lines))
+
+
+def bitwise_differences(first: Any, second: Any) -> np.ndarray:
+    """Where two arrays of one dtype and shape differ bit for bit (NaN payloads, signed zeros)."""
+    a, b = np.asarray(first), np.asarray(second)
+    view = np.dtype(f"u{a.dtype.itemsize}")
+    return a.view(view) != b.view(view)
+
+
+def _nan_where_finite_hint(actual: np.ndarray, expected: np.ndarray) -> list[str]:
+    """The uninitialised-read hint, as lines, if ``actual`` has NaN where ``expected`` is finite."""
+    count = int(np.count_nonzero(np.isnan(actual) & np.isfinite(expected)))
+    hint = uninitialized_read_hint(count) if count else None
+    return [hint] if hint else []
 
 
 def _leaves(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
@@ -304,6 +324,54 @@ def backend_matmul_precision(precision: str):
         yield
     finally:
         _BACKEND_MATMUL_PRECISION.reset(token)
+
+
+# While a Pallas test runs interpreted on the CPU: the names of the kernels it has traced.
+# Both interpreters fill memory a kernel has not written with NaN, so a NaN where the
+# reference is finite most likely comes from a kernel reading such memory.
+_INTERPRETED_KERNELS: contextvars.ContextVar[Callable[[], Sequence[str]] | None] = (
+    contextvars.ContextVar("pallas_interpreted_kernels", default=None))
+
+
+@contextlib.contextmanager
+def interpreted_kernels(names: Callable[[], Sequence[str]]):
+    """Within the block, a NaN where the reference is finite is explained as an uninitialised read.
+
+    ``names`` gives the kernels the test has run so far, as a failure names them.
+    """
+    token = _INTERPRETED_KERNELS.set(names)
+    try:
+        yield
+    finally:
+        _INTERPRETED_KERNELS.reset(token)
+
+
+def uninitialized_read_hint(count: int) -> str | None:
+    """What ``count`` NaN where the reference is finite mean in interpret mode; None outside."""
+    names = _INTERPRETED_KERNELS.get()
+    return None if names is None else describe_uninitialized_read(count, names())
+
+
+def describe_uninitialized_read(count: int | None, kernels: Sequence[str]) -> str:
+    """The paragraph that explains a NaN in interpret mode, naming ``kernels``.
+
+    ``count`` is how many NaN sit where the reference is finite; None when only
+    the failure's text is known (a comparator other than ``assert_allclose``).
+    """
+    from .tpu_checks import UNINITIALIZED_READ, UNINITIALIZED_READ_FIX
+
+    kernels = list(dict.fromkeys(kernels))
+    which = f"kernel {', '.join(kernels)}" if kernels else "a kernel this test ran"
+    what = (f"{count} NaN where the reference is finite" if count is not None
+            else "the failure shows NaN")
+    return (
+        f"pallas: {what}. Interpret mode fills memory a "
+        "kernel has not written with NaN, so the likely cause is TPU rule "
+        f"[{UNINITIALIZED_READ}] in {which}: an accumulator read before it is initialised, an "
+        "output element never written, or a DMA destination read before its .wait(). "
+        f"Fix: {UNINITIALIZED_READ_FIX} To confirm, call the function through "
+        "pytest_pallas.check_uninitialized_reads(fn, *args); --pallas-detect-races finds DMA races."
+    )
 
 
 def assert_allclose(

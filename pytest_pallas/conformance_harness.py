@@ -1,4 +1,5 @@
-"""Runs the contract's properties for one op: draws a case, calls the implementation, judges, records.
+"""Runs the contract's properties for one op: draws a case, calls the implementation,
+judges, records.
 
 The conformance test modules are thin: each property test draws with
 ``st.data()`` (the domain depends on the implementation chosen on the
@@ -9,7 +10,8 @@ methods here.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from hypothesis import note
@@ -17,9 +19,11 @@ from hypothesis import strategies as st
 
 from . import op_inputs, properties
 from .backend import Backend
+from .compare import bitwise_differences
+from .domains import Domain, SupportsError, declared_domain
+from .kernel_check import uninitialized_read_violation
 from .ops import OP_NAMES, get_operation
 from .report import ConformanceRecorder
-from .domains import Domain, SupportsError, declared_domain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,18 +207,11 @@ class Conformance:
             self._fail(op, "shape_dtype", problem)
         self.recorder.example(op, "written")
         self.recorder.example(op, "deterministic")
-        unwritten = properties.bitwise_differences(first, zeroed)
-        if np.any(unwritten):
-            where = tuple(int(i) for i in np.argwhere(unwritten)[0])
-            self._fail(op, "written", (
-                f"{int(unwritten.sum())} of {unwritten.size} output elements depend on what the "
-                f"output buffer held before the call (first at {where}: "
-                f"{np.asarray(first)[where]!r} with NaN-poisoned outputs, "
-                f"{np.asarray(zeroed)[where]!r} with zeroed ones): the kernel does not write them, "
-                "or reads an output/scratch buffer before initialising it."
-            ))
+        violation = uninitialized_read_violation(f"'{implementation.label}'", first, zeroed)
+        if violation is not None:
+            self._fail(op, "written", str(violation))
         self.recorder.outcome(op, "written", True)
-        differs = properties.bitwise_differences(once, again)
+        differs = bitwise_differences(once, again)
         if np.any(differs):
             where = tuple(int(i) for i in np.argwhere(differs)[0])
             self._fail(op, "deterministic", (

@@ -13,7 +13,8 @@ when the suite binds the implementation to it (``Domain.validate_for``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 _ATTRIBUTE = "__pallas_supports__"
 _KEYS = ("dtypes", "multiple_of", "max_size")
@@ -29,7 +30,9 @@ class Domain:
     multiple_of: Mapping[str, int] = dataclasses.field(default_factory=dict)
     max_size: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
-    def validate_for(self, op_name: str, dimensions: Sequence[str], op_dtypes: Sequence[str]) -> None:
+    def validate_for(
+        self, op_name: str, dimensions: Sequence[str], op_dtypes: Sequence[str]
+    ) -> None:
         """Raise ``SupportsError`` naming any dimension or dtype the op does not have."""
         for key, mapping in (("multiple_of", self.multiple_of), ("max_size", self.max_size)):
             for dim in mapping:

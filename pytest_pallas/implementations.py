@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

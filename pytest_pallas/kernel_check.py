@@ -8,7 +8,10 @@ function for the TPU, which runs Mosaic's own lowering checks without a TPU.
 ``pallas_call`` traced while it is active (how the plugin checks the kernels
 of a Pallas test), and :func:`kernel_exits_checked` fails on what the TPU
 interpreter saw when each kernel ended (races, unbalanced semaphores, DMAs
-never waited for).
+never waited for). :func:`check_uninitialized_reads` runs a function twice in
+the TPU interpreter, on NaN-poisoned and on zeroed memory: a result that
+depends on what memory held before the kernel wrote it is a kernel reading
+memory it never initialised.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pytest_pallas import _jax_compat
 from pytest_pallas.tpu_checks import (
     ALL_CHECKS,
     MAX_GRID_POINTS,
+    UNINITIALIZED_READ,
+    UNINITIALIZED_READ_FIX,
     KernelReport,
     TpuRuleViolation,
     Violation,
@@ -37,6 +42,7 @@ __all__ = [
     "CheckOptions",
     "TpuRuleViolation",
     "check_kernel",
+    "check_uninitialized_reads",
     "checking_pallas_calls",
     "kernel_exits_checked",
     "pallas_call_checker",
@@ -113,17 +119,23 @@ def check_kernel(
         _jax_compat.device_kind_answers_as(device_kind, lambda: info),
         _jax_compat.suspend_pallas_call_observers(),
     ):
-        closed = jax.make_jaxpr(target)(*args)
         reports = [
-            check_pallas_call_info(
-                _jax_compat.describe_pallas_call(params), info, **options.static_options()
-            )
-            for params in _jax_compat.pallas_call_params_in(closed)
+            check_pallas_call_info(call, info, **options.static_options())
+            for call in _pallas_calls_in(target, args)
         ]
         raise_for(reports)
         if options.lower_for_tpu and reports:
             _lower_for_tpu(target, args, info, _function_name(fn))
     return reports
+
+
+def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[Any]:
+    """Every pallas_call tracing ``target(*args)`` makes, as ``PallasCallInfo``s, in order."""
+    import jax
+
+    closed = jax.make_jaxpr(target)(*args)
+    return [_jax_compat.describe_pallas_call(params)
+            for params in _jax_compat.pallas_call_params_in(closed)]
 
 
 def _traced_arguments(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]):
@@ -260,3 +272,99 @@ def kernel_exits_checked() -> Iterator[list[Any]]:
     violations = kernel_exit_violations(states)
     if violations:
         raise TpuRuleViolation(violations)
+
+
+# --- Reads of uninitialised memory ----------------------------------------------------------
+
+
+def check_uninitialized_reads(
+    fn: Callable[..., Any], *args: Any, interpret_params: Any = None, **kwargs: Any
+) -> Any:
+    """Fail if ``fn(*args, **kwargs)`` depends on memory its kernels never initialised.
+
+    Runs the function twice in the TPU interpreter, with every buffer a kernel
+    allocates (outputs, scratch, ``pl.run_scoped``) filled with NaN, then with
+    zeros, and compares the results bit for bit. A difference means a kernel
+    read memory before writing it: an accumulator not initialised at the first
+    step of its reduction, an output element never written, a DMA destination
+    read before the copy's ``.wait()``. That raises :class:`TpuRuleViolation`
+    (rule ``uninitialized-read``) naming the kernels, the first differing
+    output element and the fix. This catches integer kernels too, where a
+    single poison value can hide the bug (a running max starting from the
+    largest integer). Returns the result of the NaN-poisoned run.
+
+    Not caught: a read of *stale* memory, such as an output block initialised
+    only at the first grid step, whose later blocks start from the previous
+    block's values in the TPU interpreter as on the chip. The values are wrong,
+    and a comparison with the oracle catches that.
+
+        out = check_uninitialized_reads(my_sum, x)
+        assert_allclose(out, x.sum(0))
+    """
+    import jax
+    from jax.experimental.pallas import tpu as pltpu
+
+    base = interpret_params if interpret_params is not None else pltpu.InterpretParams()
+    kernels = _kernel_titles(fn, args, kwargs)
+    results = []
+    for memory in ("nan", "zero"):
+        params = dataclasses.replace(base, uninitialized_memory=memory, detect_races=False)
+        with pltpu.force_tpu_interpret_mode(params):
+            results.append(jax.block_until_ready(fn(*args, **kwargs)))
+    violation = uninitialized_read_violation(kernels, results[0], results[1])
+    if violation is not None:
+        raise TpuRuleViolation([violation])
+    return results[0]
+
+
+def uninitialized_read_violation(kernel: str, poisoned: Any, zeroed: Any) -> Violation | None:
+    """The violation, if the NaN-poisoned and the zeroed runs' results differ; else None."""
+    import jax
+    import numpy as np
+
+    from .compare import bitwise_differences
+
+    poisoned_leaves = jax.tree_util.tree_flatten_with_path(poisoned)[0]
+    zeroed_leaves = jax.tree.leaves(zeroed)
+    for (path, first), second in zip(poisoned_leaves, zeroed_leaves):
+        a, b = np.asarray(first), np.asarray(second)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            differs = np.ones(a.shape, bool)
+        else:
+            differs = bitwise_differences(a, b)
+        if not np.any(differs):
+            continue
+        where = tuple(int(i) for i in np.argwhere(differs)[0]) if differs.ndim else ()
+        label = f"output{jax.tree_util.keystr(path)}"
+        return Violation(
+            UNINITIALIZED_READ,
+            kernel,
+            label,
+            f"{int(differs.sum())} of {differs.size} elements depend on what memory held before "
+            f"the kernel ran (first at {where}: {_element(a, where)} with memory filled with NaN, "
+            f"{_element(b, where)} with memory zeroed): the kernel reads memory it never wrote. "
+            "On the TPU that memory holds whatever the last kernel left there.",
+            UNINITIALIZED_READ_FIX,
+        )
+    return None
+
+
+def _element(array: Any, where: tuple[int, ...]) -> str:
+    try:
+        return repr(array[where].item())
+    except (IndexError, ValueError):
+        return "(shape differs)"
+
+
+def _kernel_titles(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """The pallas_calls ``fn`` makes, as a message names them; the function's name otherwise."""
+    try:
+        target, traced = _traced_arguments(fn, args, kwargs)
+        with _jax_compat.suspend_pallas_call_observers():
+            titles = [call.title for call in _pallas_calls_in(target, traced)]
+    except Exception:  # naming is best effort; running the function reports real errors
+        titles = []
+    titles = list(dict.fromkeys(titles))
+    if not titles:
+        return f"'{_function_name(fn)}'"
+    return ", ".join(titles) if len(titles) < 4 else f"{', '.join(titles[:3])} (+{len(titles) - 3})"

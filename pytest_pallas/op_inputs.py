@@ -19,8 +19,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from . import strategies
-from .ops import get_operation
 from .domains import Domain
+from .ops import get_operation
 
 # Bucket per dimension of each op: which kind of axis it is on a TPU.
 _DIMENSION_KIND = {
@@ -93,7 +93,7 @@ class Case:
         self.args = args
         self.kwargs = dict(kwargs or {})
 
-    def with_args(self, args: tuple[np.ndarray, ...]) -> "Case":
+    def with_args(self, args: tuple[np.ndarray, ...]) -> Case:
         return Case(self.op, self.dims, self.dtype, self.profile, self.seed, args, self.kwargs)
 
     @property
@@ -144,7 +144,8 @@ def cases(draw, op: str, domain: Domain = Domain()) -> Case:
     """Inputs of ``op`` inside ``domain``, covering the whole contract domain by default."""
     dtype = draw(st.sampled_from(_dtypes_for(op, domain)))
     profile = draw(st.sampled_from(
-        [p for p in _PROFILES[op] if dtype != "int32" or p in ("normal", "large", "ties", "extremes")]
+        [p for p in _PROFILES[op]
+         if dtype != "int32" or p in ("normal", "large", "ties", "extremes")]
     ))
     seed = draw(st.integers(0, 2**31 - 1))
     if op == "add":

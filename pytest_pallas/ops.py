@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)

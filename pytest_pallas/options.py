@@ -112,7 +112,8 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--pallas-timeout", metavar="SECONDS", default=None,
-        help=f"fail a kernel call that runs longer (default {DEFAULT_TIMEOUT_SECONDS:g}; 0 disables).",
+        help="fail a kernel call that runs longer "
+        f"(default {DEFAULT_TIMEOUT_SECONDS:g}; 0 disables).",
     )
     group.addoption(
         "--pallas-conformance", action="store_true", default=False,
@@ -157,7 +158,8 @@ def _option(config: pytest.Config, name: str, ini: str | None = None):
 
 
 def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
-    """Validate every Pallas option of ``config``; raise ``pytest.UsageError`` on the first bad one."""
+    """Validate every Pallas option of ``config``; raise ``pytest.UsageError`` on the first
+    bad one."""
     from . import implementations  # pure Python: parses OP=MODULE:ATTR without importing
 
     tpu = bool(config.getoption("--pallas-tpu"))

@@ -73,6 +73,9 @@ def _configure_conformance(config: pytest.Config, session: PallasSession) -> Non
         session.conformance_ops,
     )
     session.recorder = ConformanceRecorder()
+    if _is_controller(config):
+        config.pluginmanager.register(_WorkerRecordsMerger(session.recorder),
+                                      "pallas-worker-records")
     # Before the suite is imported: its secondary properties size themselves on the profile.
     _load_hypothesis_profile(session)
     # The suite is part of the install, so it runs from any directory. Given
@@ -114,7 +117,19 @@ def _load_hypothesis_profile(pallas: PallasSession) -> None:
             max_examples=pallas.options.examples,
         )
         profile = "pallas-cli"
+    if pallas.hypothesis_profile_before is None:
+        # Restored at pytest_unconfigure: the profile is this run's, not the process's.
+        current = getattr(settings, "get_current_profile_name", None)
+        pallas.hypothesis_profile_before = current() if current else settings._current_profile
     settings.load_profile(profile)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    pallas = config.stash.get(_SESSION, None)
+    if pallas is not None and pallas.hypothesis_profile_before is not None:
+        from hypothesis import settings
+
+        settings.load_profile(pallas.hypothesis_profile_before)
 
 
 def _deselect_conformance_ops(pallas: PallasSession, config: pytest.Config,
@@ -161,11 +176,33 @@ def _seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
     if getattr(function, "is_hypothesis_test", False):
         from hypothesis import seed, settings
 
+        # Put back at teardown: the function is shared by its parametrized items and by
+        # a later run of the suite in the same process.
+        item.stash[_HYPOTHESIS_ATTRIBUTES] = (function, {
+            name: function.__dict__.get(name, _ABSENT) for name in _HYPOTHESIS_ATTRIBUTE_NAMES})
         if not hasattr(function, "_hypothesis_internal_settings_applied"):
             # @given took the settings profile loaded when the module was imported, before
             # the plugin knew the test was ours; a test without its own @settings gets ours.
             function._hypothesis_internal_use_settings = settings.default
         seed(pallas.key_seed(item.nodeid))(function)
+
+
+_HYPOTHESIS_ATTRIBUTES = pytest.StashKey[tuple]()
+_HYPOTHESIS_ATTRIBUTE_NAMES = ("_hypothesis_internal_use_settings", "_hypothesis_internal_use_seed")
+_ABSENT = object()
+
+
+def _restore_hypothesis_attributes(item: pytest.Item) -> None:
+    saved = item.stash.get(_HYPOTHESIS_ATTRIBUTES, None)
+    if saved is None:
+        return
+    function, attributes = saved
+    for name, value in attributes.items():
+        if value is _ABSENT:
+            function.__dict__.pop(name, None)
+        else:
+            setattr(function, name, value)
+    del item.stash[_HYPOTHESIS_ATTRIBUTES]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -177,18 +214,33 @@ def pytest_runtest_call(item: pytest.Item):
     from .timeout import KernelTimeout, Watchdog
 
     seconds = 0.0 if pallas.item_backend(item).is_tpu else pallas.options.timeout_seconds
-    with Watchdog(seconds, f"a kernel in {item.nodeid}") as watchdog:
+    with Watchdog(seconds, lambda: _running_kernels_text(item)) as watchdog:
         try:
             result = yield
         except BaseException as error:
             if watchdog.fired and not isinstance(error, KernelTimeout):
                 raise KernelTimeout(watchdog.message) from error
             _raise_as_tpu_rule(error)
+            exit_failure = (
+                pallas.kernel_exit_failure(item) if isinstance(error, Exception) else None
+            )
+            if exit_failure is not None:
+                raise exit_failure from error  # the race behind the wrong values, say
             raise
     if watchdog.fired:
         raise KernelTimeout(watchdog.message)
     pallas.check_kernel_exits(item)
     return result
+
+
+def _running_kernels_text(item: pytest.Item) -> str:
+    from ._jax_compat import running_interpreted_kernels, short_source
+
+    kernels = running_interpreted_kernels()
+    if not kernels:
+        return f"a kernel in {item.nodeid}"
+    names = ", ".join(f"'{short_source(kernel)}'" for kernel in kernels)
+    return f"kernel {names} (in {item.nodeid})"
 
 
 def _raise_as_tpu_rule(error: BaseException) -> None:
@@ -210,49 +262,107 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
     try:
         return (yield)
     finally:
+        _restore_hypothesis_attributes(item)
         _session(item.config).deactivate(item)
+
+
+# The key, in a test report's user_properties, of what a pytest-xdist worker recorded during
+# the test. Sent with every report rather than once when the worker finishes, so a worker that
+# crashes loses only the verdict of the test it crashed in.
+_WORKER_RECORDS = "pallas_conformance_records"
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
     report = yield
     pallas = _session(item.config)
+    if call.when == "teardown" and pallas.recorder is not None and not _is_controller(item.config):
+        records = pallas.recorder.take()
+        if records:
+            report.user_properties.append((_WORKER_RECORDS, records))
     if report.failed and call.when == "call" and pallas.uses_pallas(item):
-        report.sections.append((
-            "pallas",
-            f"seed {pallas.options.seed}; reproduce with:\n  {pallas.reproduce_command(item.nodeid)}",
-        ))
+        text = (f"seed {pallas.options.seed}; reproduce with:\n"
+                f"  {pallas.reproduce_command(item.nodeid)}")
+        note = pallas.uninitialized_read_note(item, report.longreprtext)
+        report.sections.append(("pallas", f"{note}\n\n{text}" if note else text))
     return report
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     pallas = _session(session.config)
-    if pallas.recorder is not None and pallas.options.report_path and _is_controller(session.config):
+    if (pallas.recorder is not None and pallas.options.report_path
+            and _is_controller(session.config)):
         _write_report(session.config, complete=False)
 
 
-# pytest-xdist's hook: optional, or pytest rejects the plugin where xdist is not installed.
+# pytest-xdist's hooks: optional, or pytest rejects the plugin where xdist is not installed.
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
-    # pytest-xdist: each worker sends what it recorded; the controller merges.
-    data = getattr(node, "workeroutput", {}).get("pallas_conformance")
     pallas = _session(node.config)
-    if data and pallas.recorder is not None:
-        pallas.recorder.merge(data)
+    if pallas.recorder is not None and error is not None:
+        pallas.incomplete_reasons.append(
+            f"pytest-xdist worker {node.gateway.id} crashed ({str(error).strip()})")
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched) -> None:
+    # The report pytest-xdist makes for the crashed test carries its worker, hence the config.
+    config = getattr(getattr(report, "node", None), "config", None)
+    pallas = _session(config) if config is not None else None
+    if pallas is not None and pallas.recorder is not None:
+        pallas.incomplete_reasons.append(f"{crashitem} crashed its worker and has no verdict")
+
+
+# A wrapper, tryfirst: before pytest-benchmark's own wrapper saves its results, and before the
+# terminal summary, which says why the conformance report is incomplete.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus):
+    from .benchmarking import withhold_interrupted_run
+
+    withhold_interrupted_run(session.config, exitstatus)
+    _finish_conformance_report(session, exitstatus)
+    return (yield)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json) -> None:
+    from .benchmarking import mark_completeness
+
+    mark_completeness(config, output_json)
+
+
+def _finish_conformance_report(session: pytest.Session, exitstatus) -> None:
     pallas = _session(session.config)
     if pallas.recorder is None:
         return
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:
-        workeroutput["pallas_conformance"] = pallas.recorder.to_dict()
-        return
+    if not _is_controller(session.config):
+        return  # a worker's results went to the controller with each test's report
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        pallas.incomplete_reasons.append("the run was interrupted")
+    elif exitstatus == pytest.ExitCode.INTERNAL_ERROR:
+        pallas.incomplete_reasons.append("pytest stopped on an internal error")
+    elif session.shouldstop:
+        pallas.incomplete_reasons.append(f"the run stopped early: {session.shouldstop}")
     if pallas.options.report_path:
-        interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
-        _write_report(session.config, complete=not interrupted and not session.shouldstop)
+        _write_report(session.config, complete=not pallas.incomplete_reasons)
+
+
+class _WorkerRecordsMerger:
+    """On the pytest-xdist controller: merges what each worker recorded, report by report."""
+
+    def __init__(self, recorder) -> None:
+        self.recorder = recorder
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # First, so that junitxml and other reporters never see the records as a property.
+        kept = []
+        for name, value in report.user_properties:
+            if name == _WORKER_RECORDS:
+                self.recorder.merge(value)
+            else:
+                kept.append((name, value))
+        report.user_properties[:] = kept
 
 
 def _is_controller(config: pytest.Config) -> bool:
@@ -264,7 +374,10 @@ def _write_report(config: pytest.Config, *, complete: bool) -> None:
 
     pallas = _session(config)
     backend = pallas._backend
-    document = pallas.recorder.document(complete=complete,
+    reasons = pallas.incomplete_reasons if not complete else []
+    if not complete and not reasons:
+        reasons = ["the run has not finished: it is still running, or was killed"]
+    document = pallas.recorder.document(complete=complete, incomplete_reasons=reasons,
                                         environment=environment_facts(backend))
     document["seed"] = pallas.options.seed
     document["ops_selected"] = list(pallas.conformance_ops)
@@ -284,6 +397,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     terminalreporter.write_line(
         "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)"
     )
+    for reason in pallas.incomplete_reasons:
+        terminalreporter.write_line(f"incomplete: {reason}", yellow=True)
     if pallas.options.report_path:
         terminalreporter.write_line(f"report written to {pallas.options.report_path}")
 

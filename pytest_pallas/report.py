@@ -95,6 +95,12 @@ class ConformanceRecorder:
             for op, record in self.ops.items()
         }
 
+    def take(self) -> dict[str, Any]:
+        """What was recorded since the last ``take``, as ``to_dict``; the recorder starts empty."""
+        data = self.to_dict()
+        self.ops = {}
+        return data
+
     def merge(self, data: dict[str, Any]) -> None:
         for op, record in data.items():
             self.register(op, record["implementation"], record["restrictions"],
@@ -130,10 +136,12 @@ class ConformanceRecorder:
                   for row in rows]
         return lines
 
-    def document(self, *, complete: bool, environment: dict[str, Any]) -> dict[str, Any]:
+    def document(self, *, complete: bool, environment: dict[str, Any],
+                 incomplete_reasons: list[str] = ()) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
             "complete": complete,
+            "incomplete_reasons": list(incomplete_reasons),
             "started": self.started,
             "duration_seconds": round(time.time() - self.started, 3),
             "environment": environment,

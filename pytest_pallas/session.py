@@ -23,7 +23,8 @@ from .backend import Backend, chip_info, make_interpret_params, request_cpu_devi
 from .options import PallasOptions
 
 MARKERS = {
-    "pallas": "the test runs Pallas kernels: interpret them on the CPU, compile them on --pallas-tpu.",
+    "pallas": "the test runs Pallas kernels: interpret them on the CPU, "
+              "compile them on --pallas-tpu.",
     "tpu_only": "run only with --pallas-tpu on a real TPU (skipped in interpret mode).",
     "interpret_only": "run only in interpret mode on the CPU (skipped on a real TPU).",
     "tpu_generation(*chips)": "the test is for these TPU generations: on a TPU, skipped on "
@@ -39,6 +40,7 @@ _SWITCHES = ("--pallas-tpu", "--pallas-detect-races", "--pallas-conformance")
 _ACTIVE = pytest.StashKey[contextlib.ExitStack]()
 _BACKEND = pytest.StashKey[Backend]()
 _KERNEL_EXITS = pytest.StashKey[list]()
+_KERNEL_REPORTS = pytest.StashKey[list]()  # the static checks' report of each pallas_call traced
 
 
 @dataclasses.dataclass
@@ -50,6 +52,10 @@ class PallasSession:
     implementations: dict = dataclasses.field(default_factory=dict)
     conformance_ops: tuple[str, ...] = ()
     recorder: Any = None
+    # Why the conformance report is incomplete: a crashed worker, an interruption, ...
+    incomplete_reasons: list[str] = dataclasses.field(default_factory=list)
+    # The Hypothesis profile that was active before the plugin loaded its own.
+    hypothesis_profile_before: str | None = None
     _backend: Backend | None = None
 
     # --- which tests are ours -------------------------------------------------
@@ -101,7 +107,8 @@ class PallasSession:
         marker = item.get_closest_marker("tpu_generation")
         if marker is not None and backend.is_tpu and marker.args:
             if backend.chip not in [str(chip) for chip in marker.args]:
-                return f"tpu_generation: for {', '.join(map(str, marker.args))}, this TPU is {backend.chip}"
+                return (f"tpu_generation: for {', '.join(map(str, marker.args))}, "
+                        f"this TPU is {backend.chip}")
         marker = item.get_closest_marker("devices")
         if marker is not None:
             needed = int(marker.args[0]) if marker.args else int(marker.kwargs.get("n", 1))
@@ -111,7 +118,7 @@ class PallasSession:
 
     def activate(self, item: pytest.Item) -> None:
         """Enter the test's backend and the TPU-fidelity checks (see ``tpu_checks``)."""
-        from .compare import backend_matmul_precision
+        from .compare import backend_matmul_precision, interpreted_kernels
         from .kernel_check import checking_pallas_calls
 
         backend = self.backend_for(item)
@@ -125,7 +132,11 @@ class PallasSession:
             item.stash[_KERNEL_EXITS] = stack.enter_context(_jax_compat.record_kernel_exits())
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
-        stack.enter_context(checking_pallas_calls(chip=backend.chip))
+        reports = item.stash[_KERNEL_REPORTS] = stack.enter_context(
+            checking_pallas_calls(chip=backend.chip))
+        if not backend.is_tpu:
+            # A NaN where the reference is finite then names the rule and these kernels.
+            stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports]))
         # assert_allclose in the test then allows for the backend's matmul rounding.
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
         stack.enter_context(backend.activate())
@@ -142,15 +153,26 @@ class PallasSession:
         return item.stash.get(_BACKEND, None) or self.backend_for(item)
 
     def check_kernel_exits(self, item: pytest.Item) -> None:
-        """Fail the test if a kernel it ran ended with a race, a semaphore off 0 or a DMA pending."""
+        """Fail the test if a kernel it ran ended with a race, a semaphore off 0 or a DMA
+        pending."""
         __tracebackhide__ = True
+        failure = self.kernel_exit_failure(item)
+        if failure is not None:
+            raise failure
+
+    def kernel_exit_failure(self, item: pytest.Item) -> AssertionError | None:
+        """The failure for what the test's kernels left at their exit (a race, ...), if any.
+
+        Also asked when the test failed otherwise: a race is the cause of the wrong
+        values it produced, and the failure should say so first.
+        """
         from .tpu_checks import TpuRuleViolation, kernel_exit_violations
 
         exits = list(item.stash.get(_KERNEL_EXITS, ()))
         if self.options.detect_races and _jax_compat.races_found() and not any(
                 state.race_found for state in exits):
             _jax_compat.reset_interpreter_state()
-            raise AssertionError(
+            return AssertionError(
                 "pallas: the TPU interpreter detected a data race in a kernel this test ran "
                 "(two accesses to the same buffer not ordered by a DMA wait, semaphore or "
                 "barrier); wait on the DMA before reading its buffer, or make the racing grid "
@@ -159,7 +181,24 @@ class PallasSession:
         violations = kernel_exit_violations(exits)
         if violations:
             _jax_compat.reset_interpreter_state()
-            raise TpuRuleViolation(violations)
+            return TpuRuleViolation(violations)
+        return None
+
+    def uninitialized_read_note(self, item: pytest.Item, failure: str) -> str | None:
+        """For a failure that shows a NaN in interpret mode (any comparator): the likely rule.
+
+        ``assert_allclose`` says it itself; this covers ``np.testing`` and plain asserts.
+        """
+        import re
+
+        from .compare import describe_uninitialized_read
+
+        if self.item_backend(item).is_tpu or "[uninitialized-read]" in failure:
+            return None
+        if not re.search(r"\bnan\b", failure, re.IGNORECASE):
+            return None
+        kernels = [report.kernel for report in item.stash.get(_KERNEL_REPORTS, ())]
+        return describe_uninitialized_read(None, kernels)
 
     # --- seeds and reproduction ---------------------------------------------------
 

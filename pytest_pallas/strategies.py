@@ -15,11 +15,12 @@ call of a kernel compiles it.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 # One representative per kind of size: 1 (degenerate), a ragged size below one
@@ -28,7 +29,8 @@ SIZE_BUCKETS = {
     "minor": (1, 100, 128, 200, 384),  # the lane axis: tiles of 128
     "second_minor": (1, 5, 8, 24, 40),  # the sublane axis: tiles of 8 (16 for 16-bit)
     "leading": (1, 2, 3),  # batch-like axes
-    "reduction": (1, 100, 128, 300, 640),  # k, t: long enough to cross float32 vs bfloat16 accumulation
+    # k, t: long enough to cross float32 vs bfloat16 accumulation
+    "reduction": (1, 100, 128, 300, 640),
 }
 
 VALUE_PROFILES = ("normal", "large", "ties", "small", "extremes")
@@ -52,11 +54,21 @@ _COMMON_SETTINGS = dict(
 PROFILE_EXAMPLES = {"ci": 10, "dev": 10, "thorough": 100}
 
 
+# Shrinking a failure to its smallest input re-runs the kernel hundreds of times: for a broken
+# `sum` kernel, 302 s against 9 s without it (README, Strategies). It changes no verdict, and
+# the input found first is shown all the same, so only the nightly profile shrinks.
+_FAST_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
+
+
 def register_profiles() -> None:
     """Register the ``pallas-ci``, ``pallas-dev`` and ``pallas-thorough`` settings profiles."""
+    # Every setting from Hypothesis's own defaults, not from whatever profile is loaded when
+    # this runs (another run's pallas profile, in a process that runs pytest twice).
+    parent = settings.get_profile("default")
     for name, examples in PROFILE_EXAMPLES.items():
-        settings.register_profile(f"pallas-{name}", max_examples=examples,
-                                  derandomize=name == "ci", **_COMMON_SETTINGS)
+        phases = tuple(Phase) if name == "thorough" else _FAST_PHASES
+        settings.register_profile(f"pallas-{name}", parent=parent, max_examples=examples,
+                                  derandomize=name == "ci", phases=phases, **_COMMON_SETTINGS)
 
 
 register_profiles()
@@ -182,8 +194,9 @@ def generate_values(shape: Sequence[int], dtype: Any, *, seed: int,
 
     Profiles: ``normal`` (standard normal; ints uniform over +-1000),
     ``large`` (magnitudes up to 1e11 for float32 and bfloat16, up to a tenth of
-    the maximum for narrower floats; ints near the extremes of their range), ``ties`` (few distinct values, so max and sort
-    ties occur), ``small`` (subnormals and tiny values mixed in), ``extremes``
+    the maximum for narrower floats; ints near the extremes of their range),
+    ``ties`` (few distinct values, so max and sort ties occur), ``small``
+    (subnormals and tiny values mixed in), ``extremes``
     (the dtype's min, max, +-0 and, for floats, finite extremes), ``neg_inf``
     (floats only: normal values with about 30% ``-inf``, the first entry of every
     row along the last axis kept finite, as a masked softmax row has).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 
 from . import _jax_compat
 
@@ -26,9 +27,11 @@ class KernelTimeout(RuntimeError):
 class Watchdog:
     """Aborts TPU-interpreted waits once ``seconds`` have passed; a context manager."""
 
-    def __init__(self, seconds: float, what: str) -> None:
+    def __init__(self, seconds: float, describe: Callable[[], str]) -> None:
+        """``describe()`` names what hung; asked when the timeout fires, not before."""
         self.seconds = seconds
-        self.what = what
+        self._describe = describe
+        self.what = ""
         self.fired = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -43,7 +46,7 @@ class Watchdog:
             "only slow."
         )
 
-    def __enter__(self) -> "Watchdog":
+    def __enter__(self) -> Watchdog:
         if self.seconds > 0:
             self._thread = threading.Thread(target=self._watch, name="pallas-timeout",
                                             daemon=True)
@@ -58,6 +61,7 @@ class Watchdog:
     def _watch(self) -> None:
         if self._stop.wait(self.seconds):
             return
+        self.what = self._describe()
         self.fired = True
         error = KernelTimeout(self.message)
         aborted = False

@@ -65,6 +65,14 @@ DATA_RACE = "data-race"
 SEMAPHORES = "unbalanced-semaphores"
 DMA_NOT_WAITED = "dma-not-waited"
 DMA_OUT_OF_BOUNDS = "out-of-bounds-access"
+UNINITIALIZED_READ = "uninitialized-read"
+
+#: The fix for an uninitialized read, shared by every place that reports one.
+UNINITIALIZED_READ_FIX = (
+    "initialise each accumulator before its first read, at the first step of the reduction "
+    "axis (@pl.when(pl.program_id(axis) == 0)); write every element of each output block; and "
+    "read a DMA's destination only after its .wait()."
+)
 
 MIB = 1024 * 1024
 

@@ -1,1 +1,2 @@
-"""Reference Pallas TPU kernels, one module per family, each kernel beside its oracle and cost model."""
+"""Reference Pallas TPU kernels, one module per family, each kernel beside its oracle and
+cost model."""

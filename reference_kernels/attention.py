@@ -65,8 +65,8 @@ __all__ = [
 # Largest default blocks. A (256, 512) logits tile is 512 KiB of float32 and
 # the double-buffered q, k and v blocks add about 1.3 MiB at d=128: a few MiB
 # in all, well under 16 MiB (all of a v4's VMEM), while each k/v block fetched
-# from HBM serves 256 query rows. Smaller problems get one block per axis (see _default_block), so small
-# tests run in one grid step.
+# from HBM serves 256 query rows. Smaller problems get one block per axis (see
+# _default_block), so small tests run in one grid step.
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_KV = 512
 
@@ -184,7 +184,8 @@ def mha_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def mqa_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Multi-query attention in float64: q ``(b, h, s, d)``, k and v ``(b, t, d)`` for every head."""
+    """Multi-query attention in float64: q ``(b, h, s, d)``, k and v ``(b, t, d)`` for every
+    head."""
     return _softmax_attention(_float64(q), _float64(k)[:, None], _float64(v)[:, None])
 
 

@@ -87,7 +87,9 @@ def _axis_size(axis_name: Any, op: str) -> int:
 
 def _check_block(op: str, x: Any) -> None:
     if jnp.ndim(x) < 1:
-        raise ValueError(f"{op}: x must have rank >= 1 (a per-device block), got shape {jnp.shape(x)}")
+        raise ValueError(
+            f"{op}: x must have rank >= 1 (a per-device block), got shape {jnp.shape(x)}"
+        )
     if min(x.shape) < 1:
         raise ValueError(f"{op}: x must have sizes >= 1, got shape {x.shape}")
 
@@ -253,7 +255,8 @@ def _ppermute_call(x, *, axis_name: Any, shift: int) -> jax.Array:
 
 
 def ppermute(x: jax.Array, *, axis_name: Any, shift: int) -> jax.Array:
-    """Rotate the per-device blocks by ``shift`` along ``axis_name``: device i gets ``(i - shift) mod n``'s.
+    """Rotate the per-device blocks by ``shift`` along ``axis_name``: device i gets
+    ``(i - shift) mod n``'s.
 
     Call it inside ``jax.shard_map`` (over a mesh with axis ``axis_name``, of
     any size); ``x`` is this device's block, of any shape and dtype. ``shift``
@@ -283,7 +286,8 @@ def ppermute(x: jax.Array, *, axis_name: Any, shift: int) -> jax.Array:
 
 def _all_gather_kernel(peers_smem, x_hbm, o_hbm, local_sem, send_sem, recv_sems, *,
                        axis_name: Any, num_devices: int):
-    """A one-directional ring: at step k, forward the block that came from ``k`` devices to the left.
+    """A one-directional ring: at step k, forward the block that came from ``k`` devices to
+    the left.
 
     ``o_hbm`` is ``(n, *block)``. Device i first copies its own block into
     slot i, then, at step k = 0 .. n - 2, sends slot ``(i - k) mod n`` to
@@ -350,7 +354,8 @@ def _all_gather_slots(x, *, axis_name: Any) -> jax.Array:
 
 
 def all_gather(x: jax.Array, *, axis_name: Any) -> jax.Array:
-    """Every device's block, concatenated along the rows: ``lax.all_gather(x, axis_name, tiled=True)``.
+    """Every device's block, concatenated along the rows:
+    ``lax.all_gather(x, axis_name, tiled=True)``.
 
     Call it inside ``jax.shard_map``; ``x`` is this device's block (rank >= 1,
     any size and dtype). Under ``jax.vmap`` each batch element is gathered

@@ -339,7 +339,8 @@ def copy(x: jax.Array) -> jax.Array:
 
 def _double_buffered_kernel(x_hbm, o_hbm, *, block: int, num_full: int, remainder: int,
                             update: Callable[[jax.Array], jax.Array] | None):
-    """A two-slot pipeline: block ``i`` goes out of slot ``i % 2`` while ``i + 1`` comes into the other.
+    """A two-slot pipeline: block ``i`` goes out of slot ``i % 2`` while ``i + 1`` comes into
+    the other.
 
     Each slot has its own DMA semaphore; a slot's inbound and outbound DMAs
     never overlap, so they share it. The loop body, for block ``i``:

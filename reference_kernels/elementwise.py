@@ -136,7 +136,8 @@ def _as_2d(shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 def _vmem_bytes(shape: tuple[int, ...], dtype: Any) -> int:
-    """Bytes an array occupies in VMEM, whose last two dimensions are stored in (sublane, 128) tiles."""
+    """Bytes an array occupies in VMEM, whose last two dimensions are stored in
+    (sublane, 128) tiles."""
     rows, cols = _as_2d(shape) if len(shape) <= 2 else (shape[-2], shape[-1])
     leading = math.prod(shape[:-2]) if len(shape) > 2 else 1
     padded = leading * _round_up(rows, _sublanes(dtype)) * _round_up(cols, _LANES)

@@ -119,7 +119,8 @@ def softmax_reference(x: np.ndarray) -> np.ndarray:
 
 
 def softmax_cost(x: Any) -> pl.CostEstimate:
-    """Per element: a max, a subtract, an add and a divide, and one ``exp``; ``x`` read once, written once.
+    """Per element: a max, a subtract, an add and a divide, and one ``exp``; ``x`` read once,
+    written once.
 
     Takes anything with ``.shape`` and ``.dtype``.
     """

@@ -1,12 +1,12 @@
 """Shared helpers for the plugin's own tests."""
 
-import pytest
-
 # pytester's in-process runs restore sys.modules afterwards; JAX's native
 # runtime cannot be imported twice in one process, so keep it imported here.
 import jax  # noqa: F401
 import jax.experimental.pallas  # noqa: F401
 import jax.experimental.pallas.tpu  # noqa: F401
+import pytest
+
 # Every interpreted kernel tries to import the GPU interpreter too (it needs
 # absl, which may be missing: JAX then skips it); the MLIR dialects it loads on
 # the way cannot be registered twice ("Dialect namespace 'builtin' is already
@@ -19,6 +19,7 @@ except ImportError:
 # Likewise the modules the conformance suite imports, so that objects made in
 # one in-process run (Hypothesis strategies, say) match the classes of the next.
 import hypothesis.strategies  # noqa: F401
+
 import pytest_pallas.conformance_harness  # noqa: F401
 import pytest_pallas.op_inputs  # noqa: F401
 

@@ -76,8 +76,9 @@ def test_tpu_interpreter_poisons_uninitialized_memory(pytester):
 
         @pytest.mark.pallas
         def test_nan():
-            y = pl.pallas_call(forgets_to_initialise,
-                               out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(jnp.ones((8, 128)))
+            y = pl.pallas_call(
+                forgets_to_initialise, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32)
+            )(jnp.ones((8, 128)))
             assert jnp.isnan(y).all()
         """
     )
@@ -106,7 +107,9 @@ def test_chip_flag_makes_get_tpu_info_answer_for_that_chip(pytester, chip, vmem_
                                 "pallas_scope=marked")
     # --pallas-chip opts every test in, so the second test also sees the chip.
     result.assert_outcomes(passed=1, failed=1)
-    pytester.runpytest("-p", "no:cacheprovider", "-o", f"pallas_chip={chip}").assert_outcomes(passed=2)
+    pytester.runpytest(
+        "-p", "no:cacheprovider", "-o", f"pallas_chip={chip}"
+    ).assert_outcomes(passed=2)
 
 
 def test_emit_pipeline_runs_on_the_cpu(pytester):

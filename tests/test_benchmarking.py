@@ -236,7 +236,7 @@ def test_several_baselines_give_the_median_ratio(tmp_path):
     assert gate("--baseline", *runs, "--current", current)[0] == 0
 
 
-# --- real runs ----------------------------------------------------------------------------------------
+# --- real runs ------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +288,9 @@ def test_a_benchmark_records_what_the_issue_asks_for(softmax_runs):
                 "kernel_over_xla_min", "first_call_seconds", "xla_calls_per_round"):
         assert info[key] > 0, key
     assert info["roofline_bound"] == "memory" and info["roofline_meaningful"] is False
-    assert info["achieved_flops_per_second"] == pytest.approx(info["flops"] / entry["stats"]["median"])
+    assert info["achieved_flops_per_second"] == pytest.approx(
+        info["flops"] / entry["stats"]["median"]
+    )
     assert info["backend"] == "cpu-interpret-tpu" and info["interpreter"] == "tpu"
     assert info["jax"] == jax.__version__ and info["jaxlib"]
     assert info["timer"] == "process_time"  # the CPU default (no --benchmark-timer given)
@@ -332,16 +334,21 @@ def test_benchmark_disable_runs_each_kernel_once_untimed(run_pytest, outside_xdi
     assert "fixture was not used" not in result.stdout.str()
 
 
+# A user's kernel, for the tests that benchmark one.
+DOUBLE_KERNEL = textwrap.dedent("""
+    import os
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def double(x):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 2
+        return pl.pallas_call(kernel, out_shape=x)(x)
+    """)
+
+
 def test_a_users_benchmark_with_its_own_label(run_pytest, pytester, tmp_path, outside_xdist):
-    pytester.makepyfile(test_mine=textwrap.dedent("""
-        import jax.numpy as jnp
-        from jax.experimental import pallas as pl
-
-        def double(x):
-            def kernel(x_ref, o_ref):
-                o_ref[...] = x_ref[...] * 2
-            return pl.pallas_call(kernel, out_shape=x)(x)
-
+    pytester.makepyfile(test_mine=DOUBLE_KERNEL + textwrap.dedent("""
         def test_double(pallas_benchmark):
             x = pallas_benchmark.random((8, 128))
             out = pallas_benchmark("double", double, x, xla_fn=lambda x: x * 2,
@@ -357,7 +364,42 @@ def test_a_users_benchmark_with_its_own_label(run_pytest, pytester, tmp_path, ou
     assert entry["extra_info"]["flops"] == 1024 and entry["extra_info"]["kernel_over_xla"] > 0
 
 
-# --- the roofline plot ------------------------------------------------------------------------------
+def test_an_interrupted_run_leaves_the_benchmark_storage_as_it_was(run_pytest, pytester, tmp_path,
+                                                                   monkeypatch, outside_xdist):
+    pytester.makepyfile(test_mine=DOUBLE_KERNEL + textwrap.dedent("""
+        def test_double(pallas_benchmark):
+            x = pallas_benchmark.random((8, 128))
+            pallas_benchmark("double", double, x, xla_fn=lambda x: x * 2)
+
+        def test_ctrl_c():
+            if os.environ.get("INTERRUPT"):
+                raise KeyboardInterrupt
+        """))
+    storage = tmp_path / "storage"
+    common = ("--benchmark-max-time=0.05", "--benchmark-autosave",
+              f"--benchmark-storage=file://{storage}")
+    complete = run_pytest(*common, f"--benchmark-json={tmp_path / 'complete.json'}")
+    complete.assert_outcomes(passed=2)
+    [saved] = storage.rglob("*.json")
+    saved_text = saved.read_text()
+    assert json.loads(saved_text)["pallas"] == {"complete": True}
+
+    monkeypatch.setenv("INTERRUPT", "1")
+    partial_json = tmp_path / "partial.json"
+    interrupted = run_pytest(*common, f"--benchmark-json={partial_json}")
+    assert interrupted.ret == pytest.ExitCode.INTERRUPTED
+    interrupted.stdout.fnmatch_lines(["*pallas: the run was interrupted: its benchmarks were NOT "
+                                      "saved to the benchmark storage*"])
+    # Storage holds the complete run only, byte for byte; the partial run is not its newest.
+    assert list(storage.rglob("*.json")) == [saved] and saved.read_text() == saved_text
+    # The file asked for by name is written, valid, marked incomplete, and the gate refuses it.
+    assert json.loads(partial_json.read_text())["pallas"] == {"complete": False}
+    status, out, err = gate("--baseline", str(tmp_path / "complete.json"),
+                            "--current", str(partial_json))
+    assert status == 2 and "is from an interrupted run" in err, out + err
+
+
+# --- the roofline plot ----------------------------------------------------------------------------
 
 
 def plot_input(tmp_path):
@@ -397,3 +439,4 @@ def test_the_roofline_plot_without_matplotlib_says_so_in_one_line(tmp_path):
     assert completed.stderr.strip().splitlines() == [MISSING_MATPLOTLIB]
     assert "pip install 'pytest-pallas[plot]'" in MISSING_MATPLOTLIB
     assert not (tmp_path / "r.svg").exists()
+

@@ -43,13 +43,17 @@ def test_nan_and_inf_must_sit_at_the_same_places():
     assert "NaN/Inf at different places: 1 elements, first at index (1,): actual 2, expected nan" \
         in message
     assert "NaN/Inf" in message_of(np.array([1.0, np.nan, -np.inf, -np.inf], np.float32), expected)
-    assert "NaN/Inf" in message_of(np.array([np.nan, np.nan, np.inf, -np.inf], np.float32), expected)
+    assert "NaN/Inf" in message_of(
+        np.array([np.nan, np.nan, np.inf, -np.inf], np.float32), expected
+    )
 
 
 def test_integers_are_exact():
     assert_allclose(np.int32([1, 2]), np.int32([1, 2]))
     message = message_of(np.int32([1, 3]), np.int32([1, 2]))
-    assert message.splitlines()[0] == "Arrays are not equal: output (int32, shape (2,)) must match exactly."
+    assert message.splitlines()[0] == (
+        "Arrays are not equal: output (int32, shape (2,)) must match exactly."
+    )
     assert "First mismatch at index (1,): actual 3, expected 2" in message
 
 
@@ -119,7 +123,9 @@ def test_low_precision_dtypes_round_trip(dtype):
     from pytest_pallas.strategies import as_dtype
 
     values = np.linspace(-3, 3, 17)
-    assert_allclose(values.astype(as_dtype(dtype)), values.astype(as_dtype(dtype)).astype(np.float64))
+    assert_allclose(
+        values.astype(as_dtype(dtype)), values.astype(as_dtype(dtype)).astype(np.float64)
+    )
 
 
 def test_default_tolerance_table_values():
@@ -144,3 +150,45 @@ def test_comparator_frames_are_hidden_from_pytest_output(pytester):
     result.stdout.fnmatch_lines(["*Mismatched elements: 1 / 2 (50%)*"])
     assert "def compare_arrays" not in result.stdout.str()
     assert "compare.py" not in result.stdout.str()
+
+
+def test_a_nan_where_the_reference_is_finite_is_explained_only_in_interpret_mode():
+    from pytest_pallas.compare import interpreted_kernels
+
+    actual = np.array([1.0, np.nan, np.nan], np.float32)
+    expected = np.array([1.0, 2.0, np.nan])
+    outside = compare_arrays(actual, expected)
+    assert not outside.passed and "uninitialized-read" not in outside.message
+    with interpreted_kernels(lambda: ["'acc_kernel'", "'acc_kernel'"]):
+        inside = compare_arrays(actual, expected)
+        exact = compare_arrays(actual, expected.astype(np.float32), exact=True)
+    for message in (inside.message, exact.message):
+        assert ("pallas: 1 NaN where the reference is finite" in message
+                and "TPU rule [uninitialized-read] in kernel 'acc_kernel':" in message), message
+
+
+@pytest.mark.parametrize("activation", ["gelu", "silu"])
+def test_plain_xla_activations_pass_and_a_wrong_activation_fails(activation):
+    """The conformance suite's matmul_activation tolerance allows for evaluating the activation in
+    float32 (a -4 pre-activation made plain XLA's gelu fail it by 1.27x), and no more."""
+    import jax
+
+    from pytest_pallas.op_inputs import Case
+    from pytest_pallas.properties import expected_output, judge_value
+
+    rng = np.random.default_rng(0)
+    # Ties-like inputs (small integers, k=1), as in the case that failed, and normal ones.
+    for x, y in [(rng.integers(-2, 3, (24, 1)), rng.integers(0, 3, (1, 100))),
+                 (rng.normal(size=(40, 128)) * 3, rng.normal(size=(128, 200)))]:
+        x, y = x.astype(np.float32), y.astype(np.float32)
+        case = Case("matmul_activation", {"m": x.shape[0], "k": x.shape[1], "n": y.shape[1]},
+                    "float32", "ties", 0, (x, y), {"activation": activation})
+        expected = expected_output(case)
+        z = jax.numpy.dot(x, y, precision="highest")
+        xla = np.asarray(getattr(jax.nn, activation)(z))
+        verdicts, worst, message = judge_value(case, xla, expected, matmul_precision="float32")
+        assert verdicts["value"], message
+        other = {"gelu": lambda v: jax.nn.gelu(v, approximate=False), "silu": jax.nn.sigmoid}
+        wrong = np.asarray(other[activation](z))
+        verdicts, worst, message = judge_value(case, wrong, expected, matmul_precision="float32")
+        assert not verdicts["value"] and worst > 2, worst

@@ -47,7 +47,6 @@ USER_KERNELS = textwrap.dedent(
     def softmax(x):
         return jax.nn.softmax(x, axis=-1)
 
-    not_callable = 42
     """
 ).replace("import jax.numpy as jnp", "import jax\nimport jax.numpy as jnp")
 
@@ -112,40 +111,7 @@ def test_broken_kernel_fails_its_property_with_a_clear_message(pytester, user_mo
     assert "compare.py" not in result.stdout.str()
 
 
-USAGE_CASES = [
-    (["--pallas-impl", "add=no_such_module:add"],
-     "--pallas-impl add=no_such_module:add: cannot import module 'no_such_module': "
-     "ModuleNotFoundError: No module named 'no_such_module'"),
-    (["--pallas-impl", "add=broken_module:add"],
-     "--pallas-impl add=broken_module:add: cannot import module 'broken_module': "
-     "ZeroDivisionError: division by zero"),
-    (["--pallas-impl", "add=my_kernels:missing"],
-     "--pallas-impl add=my_kernels:missing: module 'my_kernels' has no attribute 'missing'."),
-    (["--pallas-impl", "add=my_kernels:not_callable"],
-     "--pallas-impl add=my_kernels:not_callable: my_kernels:not_callable is a int, not a "
-     "callable; point it at the function that computes the op."),
-    (["--pallas-impl", "add=bad_supports:unknown_key"],
-     "--pallas-impl add=bad_supports:unknown_key: @supports got unknown key(s) block; it takes "
-     "dtypes, multiple_of, max_size."),
-    (["--pallas-impl", "matmul=bad_supports:unknown_dimension"],
-     "--pallas-impl matmul=bad_supports:unknown_dimension: @supports(multiple_of={'q': ...}): "
-     "op 'matmul' has no dimension 'q'; its dimensions are m, k, n."),
-]
-
-
-@pytest.mark.parametrize("args, message", USAGE_CASES, ids=[a[1] for a, _ in USAGE_CASES])
-def test_impl_mistakes_are_one_line_usage_errors(pytester, user_module, args, message):
-    pytester.makepyfile(broken_module="x = 1 / 0\n")
-    if "bad_supports" in args[1]:
-        name = args[1].split(":")[1]
-        decoration = ('@supports(block=128)' if name == "unknown_key"
-                      else '@supports(multiple_of={"q": 128})')
-        pytester.makepyfile(bad_supports=f"from pytest_pallas import supports\n\n{decoration}\n"
-                                         f"def {name}(x, y):\n    return x\n")
-    result = pytester.runpytest("-p", "no:cacheprovider", *args)
-    assert result.ret == 4
-    errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
-    assert errors == ["ERROR: " + message], result.stderr.str()
+# Mistakes on the command line (--pallas-impl's among them) are in tests/test_usage_errors.py.
 
 
 def test_conformance_runs_from_any_directory_without_collecting_it(pytester):
@@ -172,6 +138,7 @@ def test_interrupted_run_leaves_a_valid_incomplete_report(pytester, user_module)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     document = json.loads(report.read_text())
     assert document["complete"] is False
+    assert document["incomplete_reasons"] == ["the run was interrupted"]
 
 
 def test_xdist_reaches_the_serial_verdicts_and_merges_one_report(pytester, user_module):
@@ -202,3 +169,29 @@ def test_the_suite_runs_where_pytest_xdist_is_not_installed(pytester):
                                            "--pallas-conformance", "--pallas-ops=add",
                                            "--pallas-examples=2", "-k", "value")
     assert result.ret == 0, result.stdout.str()[-2000:] + result.stderr.str()[-2000:]
+
+
+def test_a_crashed_worker_leaves_a_report_that_says_it_is_incomplete(pytester, user_module):
+    pytest.importorskip("xdist")
+    pytester.makepyfile(my_crashing=textwrap.dedent(
+        """
+        import os
+
+        def add(x, y):
+            os._exit(3)  # the worker process dies, as on a segfault in a kernel
+        """
+    ))
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pallas-seed=0", "--pallas-examples=2", "-n", "2",
+        "--pallas-impl", "add=my_crashing:add", "--pallas-impl", "softmax=my_kernels:softmax",
+        f"--pallas-report={report}", timeout=300)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    document = json.loads(report.read_text())
+    assert document["complete"] is False
+    reasons = " ".join(document["incomplete_reasons"])
+    assert "crashed" in reasons and "test_elementwise.py::" in reasons, reasons
+    # The other op's verdicts still reached the merged report.
+    softmax = document["ops"]["softmax"]["properties"]
+    assert softmax and all(prop["verdict"] == "pass" for prop in softmax.values())
+    result.stdout.fnmatch_lines(["incomplete: *crashed*"])

@@ -206,3 +206,28 @@ def test_a_missing_module_is_a_clear_error():
     with pytest.raises(JaxInternalsChanged, match=r"pytest-pallas needs jax\._src\.no_such_module, "
                                                   r"which this JAX does not have"):
         _jax_compat._private("jax._src.no_such_module", "anything")
+
+
+def test_running_interpreted_kernels_names_a_kernel_only_while_it_runs(clean_interpreter):
+    import threading
+
+    _jax_compat.install_kernel_exit_hook()
+    seen_inside = []
+    gate = threading.Event()
+
+    def kernel(x_ref, o_ref):
+        def look(x):
+            seen_inside.extend(_jax_compat.running_interpreted_kernels())
+            gate.set()
+            return x
+
+        o_ref[...] = jax.pure_callback(look, jax.ShapeDtypeStruct(x_ref.shape, x_ref.dtype),
+                                       x_ref[...])
+
+    jax.block_until_ready(pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        interpret=pltpu.InterpretParams(), name="looks_at_itself",
+    )(jnp.ones((8, 128), jnp.float32)))
+    assert gate.is_set()
+    assert seen_inside == ["looks_at_itself"]
+    assert _jax_compat.running_interpreted_kernels() == []

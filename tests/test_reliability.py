@@ -44,8 +44,9 @@ def test_hung_kernel_times_out_and_the_run_goes_on(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "--pallas-timeout=2")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
-        "*KernelTimeout: pallas: a kernel in test_hang.py::test_hangs ran longer than "
-        "--pallas-timeout=2s and was stopped. The usual cause is a wait that is never satisfied*",
+        "*KernelTimeout: pallas: kernel 'waits_for_a_dma_nobody_started at hung.py:*' "
+        "(in test_hang.py::test_hangs) ran longer than --pallas-timeout=2s and was stopped. "
+        "The usual cause is a wait that is never satisfied*",
     ])
 
 
@@ -61,7 +62,9 @@ def test_hung_user_kernel_in_the_suite_still_writes_the_report(pytester):
     document = json.loads(report.read_text())
     assert document["complete"] is True
     assert document["ops"]["copy"]["properties"]["value"]["verdict"] == "fail"
-    assert "--pallas-timeout" in document["ops"]["copy"]["properties"]["value"]["first_failure"]
+    first_failure = document["ops"]["copy"]["properties"]["value"]["first_failure"]
+    assert "kernel 'waits_for_a_dma_nobody_started at hung.py:" in first_failure
+    assert "--pallas-timeout=2s" in first_failure
 
 
 def test_the_suite_twice_in_one_process_gives_the_same_results(pytester):
@@ -84,18 +87,35 @@ def test_jax_config_and_hypothesis_settings_do_not_leak_into_later_tests(pyteste
     pytester.makepyfile(textwrap.dedent(
         """
         import jax, pytest
-        from hypothesis import settings
+        from hypothesis import given, settings, strategies as st
         from jax._src import config
 
         @pytest.mark.pallas
-        def test_pallas_first():
+        @pytest.mark.parametrize("n", [1, 2])
+        @given(x=st.integers())
+        def test_pallas_first(n, x):
             assert config.pallas_tpu_interpret_mode_context_manager.value is not None
+            assert settings.default.max_examples == 7  # --pallas-examples
+
+        SETTINGS_AT_IMPORT = test_pallas_first._hypothesis_internal_use_settings
 
         def test_plain_after():
             assert config.pallas_tpu_interpret_mode_context_manager.value is None
             from jax.experimental.pallas import tpu as pltpu
             with pytest.raises(ValueError, match="Unsupported TPU device kind"):
                 pltpu.get_tpu_info()
+            # The plugin's per-test seed and settings were taken back from the function.
+            assert getattr(test_pallas_first, "_hypothesis_internal_use_seed", None) is None
+            assert test_pallas_first._hypothesis_internal_use_settings is SETTINGS_AT_IMPORT
         """
     ))
-    pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly").assert_outcomes(passed=2)
+    from hypothesis import settings
+
+    profile_before = settings.get_current_profile_name()
+    examples_before = settings.default.max_examples
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly",
+                                "--pallas-examples=7")
+    result.assert_outcomes(passed=3)
+    # The run's Hypothesis profile ends with the run (pytester runs it in this process).
+    assert settings.get_current_profile_name() == profile_before
+    assert settings.default.max_examples == examples_before

@@ -1,5 +1,7 @@
 """Properties of pytest_pallas.strategies: legal blocks, shapes, sizes and adversarial values."""
 
+import textwrap
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -268,3 +270,33 @@ def test_neg_inf_values_keep_a_finite_entry_in_every_row(rows, cols, seed, dtype
     assert np.isfinite(values).any(axis=-1).all()
     if rows * cols >= 200:
         assert np.isneginf(values).any()
+
+
+def test_only_the_thorough_profile_shrinks_a_failure(pytester):
+    pytester.makepyfile(textwrap.dedent(
+        """
+        import pytest
+        from hypothesis import given, strategies as st
+
+        @pytest.mark.pallas
+        @given(st.integers(0, 10**6))
+        def test_fails_above_1000(x):
+            with open("calls.txt", "a") as calls:
+                calls.write(f"{x}\\n")
+            assert x <= 1000
+        """
+    ))
+    shown = {}
+    for profile in ("dev", "ci", "thorough"):
+        calls = pytester.path / "calls.txt"
+        calls.unlink(missing_ok=True)
+        result = pytester.runpytest("-p", "no:cacheprovider", f"--pallas-profile={profile}",
+                                    "--pallas-seed=3")
+        result.assert_outcomes(failed=1)
+        failing = [int(x) for x in calls.read_text().split() if int(x) > 1000]
+        shown[profile] = (len(failing), "x=1001" in result.stdout.str())
+    # Without shrinking: the first failing input, run again to report it; with it, many more
+    # runs down to the smallest failing input.
+    assert shown["dev"][0] <= 3 and not shown["dev"][1], shown
+    assert shown["ci"][0] <= 3 and not shown["ci"][1], shown
+    assert shown["thorough"][0] > 3 and shown["thorough"][1], shown

@@ -25,8 +25,9 @@ max-subtraction and the dropped ragged k block once each); at 30, only int32
 added in float32, once.
 
 Hypothesis's shrink and explain phases are switched off by a small plugin
-(``-p _pallas_no_shrink``): they only simplify a failure already found, cost
-minutes of kernel compilations, and do not change the verdict.
+(``-p _pallas_no_shrink``, in tests/_pallas_no_shrink.py): they only simplify a
+failure already found, cost minutes of kernel compilations, and do not change
+the verdict.
 """
 
 from __future__ import annotations
@@ -113,22 +114,6 @@ CORRECT = [
     ("ppermute", "ppermute_in_chunks", "none"),
 ]
 
-_NO_SHRINK_PLUGIN = '''
-"""Skip Hypothesis's shrink and explain phases in the conformance run (same verdict, faster)."""
-import pytest
-from hypothesis import Phase, settings
-
-
-@pytest.hookimpl(trylast=True)  # after pytest-pallas has given the test its settings and seed
-def pytest_runtest_setup(item):
-    function = getattr(item, "obj", None)
-    function = getattr(function, "__func__", function)
-    if getattr(function, "is_hypothesis_test", False):
-        current = getattr(function, "_hypothesis_internal_use_settings", None) or settings.default
-        function._hypothesis_internal_use_settings = settings(
-            current, phases=(Phase.explicit, Phase.generate), database=None)
-'''
-
 _DEVICES_NEEDED = 8  # ppermute draws 2, 4 and 8 devices
 
 
@@ -150,8 +135,6 @@ def conformance_run(pytester, monkeypatch):
     Returns pytester's result and the op's entry of the JSON report.
     """
     pytester.syspathinsert(TESTS_DIR)
-    pytester.makepyfile(_pallas_no_shrink=_NO_SHRINK_PLUGIN)
-    pytester.syspathinsert(pytester.path)
     monkeypatch.setenv("PYTHONPATH", str(TESTS_DIR))  # for a subprocess run
     report = pytester.path / "pallas-report.json"
 

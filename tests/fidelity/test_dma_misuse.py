@@ -16,6 +16,7 @@ What catches what (measured on these kernels):
 """
 
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +134,19 @@ def test_read_before_wait_is_a_race(interpret, mode):
     assert caught.value.rule == DATA_RACE
     assert "read_before_wait" in caught.value.kernel
     assert "before its .wait()" in str(caught.value)
+
+
+def test_read_before_wait_is_an_uninitialized_read_without_race_detection():
+    from pytest_pallas import check_uninitialized_reads
+    from pytest_pallas.tpu_checks import UNINITIALIZED_READ
+
+    with pytest.raises(TpuRuleViolation) as caught:
+        check_uninitialized_reads(functools.partial(manual_copy, _read_before_wait), X)
+    assert caught.value.rule == UNINITIALIZED_READ
+    assert "read_before_wait" in caught.value.kernel
+    assert "read a DMA's destination only after its .wait()" in str(caught.value)
+    out = check_uninitialized_reads(functools.partial(manual_copy, _correct), X)
+    np.testing.assert_array_equal(out, 2 * X)
 
 
 def test_read_before_wait_passes_in_eager_mode_without_race_detection(interpret):

@@ -148,3 +148,120 @@ def test_output_block_initialised_only_once_fails(mode):
     # The second block starts from NaN (plain: a poisoned output) or from the
     # first block's sums (TPU: the VMEM buffer is reused, as on the chip).
     assert not np.allclose(out[8:], expected[8:])
+
+
+# --- check_uninitialized_reads: a named rule, whatever the dtype ------------------------------
+
+from pytest_pallas import check_uninitialized_reads  # noqa: E402
+from pytest_pallas.tpu_checks import UNINITIALIZED_READ, TpuRuleViolation  # noqa: E402
+
+
+def reducer(**kernel):
+    return functools.partial(reduce_rows, interpret=False, **kernel)
+
+
+@pytest.mark.parametrize("x, kernel", [
+    (FLOATS, ADD),
+    (INTS, ADD),
+    # One output block of an integer max or min: one poison alone misses one of them.
+    (ONE_BLOCK, MAX),
+    (ONE_BLOCK, MIN),
+], ids=["float-sum", "int-sum", "int-max-one-block", "int-min-one-block"])
+def test_check_uninitialized_reads_names_the_rule_the_kernel_and_the_fix(x, kernel):
+    with pytest.raises(TpuRuleViolation) as caught:
+        check_uninitialized_reads(reducer(initialise=None, **kernel), x)
+    violation = caught.value
+    assert violation.rule == UNINITIALIZED_READ
+    assert "reduce_rows" in violation.kernel
+    assert violation.operand == "output"
+    message = str(violation)
+    assert "depend on what memory held before the kernel ran" in message
+    assert "pl.when(pl.program_id(axis) == 0)" in message
+
+
+@pytest.mark.parametrize("x, kernel, initial", [
+    (FLOATS, ADD, 0.0),
+    (INTS, ADD, 0),
+    (ONE_BLOCK, MAX, np.iinfo(np.int32).min),
+    (ONE_BLOCK, MIN, np.iinfo(np.int32).max),
+])
+def test_check_uninitialized_reads_passes_initialised_accumulators(x, kernel, initial):
+    out = check_uninitialized_reads(reducer(initialise=initial, **kernel), x)
+    expected = {jnp.add: x.sum(0), jnp.maximum: x.max(0), jnp.minimum: x.min(0)}[kernel["combine"]]
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-6)
+
+
+def test_check_uninitialized_reads_passes_jax_and_reference_kernels():
+    from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
+    from jax.experimental.pallas.ops.tpu.matmul import matmul
+
+    from reference_kernels.matmul import matmul as reference_matmul
+    from reference_kernels.reduction import sum_leading_axis
+    from reference_kernels.softmax import softmax
+
+    key = jax.random.key(0)
+    x = jax.random.normal(key, (256, 256), jnp.float32)
+    check_uninitialized_reads(functools.partial(matmul, block_shape=(128, 128), block_k=128),
+                              x, x)
+    q = jax.random.normal(key, (1, 2, 128, 128), jnp.float32)
+    check_uninitialized_reads(functools.partial(flash_attention, block_sizes=None), q, q, q)
+    check_uninitialized_reads(sum_leading_axis, jax.random.normal(key, (3, 16, 256)))
+    check_uninitialized_reads(softmax, x)
+    check_uninitialized_reads(reference_matmul, x[:, :200], x[:200])
+
+
+# --- in a user's test: the failure names the rule, the kernel and the fix ----------------------
+
+USER_TEST = '''
+import functools
+import jax, jax.numpy as jnp, numpy as np, pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from pytest_pallas import assert_allclose
+
+def kernel(x_ref, o_ref, acc_ref):
+    acc_ref[...] += x_ref[...]  # never initialised
+
+    @pl.when(pl.program_id(0) == pl.num_programs(0) - 1)
+    def _():
+        o_ref[...] = acc_ref[...]
+
+def my_sum(x):
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(x.shape[1:], x.dtype), grid=(x.shape[0],),
+        in_specs=[pl.BlockSpec((None, 8, 128), lambda k: (k, 0, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda k: (0, 0)),
+        scratch_shapes=[pltpu.VMEM((8, 128), x.dtype)], name="my_sum")(x)
+
+@pytest.mark.pallas
+def test_my_sum():
+    x = jnp.ones((3, 8, 128), jnp.float32)
+    assert_allclose(my_sum(x), np.full((8, 128), 3.0))
+'''
+
+
+NUMPY_COMPARISON = "    np.testing.assert_allclose(np.asarray(my_sum(x)), np.full((8, 128), 3.0))\n"
+
+
+@pytest.mark.parametrize("interpreter, comparator", [
+    ("tpu", "assert_allclose"), ("plain", "assert_allclose"), ("tpu", "numpy")])
+def test_a_users_failing_comparison_names_the_rule_and_the_kernel(pytester, interpreter,
+                                                                  comparator):
+    test = USER_TEST
+    if comparator == "numpy":
+        test = test.replace("    assert_allclose(my_sum(x), np.full((8, 128), 3.0))\n",
+                            NUMPY_COMPARISON)
+        assert NUMPY_COMPARISON in test
+    pytester.makepyfile(test_user=test)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider",
+                                           f"--pallas-interpret={interpreter}", timeout=240)
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    found = "1024 NaN where the reference is finite" if comparator != "numpy" else (
+        "the failure shows NaN")
+    assert (f"pallas: {found}. Interpret mode fills memory a kernel has not written with NaN, "
+            "so the likely cause is TPU rule [uninitialized-read] in kernel "
+            "'my_sum at test_user.py:7': an accumulator read before it is initialised"
+            in output), output
+    assert output.count("[uninitialized-read]") == 1  # said once, not again in the report section
+    assert "Fix: initialise each accumulator before its first read" in output

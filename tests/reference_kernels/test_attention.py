@@ -35,7 +35,9 @@ def _assert_attention_close(out, expected, q, k, v):
     if q64.ndim > k64.ndim:  # mqa: k and v shared by the heads
         k64 = k64[:, None]
     logit_magnitude = np.einsum("...sd,...td->...st", q64, k64).max()
-    logit_error = np.finfo(np.float32).eps * logit_magnitude * np.abs(np.asarray(v, np.float64)).max()
+    logit_error = (
+        np.finfo(np.float32).eps * logit_magnitude * np.abs(np.asarray(v, np.float64)).max()
+    )
     t = k.shape[-2]
     default = default_tolerance(out.dtype, scale=float(np.abs(expected).max()), reduction_length=t)
     assert_allclose(out, expected, reduction_length=t, atol=default.atol + logit_error)
@@ -138,7 +140,8 @@ def test_sharded_mha_rejects_an_unknown_axis():
         ("bfloat16", {"block_q": 8}, ("block_q=8 must be a multiple of 16 (TPU sublane tiling "
          "of bfloat16")),
         ("float32", {"block_kv": 64}, ("block_kv=64 must be a multiple of 128 (TPU lane tiling, "
-         "the minor dimension of the (block_q, block_kv) logits) or equal the full dimension t=300")),
+         "the minor dimension of the (block_q, block_kv) logits) "
+         "or equal the full dimension t=300")),
         ("float32", {"block_kv": -128}, "block_kv must be a positive int, got -128"),
         ("float32", {"block_q": True}, "block_q must be a positive int, got True"),
     ],

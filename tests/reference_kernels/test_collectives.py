@@ -40,7 +40,8 @@ def _blocks(n, shape, dtype, seed=0):
 
 
 def _run(op, mesh, blocks, **kwargs):
-    """``op`` inside shard_map over ``mesh``: device i gets ``blocks[i]``; returns the per-device outputs."""
+    """``op`` inside shard_map over ``mesh``: device i gets ``blocks[i]``; returns the
+    per-device outputs."""
     n = len(blocks)
     body = functools.partial(op, axis_name="x", **kwargs)
     global_array = jnp.asarray(np.concatenate(list(blocks)))
@@ -104,7 +105,7 @@ def test_ppermute_under_vmap(mesh):
     _assert_bits_equal(_run(vmapped, mesh(n), blocks), collectives.ppermute_reference(blocks, -1))
 
 
-# --- all_gather -------------------------------------------------------------------------------------
+# --- all_gather -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
@@ -138,7 +139,7 @@ def test_all_gather_single_device(mesh):
     _assert_bits_equal(_run(collectives.all_gather, mesh(1), blocks), blocks)
 
 
-# --- validation -------------------------------------------------------------------------------------
+# --- validation -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -162,7 +163,8 @@ def test_validation(call, message):
 
 @pytest.mark.parametrize("shift", [1.0, True, "1"])
 def test_shift_must_be_an_int(shift):
-    with pytest.raises(TypeError, match=re.escape(f"ppermute: shift must be an int, got {shift!r}")):
+    with pytest.raises(TypeError,
+                       match=re.escape(f"ppermute: shift must be an int, got {shift!r}")):
         collectives.ppermute(jnp.zeros((2, 3)), axis_name="x", shift=shift)
 
 
@@ -173,7 +175,7 @@ def test_wrong_axis_name_inside_shard_map(mesh):
         jax.jit(run)(jnp.zeros((4, 3)))
 
 
-# --- oracles and cost models ---------------------------------------------------------------------------
+# --- oracles and cost models ----------------------------------------------------------------------
 
 
 def test_oracles():

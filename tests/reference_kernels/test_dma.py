@@ -1,4 +1,5 @@
-"""reference_kernels.dma: DMA copies, scalar prefetch, in-place aliasing and refs, against their oracles."""
+"""reference_kernels.dma: DMA copies, scalar prefetch, in-place aliasing and refs, against
+their oracles."""
 
 import re
 
@@ -25,7 +26,8 @@ def _values(shape, dtype, seed=0):
 
 
 def _special_values(shape, dtype):
-    """Values a copy must not touch: NaN payloads (quiet, signalling, negative), -0, inf, subnormals.
+    """Values a copy must not touch: NaN payloads (quiet, signalling, negative), -0, inf,
+    subnormals.
 
     Built from bit patterns, so that nothing on the way rounds or quiets them.
     """
@@ -210,7 +212,7 @@ def test_add_refs_style(tpu_interpreter, shape, dtype, block_rows):
     assert_allclose(out, dma.add_refs_style_reference(x, y))
 
 
-# --- block validation -------------------------------------------------------------------------------
+# --- block validation -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -266,7 +268,7 @@ def test_block_equal_to_full_dimension_is_legal():
     _assert_bits_equal(dma.double_buffered_copy(x, block_rows=10), x)
 
 
-# --- cost models ---------------------------------------------------------------------------------------
+# --- cost models ----------------------------------------------------------------------------------
 
 
 def test_cost_models():
@@ -292,7 +294,7 @@ def test_oracles():
     assert dma.add_refs_style_reference(floats, floats).dtype == np.float64
 
 
-# --- helpers -----------------------------------------------------------------------------------------
+# --- helpers --------------------------------------------------------------------------------------
 
 
 def _literal(message):

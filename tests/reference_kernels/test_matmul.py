@@ -193,3 +193,10 @@ def test_cost_models():
     batched = mm.batched_matmul_cost(jnp.zeros((3, 100, 300)), jnp.zeros((3, 300, 200)))
     assert batched.flops == 3 * cost.flops
     assert batched.bytes_accessed == 4 * 3 * (100 * 300 + 300 * 200 + 100 * 200)
+
+
+def test_the_silu_oracle_is_quiet_and_right_where_exp_overflows():
+    x, y = np.array([[-1000.0]]), np.array([[1.0]])  # the product is -1000: exp(1000) overflows
+    with np.errstate(all="raise"):
+        out = mm.matmul_activation_reference(x, y, activation=jax.nn.silu)
+    assert out.shape == (1, 1) and out[0, 0] == 0.0

@@ -56,7 +56,8 @@ def test_tiled_ragged_in_every_dimension(dtype):
 
 @pytest.mark.parametrize("block_n", [4, 64], ids=["75-steps", "5-steps"])
 def test_bfloat16_accumulates_in_float32(block_n):
-    """300 bfloat16 ones sum to 300: a bfloat16 accumulator would stall at 256 (256 + 1 rounds to 256)."""
+    """300 bfloat16 ones sum to 300: a bfloat16 accumulator would stall at 256 (256 + 1 rounds
+    to 256)."""
     x = np.ones((300, 16, 128), ml_dtypes.bfloat16)
     out = jax.jit(lambda a: red.sum_leading_axis_tiled(a, block_n=block_n))(x)
     np.testing.assert_array_equal(np.asarray(out, np.float32), 300.0)

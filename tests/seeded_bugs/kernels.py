@@ -63,7 +63,8 @@ def _pad_to(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 
 def _fold_batch_into_rows(kernel_call):
-    """Make a rank-2 HBM kernel ``jax.vmap``-able: a batch of (r, c) arrays is one (b*r, c) array."""
+    """Make a rank-2 HBM kernel ``jax.vmap``-able: a batch of (r, c) arrays is one (b*r, c)
+    array."""
 
     @jax.custom_batching.custom_vmap
     def call(x):
@@ -366,12 +367,12 @@ def _softmax_online_kernel(x_ref, o_ref):
     x = x_ref[...].astype(jnp.float32)
     rows, cols = x.shape
     m = jnp.full((rows, 1), -jnp.inf, jnp.float32)
-    l = jnp.zeros((rows, 1), jnp.float32)
+    l = jnp.zeros((rows, 1), jnp.float32)  # noqa: E741 -- l: the running sum of the online softmax
     for start in range(0, cols, _LANES):  # one 128-lane chunk at a time
         chunk = x[:, start:start + _LANES]
         m_new = jnp.maximum(m, chunk.max(axis=-1, keepdims=True))
         # BUG: l is not rescaled by exp(m - m_new) when the running max grows.
-        l = l + jnp.exp(chunk - m_new).sum(axis=-1, keepdims=True)
+        l = l + jnp.exp(chunk - m_new).sum(axis=-1, keepdims=True)  # noqa: E741 -- as above
         m = m_new
     o_ref[...] = (jnp.exp(x - m) / l).astype(o_ref.dtype)
 
@@ -598,7 +599,8 @@ def _copy_floor_chunks_call(x):
 
 
 def copy_tail_rows_not_written(x):
-    """``x`` copied in DMA chunks of 16 rows, ``rows // 16`` of them: the ragged tail is never copied.
+    """``x`` copied in DMA chunks of 16 rows, ``rows // 16`` of them: the ragged tail is never
+    copied.
 
     Bug: the chunk loop runs ``rows // 16`` times and there is no smaller
     last DMA, so the last ``rows % 16`` rows of the output (in HBM) are never
