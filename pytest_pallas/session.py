@@ -227,8 +227,11 @@ class PallasSession:
             backend = "TPU (compiled)"
         else:
             backend = f"CPU, {options.interpreter} interpreter, standing in for TPU {options.chip}"
+        seed = f"seed {options.seed}"
+        if not options.seed_given and options.profile == "ci":
+            seed += ", the ci profile's fixed seed"
         return (
-            f"pallas: {backend}; seed {options.seed} (reproduce with "
+            f"pallas: {backend}; {seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
         )
 

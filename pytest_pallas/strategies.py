@@ -8,7 +8,8 @@ and a drawn *value profile* (``VALUE_PROFILES``), which is fast for large
 arrays and still lets Hypothesis shrink towards the simplest profile.
 
 Settings profiles (registered by ``register_profiles``, loaded by the plugin):
-``pallas-ci`` (derandomized, 10 examples), ``pallas-dev`` (10 examples),
+``pallas-ci`` (derandomized, 10 examples; the plugin seeds it with 0 unless
+``--pallas-seed`` is given), ``pallas-dev`` (10 examples),
 ``pallas-thorough`` (100 examples); none has a deadline, since the first
 call of a kernel compiles it.
 """

@@ -7,6 +7,7 @@ import shutil
 import textwrap
 
 import hypothesis  # noqa: F401  (imported by the plugin in each in-process run; slow to redo)
+import pytest
 
 import pytest_pallas.strategies  # noqa: F401
 
@@ -101,7 +102,8 @@ def test_reproduce_command_keeps_the_backend_flags(pytester):
     ]
 
 
-def test_a_fresh_seed_is_printed_when_none_is_given(pytester):
+def test_a_fresh_seed_is_printed_when_none_is_given(pytester, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)  # CI would choose the ci profile's fixed seed
     pytester.makepyfile(test_fails="""
         import pytest
 
@@ -109,10 +111,41 @@ def test_a_fresh_seed_is_printed_when_none_is_given(pytester):
         def test_fails():
             assert False
         """)
-    result = pytester.runpytest(*NO_CACHE)
-    result.assert_outcomes(failed=1)
-    [command] = reproduce_commands(result)
-    assert re.fullmatch(r"pytest test_fails\.py::test_fails --pallas-seed=\d+", command)
+    seeds = []
+    for _ in range(2):
+        result = pytester.runpytest(*NO_CACHE)
+        result.assert_outcomes(failed=1)
+        [command] = reproduce_commands(result)
+        seed = re.fullmatch(r"pytest test_fails\.py::test_fails --pallas-seed=(\d+)", command)
+        assert seed, command
+        seeds.append(seed[1])
+    assert seeds[0] != seeds[1]  # one chance in 2**31 of a false failure
+
+
+@pytest.mark.parametrize("how", ["CI variable", "--pallas-profile=ci"])
+def test_the_ci_profile_draws_the_same_examples_every_run(pytester, monkeypatch, how):
+    # A gate that passes or fails on the luck of the draw is no gate.
+    monkeypatch.delenv("CI", raising=False)
+    args = ["--pallas-examples=7", "-k", "passing or method"]
+    if how == "CI variable":
+        monkeypatch.setenv("CI", "true")
+    else:
+        args.append("--pallas-profile=ci")
+    pytester.makepyfile(test_properties=textwrap.dedent(PROPERTIES))
+    one, two = run(pytester, *args), run(pytester, *args)
+    for result in (one, two):
+        result.assert_outcomes(passed=1, failed=1)
+        assert reproduce_commands(result) == [
+            "pytest test_properties.py::TestInAClass::test_method --pallas-seed=0 "
+            "--pallas-examples=7" + (" --pallas-profile=ci" if how != "CI variable" else "")]
+    assert len(draws(one, "passing")) == 7
+    assert draws(one, "passing") == draws(two, "passing")
+    assert draws(one, "method") == draws(two, "method")
+    # The reproduce command, run where CI is not set, draws the same examples.
+    monkeypatch.delenv("CI", raising=False)
+    again = run(pytester, "--pallas-seed=0", *args)
+    assert draws(again, "passing") == draws(one, "passing")
+    assert draws(again, "method") == draws(one, "method")
 
 
 def test_reproduce_command_draws_the_same_examples(pytester):
