@@ -283,7 +283,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     if report.failed and call.when == "call" and pallas.uses_pallas(item):
         text = (f"seed {pallas.options.seed}; reproduce with:\n"
                 f"  {pallas.reproduce_command(item.nodeid)}")
-        note = pallas.uninitialized_read_note(item, report.longreprtext)
+        note = pallas.uninitialized_read_note(item, call.excinfo.value) if call.excinfo else None
         report.sections.append(("pallas", f"{note}\n\n{text}" if note else text))
     return report
 

@@ -184,15 +184,29 @@ class PallasSession:
             return TpuRuleViolation(violations)
         return None
 
-    def uninitialized_read_note(self, item: pytest.Item, failure: str) -> str | None:
+    def uninitialized_read_note(self, item: pytest.Item, error: BaseException) -> str | None:
         """For a failure that shows a NaN in interpret mode (any comparator): the likely rule.
 
         ``assert_allclose`` says it itself; this covers ``np.testing`` and plain asserts.
+        Only the messages of the error and its causes are read: the traceback quotes the
+        test's source, whose comments may well say "NaN".
         """
         import re
 
         from .compare import describe_uninitialized_read
 
+        messages = []
+        pending, seen = [error], set()
+        while pending:
+            error = pending.pop()
+            if error is None or id(error) in seen:
+                continue
+            seen.add(id(error))
+            messages.append(str(error))
+            pending += [error.__cause__ or error.__context__]
+            if isinstance(error, BaseExceptionGroup):  # Hypothesis's distinct failures
+                pending += error.exceptions
+        failure = "\n".join(messages)
         if self.item_backend(item).is_tpu or "[uninitialized-read]" in failure:
             return None
         if not re.search(r"\bnan\b", failure, re.IGNORECASE):

@@ -268,3 +268,41 @@ def test_a_users_failing_comparison_names_the_rule_and_the_kernel(pytester, inte
     failures = output.split("short test summary info")[0]
     assert failures.count("[uninitialized-read]") == 1, failures
     assert "Fix: initialise each accumulator before its first read" in output
+
+
+def test_a_failure_without_a_nan_gets_no_uninitialised_read_note(pytester):
+    # The traceback quotes the test's source; a comment there that says NaN is not a NaN
+    # in the failure.
+    pytester.makepyfile(test_user='''
+import numpy as np, pytest
+
+@pytest.mark.pallas
+def test_doubles():
+    """No NaN may appear in the output."""
+    np.testing.assert_allclose(np.full(4, 2.5), np.full(4, 2.0))  # NaN would be worse
+''')
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert "NaN would be worse" in output  # the source is quoted...
+    assert "uninitialized-read" not in output  # ...and raises no false alarm
+    assert "reproduce with" in output
+
+
+def test_a_nan_in_one_of_several_distinct_failures_gets_the_note(pytester):
+    pytester.makepyfile(test_user='''
+import numpy as np, pytest
+from hypothesis import given, strategies as st
+
+@pytest.mark.pallas
+@given(st.integers(0, 10))
+def test_two_ways_to_fail(n):
+    if n == 0:
+        raise ValueError("no items")
+    np.testing.assert_allclose(np.full(4, np.nan), np.full(4, 2.0))
+''')
+    result = pytester.runpytest("-p", "no:cacheprovider", "--pallas-profile=thorough")
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert "distinct failures" in output, output
+    assert "pallas: the failure shows NaN" in output, output
