@@ -19,6 +19,7 @@ import functools
 import importlib
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +79,7 @@ def reset_interpreter_state() -> None:
     pltpu.reset_tpu_interpret_mode_state()
     with _observer_lock:
         _running_kernels.clear()
+        _kernel_entered.clear()
 
 
 # --- Device kinds -> chip facts ----------------------------------------------
@@ -674,6 +676,10 @@ _exit_recorders: list[list[KernelExitState]] = []
 _exit_hook_error: JaxInternalsChanged | None = None
 # How many devices are inside each interpreted kernel now (entered, not yet at the exit check).
 _running_kernels: collections.Counter[str] = collections.Counter()
+# When each kernel last started (time.monotonic()), for --pallas-timeout's per-kernel clock.
+_kernel_entered: dict[str, float] = {}
+# Whether this JAX's interpreter lets kernel entries be seen at all.
+_kernel_entries_observed = False
 
 
 def running_interpreted_kernels() -> list[str]:
@@ -684,6 +690,21 @@ def running_interpreted_kernels() -> list[str]:
     """
     with _observer_lock:
         return [kernel for kernel, devices in _running_kernels.items() if devices > 0]
+
+
+def running_interpreted_kernel_ages() -> dict[str, float] | None:
+    """Seconds since each kernel the TPU interpreter is running now started.
+
+    None when kernel entries are not seen: before :func:`install_kernel_exit_hook`,
+    or on a JAX whose interpreter hides them (then the caller can only time the
+    whole test). Same caveats as :func:`running_interpreted_kernels`.
+    """
+    if not _kernel_entries_observed:
+        return None
+    now = time.monotonic()
+    with _observer_lock:
+        return {kernel: now - _kernel_entered.get(kernel, now)
+                for kernel, devices in _running_kernels.items() if devices > 0}
 
 
 @contextlib.contextmanager
@@ -764,6 +785,8 @@ def install_kernel_exit_hook() -> None:
             if original_initialize is not None:
                 module._initialize_shared_memory = original_initialize
 
+    global _kernel_entries_observed
+    _kernel_entries_observed = original_initialize is not None
     interpret_pallas_call._pytest_pallas_exit_hook = True  # type: ignore[attr-defined]
     interpret_pallas_call.__wrapped__ = current  # type: ignore[attr-defined]
     module.interpret_pallas_call = interpret_pallas_call
@@ -772,6 +795,7 @@ def install_kernel_exit_hook() -> None:
 def _enter_kernel(original: Callable[..., Any], kernel: str, *args: Any, **kwargs: Any) -> Any:
     with _observer_lock:
         _running_kernels[kernel] += 1
+        _kernel_entered[kernel] = time.monotonic()  # a later call of the kernel restarts its clock
     return original(*args, **kwargs)
 
 

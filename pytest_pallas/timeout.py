@@ -3,18 +3,21 @@
 A hung Pallas kernel on the CPU is almost always a TPU-interpreted wait
 that nothing will satisfy: a DMA semaphore never signalled, a remote copy
 to a device that never receives, a barrier some device never reaches. A
-watchdog thread, once the test has run for longer than the timeout, fills
-the interpreter's failure slot (see ``_jax_compat.abort_interpreted_kernels``)
-so that the waiting kernel raises, and the test fails with a message that
-names it. Work that is not a TPU-interpreter wait (a Python loop, a plain
-interpreter ``while_loop``) cannot be interrupted this way; the message
-printed at the deadline says so.
+watchdog thread times each TPU-interpreted kernel from the moment it starts
+(not the test: a property runs many kernels, each quick); once one has run
+longer than the timeout, it fills the interpreter's failure slot (see
+``_jax_compat.abort_interpreted_kernels``) so that the waiting kernel
+raises, and the test fails with a message that names it. Work that is not
+a TPU-interpreted kernel (a Python loop, a plain-interpreter
+``while_loop``) is neither timed nor interrupted; a test still running
+after the timeout gets a note on stderr that says so.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from . import _jax_compat
@@ -25,12 +28,19 @@ class KernelTimeout(RuntimeError):
 
 
 class Watchdog:
-    """Aborts TPU-interpreted waits once ``seconds`` have passed; a context manager."""
+    """Aborts TPU-interpreted waits once a kernel has run ``seconds``; a context manager."""
 
-    def __init__(self, seconds: float, describe: Callable[[], str]) -> None:
-        """``describe()`` names what hung; asked when the timeout fires, not before."""
+    def __init__(self, seconds: float, describe: Callable[[], str],
+                 kernel_ages: Callable[[], dict[str, float] | None] = (
+                     _jax_compat.running_interpreted_kernel_ages)) -> None:
+        """``describe()`` names what hung; asked when the timeout fires, not before.
+
+        ``kernel_ages()`` gives the seconds each running kernel has run, or None
+        when kernels cannot be seen: then the whole test is timed instead.
+        """
         self.seconds = seconds
         self._describe = describe
+        self._kernel_ages = kernel_ages
         self.what = ""
         self.fired = False
         self._stop = threading.Event()
@@ -58,9 +68,27 @@ class Watchdog:
         if self._thread is not None:
             self._thread.join()
 
+    def _overdue(self, started: float) -> bool:
+        ages = self._kernel_ages()
+        if ages is None:
+            return time.monotonic() - started >= self.seconds
+        return any(age >= self.seconds for age in ages.values())
+
     def _watch(self) -> None:
-        if self._stop.wait(self.seconds):
-            return
+        started = time.monotonic()
+        noted = False
+        # Polled: a kernel may start at any moment of the test. A dict read per poll.
+        poll = min(0.25, self.seconds / 4)
+        while not self._overdue(started):
+            if self._stop.wait(poll):
+                return
+            if not noted and time.monotonic() - started >= self.seconds:
+                noted = True
+                sys.stderr.write(
+                    f"\npallas: this test is still running after --pallas-timeout="
+                    f"{self.seconds:g}s, though no TPU-interpreted kernel has run that long; "
+                    "work outside such kernels is not stopped.\n"
+                )
         self.what = self._describe()
         self.fired = True
         error = KernelTimeout(self.message)

@@ -213,11 +213,13 @@ def test_running_interpreted_kernels_names_a_kernel_only_while_it_runs(clean_int
 
     _jax_compat.install_kernel_exit_hook()
     seen_inside = []
+    ages_inside = []
     gate = threading.Event()
 
     def kernel(x_ref, o_ref):
         def look(x):
             seen_inside.extend(_jax_compat.running_interpreted_kernels())
+            ages_inside.append(_jax_compat.running_interpreted_kernel_ages())
             gate.set()
             return x
 
@@ -231,3 +233,7 @@ def test_running_interpreted_kernels_names_a_kernel_only_while_it_runs(clean_int
     assert gate.is_set()
     assert seen_inside == ["looks_at_itself"]
     assert _jax_compat.running_interpreted_kernels() == []
+    # --pallas-timeout's clock: from the kernel's start, not the test's.
+    [ages] = ages_inside
+    assert list(ages) == ["looks_at_itself"] and ages["looks_at_itself"] >= 0
+    assert _jax_compat.running_interpreted_kernel_ages() == {}
