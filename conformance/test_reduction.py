@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance._properties import secondary
+from conformance._properties import secondary, value_sweep
 
 pytestmark = pytest.mark.pallas
 
@@ -12,6 +12,7 @@ OPS = ["sum"]
 
 
 @pytest.mark.parametrize("op", OPS)
+@value_sweep()
 @given(data=st.data())
 def test_value(op, data, conformance):
     """Shape and dtype, no NaN/Inf the oracle lacks, and the value within the tolerance."""

@@ -346,6 +346,17 @@ def interpreted_kernels(names: Callable[[], Sequence[str]]):
         _INTERPRETED_KERNELS.reset(token)
 
 
+@contextlib.contextmanager
+def without_uninitialized_read_hint():
+    """Within the block, a NaN where the reference is finite is not explained (the caller
+    finds the cause itself)."""
+    token = _INTERPRETED_KERNELS.set(None)
+    try:
+        yield
+    finally:
+        _INTERPRETED_KERNELS.reset(token)
+
+
 def uninitialized_read_hint(count: int) -> str | None:
     """What ``count`` NaN where the reference is finite mean in interpret mode; None outside."""
     names = _INTERPRETED_KERNELS.get()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from . import op_inputs, properties
 from .backend import Backend
-from .compare import bitwise_differences
+from .compare import bitwise_differences, without_uninitialized_read_hint
 from .domains import Domain, SupportsError, declared_domain
 from .kernel_check import uninitialized_read_violation
 from .ops import OP_NAMES, get_operation
@@ -122,9 +122,16 @@ class Conformance:
         self.recorder.register(op, bound.label, bound.domain.as_dict(), bound.domain.describe())
         return bound
 
-    def draw(self, data: st.DataObject, op: str) -> tuple[Implementation, op_inputs.Case]:
+    def draw(self, data: st.DataObject | op_inputs.SweepSlot,
+             op: str) -> tuple[Implementation, op_inputs.Case | None]:
+        """The input of one example: drawn, or the sweep's (None past the op's last)."""
         implementation = self.implementation(op)
-        case = data.draw(op_inputs.cases(op, implementation.domain), label="input")
+        if isinstance(data, op_inputs.SweepSlot):
+            case = op_inputs.sweep_case(op, implementation.domain, data.index)
+            if case is not None:
+                note(f"input ({data!r}): {case!r}")
+        else:
+            case = data.draw(op_inputs.cases(op, implementation.domain), label="input")
         note(f"implementation: {implementation.label}")
         return implementation, case
 
@@ -162,6 +169,8 @@ class Conformance:
         """Shape and dtype, no NaN/Inf the oracle lacks, and the value within tolerance."""
         __tracebackhide__ = True
         implementation, case = self.draw(data, op)
+        if case is None:
+            return  # a sweep slot this op has no case for
         with self._breadth(op):
             result = self._call(op, "value", implementation, case)
         self.recorder.example(op, "shape_dtype")
@@ -169,8 +178,11 @@ class Conformance:
         if problem:
             self._fail(op, "shape_dtype", problem)
         expected = properties.expected_output(case)
-        verdicts, worst, message = properties.judge_value(
-            case, result, expected, matmul_precision=self.backend.matmul_precision)
+        with without_uninitialized_read_hint():  # the suite finds out instead of guessing
+            verdicts, worst, message = properties.judge_value(
+                case, result, expected, matmul_precision=self.backend.matmul_precision)
+        if not verdicts["finite"]:
+            message += "\n" + self._nonfinite_cause(op, implementation, case)
         self.recorder.example(op, "value", worst_error=worst)
         self.recorder.example(op, "finite")
         for name in ("shape_dtype", "finite", "value"):
@@ -187,18 +199,9 @@ class Conformance:
             import pytest
 
             pytest.skip("written/deterministic: output poisoning needs the TPU interpreter")
-        from jax.experimental.pallas import tpu as pltpu
 
         implementation, case = self.draw(data, op)
-        params = self.backend.interpret_params
-        if not isinstance(params, pltpu.InterpretParams):
-            params = pltpu.InterpretParams()
-        nan_params = dataclasses.replace(params, uninitialized_memory="nan", detect_races=False)
-        zero_params = dataclasses.replace(nan_params, uninitialized_memory="zero")
-        with pltpu.force_tpu_interpret_mode(nan_params):
-            first = self._call(op, "written", implementation, case)
-        with pltpu.force_tpu_interpret_mode(zero_params):
-            zeroed = self._call(op, "written", implementation, case)
+        first, zeroed = self._poisoned_runs(op, "written", implementation, case)
         with self._breadth(op):
             once = self._call(op, "deterministic", implementation, case)
             again = self._call(op, "deterministic", implementation, case)
@@ -219,6 +222,53 @@ class Conformance:
                 f"{where}): the kernel depends on grid order or on uninitialised memory."
             ))
         self.recorder.outcome(op, "deterministic", True)
+
+    def _poisoned_runs(self, op: str, prop: str | None, implementation: Implementation,
+                       case: Any) -> tuple[Any, Any]:
+        """The results in the TPU interpreter with fresh memory filled with NaN, then zeros.
+
+        A failing call fails ``prop``; with ``prop`` None it only raises.
+        """
+        __tracebackhide__ = True
+        from jax.experimental.pallas import tpu as pltpu
+
+        def call() -> Any:
+            if prop is None:
+                return properties.run(implementation.function, case)
+            return self._call(op, prop, implementation, case)
+
+        params = self.backend.interpret_params
+        if not isinstance(params, pltpu.InterpretParams):
+            params = pltpu.InterpretParams()
+        nan_params = dataclasses.replace(params, uninitialized_memory="nan", detect_races=False)
+        zero_params = dataclasses.replace(nan_params, uninitialized_memory="zero")
+        with pltpu.force_tpu_interpret_mode(nan_params):
+            poisoned = call()
+        with pltpu.force_tpu_interpret_mode(zero_params):
+            zeroed = call()
+        return poisoned, zeroed
+
+    def _nonfinite_cause(self, op: str, implementation: Implementation, case: Any) -> str:
+        """Why a result has NaN or Inf where the oracle is finite, found out, not guessed.
+
+        A NaN in interpret mode is either memory the kernel never wrote (the interpreter
+        fills it with NaN) or the kernel's own arithmetic: the same input run with fresh
+        memory filled with NaN and with zeros tells the two apart.
+        """
+        if self.backend.is_tpu:
+            return ("cause: an overflow or 0/0 in the kernel's arithmetic, or memory it "
+                    "read before writing; run without --pallas-tpu to find out which.")
+        try:
+            poisoned, zeroed = self._poisoned_runs(op, None, implementation, case)
+        except Exception as error:  # the diagnosis is a courtesy: the failure stands
+            return f"cause: not found ({type(error).__name__} when rerun to find it)."
+        violation = uninitialized_read_violation(f"'{implementation.label}'", poisoned, zeroed)
+        if violation is not None:
+            return f"cause: {violation}"
+        return ("cause: the kernel's arithmetic, not uninitialised memory (the result is the "
+                "same with fresh memory filled with NaN and with zeros): an overflow, such as "
+                "exp of a large input without subtracting the row maximum first, or 0/0, or "
+                "inf - inf.")
 
     def check_vmap(self, op: str, data: st.DataObject) -> None:
         """The op under ``jax.vmap`` equals the op on each slice."""
@@ -244,9 +294,10 @@ class Conformance:
             if not hasattr(result, "shape") or result.shape[0] <= index:
                 self._fail(op, "vmap", f"under jax.vmap {op} returned "
                            f"{properties.describe_output(result)}")
-            verdicts, error, message = properties.judge_value(
-                slice_case, result[index], expected,
-                matmul_precision=self.backend.matmul_precision)
+            with without_uninitialized_read_hint():  # the value property diagnoses NaN
+                verdicts, error, message = properties.judge_value(
+                    slice_case, result[index], expected,
+                    matmul_precision=self.backend.matmul_precision)
             worst = max(worst, error)
             if message:
                 self._fail(op, "vmap", f"under jax.vmap, batch element {index}:\n{message}")

@@ -139,14 +139,16 @@ def _values(shape, dtype: str, profile: str, seed: int) -> np.ndarray:
     return strategies.generate_values(shape, dtype, seed=seed, profile=profile)
 
 
+def _profiles_for(op: str, dtype: str) -> list[str]:
+    return [p for p in _PROFILES[op]
+            if dtype != "int32" or p in ("normal", "large", "ties", "extremes")]
+
+
 @st.composite
 def cases(draw, op: str, domain: Domain = Domain()) -> Case:
     """Inputs of ``op`` inside ``domain``, covering the whole contract domain by default."""
     dtype = draw(st.sampled_from(_dtypes_for(op, domain)))
-    profile = draw(st.sampled_from(
-        [p for p in _PROFILES[op]
-         if dtype != "int32" or p in ("normal", "large", "ties", "extremes")]
-    ))
+    profile = draw(st.sampled_from(_profiles_for(op, dtype)))
     seed = draw(st.integers(0, 2**31 - 1))
     if op == "add":
         rank = draw(st.integers(1, 3))
@@ -161,12 +163,83 @@ def cases(draw, op: str, domain: Domain = Domain()) -> Case:
         kwargs["activation"] = draw(st.sampled_from(ACTIVATIONS))
     if op == "ppermute":
         kwargs["shift"] = draw(st.sampled_from((1, -1)))
+    return _make_case(op, dims, dtype, profile, seed, kwargs)
+
+
+def _make_case(op: str, dims: dict[str, Any], dtype: str, profile: str, seed: int,
+               kwargs: dict[str, Any]) -> Case:
     args = tuple(_values(shape, dtype, profile, seed + i)
                  for i, shape in enumerate(argument_shapes(op, dims)))
     if profile == "offset":
         args = _offset_logits(args)
     return Case(op=op, dims=dims, dtype=dtype, profile=profile, seed=seed, args=args,
                 kwargs=kwargs)
+
+
+# --- the sweep: value profiles and dtypes tried on purpose ----------------------------------
+#
+# Ten drawn examples miss a bug that shows on one value profile or one dtype only in
+# about one run in four (softmax without its max subtraction, which overflows on "large"
+# alone, went unseen for 6 of 23 seeds; tests/test_suite_power.py). So before its drawn
+# examples the value property tries each profile on the op's first dtype and the most
+# stressful profile on each other dtype, on one multi-tile ragged shape: Hypothesis
+# explicit examples, the same in every run.
+
+SWEEP_SLOTS = 6  # the most sweep cases of any op over its whole domain (add, copy, ppermute)
+_STRESS_PROFILES = ("large", "offset", "extremes")
+
+
+class SweepSlot:
+    """The ``data`` of one explicit example of the value property: sweep case ``index``."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"sweep case {self.index + 1}"
+
+
+def sweep(op: str, domain: Domain = Domain()) -> list[tuple[str, str]]:
+    """The (dtype, value profile) pairs the value property tries on purpose for ``op``."""
+    dtypes = _dtypes_for(op, domain)
+    if not dtypes:
+        return []
+    pairs = [(dtypes[0], profile) for profile in _profiles_for(op, dtypes[0])
+             if profile != "normal"]
+    for dtype in dtypes[1:]:
+        profiles = _profiles_for(op, dtype)
+        stress = next((p for p in _STRESS_PROFILES if p in profiles), None)
+        if stress is not None:
+            pairs.append((dtype, stress))
+    return pairs
+
+
+def _sweep_size(kind: str, dim: str, domain: Domain) -> int:
+    sizes = _sizes_for(kind, dim, domain)
+    if kind == "devices":
+        return sizes[0]  # the fewest: a run may have no more devices than that
+    # A ragged size past one tile where the bucket has one (200 lanes, 24 sublanes, k=300).
+    return sizes[min(3, len(sizes) - 1)] if len(sizes) > 3 else sizes[min(1, len(sizes) - 1)]
+
+
+def sweep_case(op: str, domain: Domain, index: int) -> Case | None:
+    """Sweep case ``index`` of ``op`` inside ``domain``; None past the op's last one."""
+    pairs = sweep(op, domain)
+    if index >= len(pairs):
+        return None
+    dtype, profile = pairs[index]
+    if op == "add":
+        dims: dict[str, Any] = {"shape": tuple(
+            _sweep_size(kind, "shape", domain) for kind in ("second_minor", "minor"))}
+    else:
+        dims = {dim: _sweep_size(kind, dim, domain)
+                for dim, kind in _DIMENSION_KIND[op].items()}
+    kwargs: dict[str, Any] = {}
+    if op == "matmul_activation":
+        kwargs["activation"] = ACTIVATIONS[(index + 2) % len(ACTIVATIONS)]  # gelu first
+    if op == "ppermute":
+        kwargs["shift"] = 1
+    return _make_case(op, dims, dtype, profile, index, kwargs)
 
 
 def argument_shapes(op: str, dims: dict[str, Any]) -> list[tuple[int, ...]]:

@@ -209,6 +209,8 @@ class PallasSession:
         failure = "\n".join(messages)
         if self.item_backend(item).is_tpu or "[uninitialized-read]" in failure:
             return None
+        if is_conformance_item(item):
+            return None  # the suite finds the cause of a NaN itself (its "cause:" line)
         if not re.search(r"\bnan\b", failure, re.IGNORECASE):
             return None
         kernels = [report.kernel for report in item.stash.get(_KERNEL_REPORTS, ())]

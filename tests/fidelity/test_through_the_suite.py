@@ -131,7 +131,8 @@ BROKEN = [
      ["TPU rule [parallel-axis-race] broken by kernel 'sum_parallel_reduction", "Fix:"]),
     ("sum=rules:sum_uninitialised_accumulator", (),
      ["TPU rule [uninitialized-read] broken by kernel 'rules:sum_uninitialised_accumulator'",
-      "TPU rule [uninitialized-read] in kernel 'sum_uninitialised_accumulator",
+      # The value property's NaN, its cause found by rerunning on NaN- and zero-filled memory:
+      "cause: TPU rule [uninitialized-read] broken by kernel 'rules:sum_uninitialised_accumulator'",
       "Fix: initialise each accumulator before its first read"]),
     ("copy=rules:copy_read_before_wait", (),
      ["TPU rule [uninitialized-read] broken by kernel 'rules:copy_read_before_wait'",
