@@ -218,8 +218,9 @@ def _sweep_size(kind: str, dim: str, domain: Domain) -> int:
     sizes = _sizes_for(kind, dim, domain)
     if kind == "devices":
         return sizes[0]  # the fewest: a run may have no more devices than that
-    # A ragged size past one tile where the bucket has one (200 lanes, 24 sublanes, k=300).
-    return sizes[min(3, len(sizes) - 1)] if len(sizes) > 3 else sizes[min(1, len(sizes) - 1)]
+    # A ragged size past one tile where the bucket has one (200 lanes, 24 sublanes, k=300);
+    # else the second size (2 batch elements, 100 keys), or the only one a domain leaves.
+    return sizes[3] if len(sizes) > 3 else sizes[min(1, len(sizes) - 1)]
 
 
 def sweep_case(op: str, domain: Domain, index: int) -> Case | None:
