@@ -182,7 +182,7 @@ class Conformance:
             verdicts, worst, message = properties.judge_value(
                 case, result, expected, matmul_precision=self.backend.matmul_precision)
         if not verdicts["finite"]:
-            message += "\n" + self._nonfinite_cause(op, implementation, case)
+            message += "\n" + self._nonfinite_cause(op, implementation, case, expected)
         self.recorder.example(op, "value", worst_error=worst)
         self.recorder.example(op, "finite")
         for name in ("shape_dtype", "finite", "value"):
@@ -248,7 +248,8 @@ class Conformance:
             zeroed = call()
         return poisoned, zeroed
 
-    def _nonfinite_cause(self, op: str, implementation: Implementation, case: Any) -> str:
+    def _nonfinite_cause(self, op: str, implementation: Implementation, case: Any,
+                         expected: np.ndarray) -> str:
         """Why a result has NaN or Inf where the oracle is finite, found out, not guessed.
 
         A NaN in interpret mode is either memory the kernel never wrote (the interpreter
@@ -265,6 +266,9 @@ class Conformance:
         violation = uninitialized_read_violation(f"'{implementation.label}'", poisoned, zeroed)
         if violation is not None:
             return f"cause: {violation}"
+        if not _introduces_nonfinite(poisoned, expected):
+            return ("cause: not found: rerun in the TPU interpreter, the same input gives no NaN "
+                    "or Inf; run with --pallas-interpret=tpu for that interpreter's verdict.")
         return ("cause: the kernel's arithmetic, not uninitialised memory (the result is the "
                 "same with fresh memory filled with NaN and with zeros): an overflow, such as "
                 "exp of a large input without subtracting the row maximum first, or 0/0, or "
@@ -303,3 +307,11 @@ class Conformance:
                 self._fail(op, "vmap", f"under jax.vmap, batch element {index}:\n{message}")
         self.recorder.example(op, "vmap", worst_error=worst)
         self.recorder.outcome(op, "vmap", True)
+
+
+def _introduces_nonfinite(result: Any, expected: np.ndarray) -> bool:
+    """Whether ``result`` has NaN or Inf where ``expected`` is finite (True if it cannot say)."""
+    try:
+        return bool(np.any(~np.isfinite(np.asarray(result, np.float64)) & np.isfinite(expected)))
+    except (TypeError, ValueError):  # not an array of the expected shape
+        return True
