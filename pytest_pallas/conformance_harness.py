@@ -21,7 +21,7 @@ from . import op_inputs, properties
 from .backend import Backend
 from .compare import bitwise_differences, without_uninitialized_read_hint
 from .domains import Domain, SupportsError, declared_domain
-from .kernel_check import uninitialized_read_violation
+from .kernel_check import run_on_poisoned_and_zeroed_memory, uninitialized_read_violation
 from .ops import OP_NAMES, get_operation
 from .report import ConformanceRecorder
 
@@ -230,23 +230,13 @@ class Conformance:
         A failing call fails ``prop``; with ``prop`` None it only raises.
         """
         __tracebackhide__ = True
-        from jax.experimental.pallas import tpu as pltpu
 
         def call() -> Any:
             if prop is None:
                 return properties.run(implementation.function, case)
             return self._call(op, prop, implementation, case)
 
-        params = self.backend.interpret_params
-        if not isinstance(params, pltpu.InterpretParams):
-            params = pltpu.InterpretParams()
-        nan_params = dataclasses.replace(params, uninitialized_memory="nan", detect_races=False)
-        zero_params = dataclasses.replace(nan_params, uninitialized_memory="zero")
-        with pltpu.force_tpu_interpret_mode(nan_params):
-            poisoned = call()
-        with pltpu.force_tpu_interpret_mode(zero_params):
-            zeroed = call()
-        return poisoned, zeroed
+        return run_on_poisoned_and_zeroed_memory(call, self.backend.interpret_params)
 
     def _nonfinite_cause(self, op: str, implementation: Implementation, case: Any,
                          expected: np.ndarray) -> str:

@@ -302,19 +302,34 @@ def check_uninitialized_reads(
         assert_allclose(out, x.sum(0))
     """
     import jax
-    from jax.experimental.pallas import tpu as pltpu
 
-    base = interpret_params if interpret_params is not None else pltpu.InterpretParams()
     kernels = _kernel_titles(fn, args, kwargs)
-    results = []
-    for memory in ("nan", "zero"):
-        params = dataclasses.replace(base, uninitialized_memory=memory, detect_races=False)
-        with pltpu.force_tpu_interpret_mode(params):
-            results.append(jax.block_until_ready(fn(*args, **kwargs)))
-    violation = uninitialized_read_violation(kernels, results[0], results[1])
+    poisoned, zeroed = run_on_poisoned_and_zeroed_memory(
+        lambda: jax.block_until_ready(fn(*args, **kwargs)), interpret_params)
+    violation = uninitialized_read_violation(kernels, poisoned, zeroed)
     if violation is not None:
         raise TpuRuleViolation([violation])
-    return results[0]
+    return poisoned
+
+
+def run_on_poisoned_and_zeroed_memory(call: Callable[[], Any],
+                                      interpret_params: Any = None) -> tuple[Any, Any]:
+    """``call()`` in the TPU interpreter twice: fresh memory filled with NaN, then zeros.
+
+    ``interpret_params`` (a ``pltpu.InterpretParams``; default ones otherwise) gives the
+    rest of the interpreter's settings; race detection is off for both runs.
+    """
+    from jax.experimental.pallas import tpu as pltpu
+
+    if not isinstance(interpret_params, pltpu.InterpretParams):
+        interpret_params = pltpu.InterpretParams()
+    results = []
+    for memory in ("nan", "zero"):
+        params = dataclasses.replace(interpret_params, uninitialized_memory=memory,
+                                     detect_races=False)
+        with pltpu.force_tpu_interpret_mode(params):
+            results.append(call())
+    return results[0], results[1]
 
 
 def uninitialized_read_violation(kernel: str, poisoned: Any, zeroed: Any) -> Violation | None:
