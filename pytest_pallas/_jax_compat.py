@@ -688,8 +688,7 @@ def running_interpreted_kernels() -> list[str]:
     Known for kernels lowered after :func:`install_kernel_exit_hook`; a kernel
     that raised stays listed until :func:`reset_interpreter_state`.
     """
-    with _observer_lock:
-        return [kernel for kernel, devices in _running_kernels.items() if devices > 0]
+    return list(running_interpreted_kernel_ages() or ())
 
 
 def running_interpreted_kernel_ages() -> dict[str, float] | None:

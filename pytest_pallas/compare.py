@@ -334,10 +334,11 @@ _INTERPRETED_KERNELS: contextvars.ContextVar[Callable[[], Sequence[str]] | None]
 
 
 @contextlib.contextmanager
-def interpreted_kernels(names: Callable[[], Sequence[str]]):
+def interpreted_kernels(names: Callable[[], Sequence[str]] | None):
     """Within the block, a NaN where the reference is finite is explained as an uninitialised read.
 
-    ``names`` gives the kernels the test has run so far, as a failure names them.
+    ``names`` gives the kernels the test has run so far, as a failure names them; None
+    turns the explanation off.
     """
     token = _INTERPRETED_KERNELS.set(names)
     try:
@@ -346,15 +347,10 @@ def interpreted_kernels(names: Callable[[], Sequence[str]]):
         _INTERPRETED_KERNELS.reset(token)
 
 
-@contextlib.contextmanager
 def without_uninitialized_read_hint():
     """Within the block, a NaN where the reference is finite is not explained (the caller
     finds the cause itself)."""
-    token = _INTERPRETED_KERNELS.set(None)
-    try:
-        yield
-    finally:
-        _INTERPRETED_KERNELS.reset(token)
+    return interpreted_kernels(None)
 
 
 def uninitialized_read_hint(count: int) -> str | None:

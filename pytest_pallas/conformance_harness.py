@@ -302,6 +302,6 @@ class Conformance:
 def _introduces_nonfinite(result: Any, expected: np.ndarray) -> bool:
     """Whether ``result`` has NaN or Inf where ``expected`` is finite (True if it cannot say)."""
     try:
-        return bool(np.any(~np.isfinite(np.asarray(result, np.float64)) & np.isfinite(expected)))
+        return bool(np.any(properties.introduced_nonfinite(result, expected)))
     except (TypeError, ValueError):  # not an array of the expected shape
         return True

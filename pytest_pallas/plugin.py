@@ -234,12 +234,12 @@ def pytest_runtest_call(item: pytest.Item):
 
 
 def _running_kernels_text(item: pytest.Item) -> str:
-    from ._jax_compat import running_interpreted_kernels, short_source
+    from ._jax_compat import running_interpreted_kernels
 
-    kernels = running_interpreted_kernels()
+    kernels = running_interpreted_kernels()  # already short ('body at kernels.py:12')
     if not kernels:
         return f"a kernel in {item.nodeid}"
-    names = ", ".join(f"'{short_source(kernel)}'" for kernel in kernels)
+    names = ", ".join(f"'{kernel}'" for kernel in kernels)
     return f"kernel {names} (in {item.nodeid})"
 
 

@@ -190,6 +190,11 @@ def activation_rounding_allowance(case: Case) -> tuple[float, str]:
                    f"adds {extra:.3g}")
 
 
+def introduced_nonfinite(actual: Any, expected: np.ndarray) -> np.ndarray:
+    """Where ``actual`` has NaN or Inf and the oracle's ``expected`` is finite."""
+    return ~np.isfinite(np.asarray(actual, np.float64)) & np.isfinite(expected)
+
+
 def judge_value(case: Case, result: Any, expected: np.ndarray, *,
                 matmul_precision: str) -> tuple[dict[str, bool], float, str]:
     """Judge shape/dtype, finiteness and value of one result.
@@ -201,7 +206,7 @@ def judge_value(case: Case, result: Any, expected: np.ndarray, *,
     actual = np.asarray(result)
     verdicts = {"shape_dtype": True, "finite": True, "value": True}
     if np.issubdtype(expected.dtype, np.floating):
-        introduced = ~np.isfinite(actual.astype(np.float64)) & np.isfinite(expected)
+        introduced = introduced_nonfinite(actual, expected)
         if np.any(introduced):
             verdicts["finite"] = False
     precision = matmul_precision_for(case, matmul_precision)
