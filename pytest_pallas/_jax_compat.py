@@ -82,6 +82,41 @@ def reset_interpreter_state() -> None:
         _kernel_entered.clear()
 
 
+def interpret_params(**fields: Any) -> Any:
+    """``pltpu.InterpretParams(**fields)``, with races recorded rather than raised.
+
+    Up to jax 0.10 the race detector records a race (``races_found``) and the
+    kernel runs on; from 0.11 it raises inside the interpreter's callback by
+    default (``on_race="raise"``), which surfaces as an ``INTERNAL:
+    CpuCallback error`` that names neither the rule nor the kernel. The
+    plugin fails a racy kernel itself, with a ``data-race`` message, so it
+    asks for the recording behaviour wherever this JAX can be told.
+    """
+    from jax.experimental.pallas import tpu as pltpu
+
+    known = {field.name for field in dataclasses.fields(pltpu.InterpretParams)}
+    if fields.get("detect_races") and "on_race" in known:
+        fields.setdefault("on_race", "warn")
+    return pltpu.InterpretParams(**fields)
+
+
+def tensorcore_mesh(axis_name: str, num_cores: int) -> Any:
+    """A ``pl.kernel`` mesh of ``num_cores`` TensorCores, spelled as the running JAX wants.
+
+    jax 0.10 builds it with ``pltpu.create_tensorcore_mesh`` (its
+    ``TensorCoreMesh`` takes an array of devices); from 0.11 that function is
+    deprecated and ``pltpu.TensorCoreMesh(axis_name=..., num_cores=...)`` is
+    the spelling.
+    """
+    from jax.experimental.pallas import tpu as pltpu
+
+    mesh_class = getattr(pltpu, "TensorCoreMesh", None)  # not exported by jax 0.10
+    if dataclasses.is_dataclass(mesh_class) and "num_cores" in {
+            field.name for field in dataclasses.fields(mesh_class)}:
+        return mesh_class(axis_name=axis_name, num_cores=num_cores)
+    return pltpu.create_tensorcore_mesh(axis_name, num_cores=num_cores)
+
+
 # --- Device kinds -> chip facts ----------------------------------------------
 
 
@@ -608,7 +643,12 @@ def _evaluate_index_map(index_map: Any, num_grid_axes: int, grid_points: np.ndar
 
     points = np.asarray(grid_points, dtype=np.int32)
     points = points.reshape(max(1, len(points)), num_grid_axes)
-    with jax.ensure_compile_time_eval():
+    # Index maps are evaluated while the kernel is being traced (an observer
+    # runs inside the trace). jax >= 0.11 stages even jnp.asarray under
+    # ensure_compile_time_eval there, so evaluate in JAX's eager context.
+    eager = getattr(importlib.import_module(_CORE), "eval_context", None)
+    with (eager() if eager is not None else contextlib.nullcontext()), \
+            jax.ensure_compile_time_eval():
         if num_grid_axes == 0:
             outs = [jnp.broadcast_to(o, (points.shape[0],)) for o in one_point()]
         else:

@@ -92,19 +92,15 @@ def chip_info(chip: str) -> Any:
     Megacore chips (v4, v5p) are described as one logical device of two
     TensorCores, which is how JAX runs them by default.
     """
-    from jax.experimental.pallas import tpu as pltpu
+    from .tpu_checks import tpu_info_for
 
-    version = _jax_compat.chip_versions()[chip]
-    cores = 2 if version.supports_megacore else 1
-    return pltpu.get_tpu_info_for_chip(version, cores)
+    return tpu_info_for(chip)
 
 
 def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
     if options.interpreter == "plain":
         return True
-    from jax.experimental.pallas import tpu as pltpu
-
-    return pltpu.InterpretParams(
+    return _jax_compat.interpret_params(
         detect_races=options.detect_races,
         # NaN-poisoned scratch and outputs: an accumulator that is read before
         # it is initialised turns the result into NaN instead of passing by luck.

@@ -263,7 +263,7 @@ def kernel_exits_checked() -> Iterator[list[Any]]:
     only with ``detect_races=True``. The check runs when the block ends
     normally; an exception from the block passes through unchanged.
 
-        with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(detect_races=True)):
+        with pltpu.force_tpu_interpret_mode(_jax_compat.interpret_params(detect_races=True)):
             with kernel_exits_checked():
                 jax.block_until_ready(my_kernel(x))
     """

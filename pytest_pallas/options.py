@@ -15,6 +15,8 @@ import re
 
 import pytest
 
+from . import versions
+
 INTERPRETERS = ("tpu", "plain")
 DEFAULT_INTERPRETER = "tpu"
 DEFAULT_CHIP = "v5e"
@@ -23,10 +25,11 @@ DEFAULT_TIMEOUT_SECONDS = 300.0
 PROFILES = ("ci", "dev", "thorough")
 CI_SEED = 0  # the seed of a run under the ci profile that gives no --pallas-seed
 
-# The chip names JAX's pltpu.ChipVersion knows. Kept as strings so that the
-# option can be validated without importing JAX; tests/test_jax_compat.py
-# checks this tuple against the installed JAX's enum.
-KNOWN_CHIPS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i")
+# The chip names pltpu.ChipVersion knows across the supported JAX range. Kept
+# as strings so that the option can be validated without importing JAX;
+# tests/test_jax_compat.py checks this tuple against the installed JAX's enum
+# (versions.CHIPS_SINCE_JAX lists the chips an older JAX lacks).
+KNOWN_CHIPS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i", "8t")
 
 _DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
@@ -186,6 +189,10 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         raise pytest.UsageError(
             f"--pallas-chip={chip_value!r} is not a TPU generation JAX knows; use one of "
             f"{', '.join(KNOWN_CHIPS)}."
+        )
+    if (too_old := versions.chip_needs_newer_jax(chip)) is not None:
+        raise pytest.UsageError(
+            f"--pallas-chip={chip_value!r}: {too_old}; upgrade jax or pick another chip."
         )
 
     devices_value = _option(config, "--pallas-devices", "pallas_devices")

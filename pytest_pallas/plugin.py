@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from . import options as options_module
+from . import versions
 from .session import (
     CONFORMANCE_DIRECTORY,
     FIXTURE_NAMES,
@@ -90,7 +91,8 @@ def _configure_conformance(config: pytest.Config, session: PallasSession) -> Non
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = _session(config)
     if session.options.session_opted_in or session.scope_all:
-        return [session.header()]
+        untested = versions.untested_jax_note()
+        return [session.header()] + ([untested] if untested else [])
     return None
 
 

@@ -27,11 +27,10 @@ The TPU ideas shown here:
   op). Each device therefore signals the device that will write into it,
   through the barrier semaphore of the kernel's ``collective_id``, and waits
   until the device it writes into has signalled it.
-* ``device_id`` names the peer by its mesh coordinates
-  (``DeviceIdType.MESH``, given as ``{axis_name: index}``): right for the 1-D
-  mesh of the contract, and still right when the mesh has more axes, whose
-  coordinates are then this device's own. A ``LOGICAL`` id would be the
-  flattened device index, equal to the coordinate only on a 1-D mesh.
+* ``device_id`` names the peer by its mesh coordinates, given as
+  ``{axis_name: index}``: right for the 1-D mesh of the contract, and still
+  right when the mesh has more axes, whose coordinates are then this device's
+  own. A flattened device index would equal the coordinate only on a 1-D mesh.
 
 Remote DMAs and semaphores exist only on a TPU and in TPU interpret mode
 (``pltpu.InterpretParams``); the plain interpreter (``interpret=True``)
@@ -201,13 +200,12 @@ def _ppermute_kernel(peers_smem, x_hbm, o_hbm, send_sem, recv_sem, *, axis_name:
     dst = peers_smem[0]
     src = peers_smem[1]
     barrier = pltpu.get_barrier_semaphore()
-    pl.semaphore_signal(barrier, 1, device_id={axis_name: src},
-                        device_id_type=pl.DeviceIdType.MESH)
+    pl.semaphore_signal(barrier, 1, device_id={axis_name: src})
     pl.semaphore_wait(barrier, 1)
 
     send = pltpu.make_async_remote_copy(
         x_hbm, o_hbm, send_sem, recv_sem,
-        device_id={axis_name: dst}, device_id_type=pl.DeviceIdType.MESH,
+        device_id={axis_name: dst},
     )
     send.start()
     # x_hbm must stay valid until it has been read, and o_hbm must be complete
@@ -311,8 +309,7 @@ def _all_gather_kernel(peers_smem, x_hbm, o_hbm, local_sem, send_sem, recv_sems,
     local.start()
 
     barrier = pltpu.get_barrier_semaphore()
-    pl.semaphore_signal(barrier, 1, device_id={axis_name: left},
-                        device_id_type=pl.DeviceIdType.MESH)
+    pl.semaphore_signal(barrier, 1, device_id={axis_name: left})
     pl.semaphore_wait(barrier, 1)
     local.wait()
 
@@ -320,7 +317,7 @@ def _all_gather_kernel(peers_smem, x_hbm, o_hbm, local_sem, send_sem, recv_sems,
         slot = lax.rem(me + num_devices - step, num_devices)
         forward = pltpu.make_async_remote_copy(
             o_hbm.at[slot], o_hbm.at[slot], send_sem, recv_sems.at[step],
-            device_id={axis_name: right}, device_id_type=pl.DeviceIdType.MESH,
+            device_id={axis_name: right},
         )
         forward.start()
         forward.wait_send()

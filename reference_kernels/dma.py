@@ -48,6 +48,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pytest_pallas import _jax_compat
+
 __all__ = [
     "COPY_CHUNK_BYTES",
     "add_one_in_place",
@@ -595,7 +597,7 @@ def _add_refs_style(x, y, *, block_rows: int):
         functools.partial(_add_refs, block_rows=block_rows),
         # No outputs: every ref passed in is aliased in and out of the kernel.
         out_type=(),
-        mesh=pltpu.create_tensorcore_mesh("core", num_cores=num_cores),
+        mesh=_jax_compat.tensorcore_mesh("core", num_cores),
         cost_estimate=add_refs_style_cost(x, y),
         name="add_refs_style",
     )

@@ -101,7 +101,7 @@ def interpret():
             with (
                 _jax_compat.suspend_pallas_call_observers(),
                 _jax_compat.suspend_kernel_exit_recording(),
-                pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(**params)),
+                pltpu.force_tpu_interpret_mode(_jax_compat.interpret_params(**params)),
             ):
                 yield
         finally:
@@ -211,7 +211,6 @@ def _ring_shift(wait_send):
             send_semaphore,
             receive_semaphore,
             device_id=(right,),
-            device_id_type=pl.DeviceIdType.MESH,
         )
         copy.start()
         if wait_send:

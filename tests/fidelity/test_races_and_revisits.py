@@ -187,7 +187,7 @@ def interpreter():
             with (
                 _jax_compat.suspend_pallas_call_observers(),
                 _jax_compat.suspend_kernel_exit_recording(),
-                pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(**params)),
+                pltpu.force_tpu_interpret_mode(_jax_compat.interpret_params(**params)),
             ):
                 yield
         finally:

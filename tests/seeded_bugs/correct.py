@@ -144,15 +144,14 @@ def _ppermute_in_chunks_kernel(peers_smem, x_hbm, o_hbm, send_sems, recv_sems, *
     # Handshake as in the reference: tell the device that writes into us that
     # our output exists, and wait until the device we write into has told us.
     barrier = pltpu.get_barrier_semaphore()
-    pl.semaphore_signal(barrier, 1, device_id={axis_name: src},
-                        device_id_type=pl.DeviceIdType.MESH)
+    pl.semaphore_signal(barrier, 1, device_id={axis_name: src})
     pl.semaphore_wait(barrier, 1)
     copies = []
     for i, (start, size) in enumerate(chunks):
         rows = pl.ds(start, size)
         copy = pltpu.make_async_remote_copy(
             x_hbm.at[rows], o_hbm.at[rows], send_sems.at[i], recv_sems.at[i],
-            device_id={axis_name: dst}, device_id_type=pl.DeviceIdType.MESH)
+            device_id={axis_name: dst})
         copy.start()  # all chunks in flight at once, each with its own semaphores
         copies.append(copy)
     for copy in copies:

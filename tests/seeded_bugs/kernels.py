@@ -626,12 +626,10 @@ def _ppermute_kernel(peers_smem, x_hbm, o_hbm, send_sem, recv_sem, *, axis_name,
     dst = peers_smem[0]
     src = peers_smem[1]
     barrier = pltpu.get_barrier_semaphore()
-    pl.semaphore_signal(barrier, 1, device_id={axis_name: src},
-                        device_id_type=pl.DeviceIdType.MESH)
+    pl.semaphore_signal(barrier, 1, device_id={axis_name: src})
     pl.semaphore_wait(barrier, 1)
     send = pltpu.make_async_remote_copy(x_hbm, o_hbm, send_sem, recv_sem,
-                                        device_id={axis_name: dst},
-                                        device_id_type=pl.DeviceIdType.MESH)
+                                        device_id={axis_name: dst})
     send.start()
     send.wait_send()
     if wait_recv:
