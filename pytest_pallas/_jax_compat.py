@@ -20,6 +20,7 @@ import importlib
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,53 @@ if TYPE_CHECKING:
 
 class JaxInternalsChanged(RuntimeError):
     """A private JAX internal that pytest-pallas relies on is not where it was."""
+
+
+class JaxFeatureOff(UserWarning):
+    """A feature of the plugin is off for this run: the JAX internals it needs moved."""
+
+
+# Features turned off in this process, with why (see optional_feature).
+_features_off: dict[str, str] = {}
+
+
+def feature_off(name: str, error: Exception) -> None:
+    """Turn a feature off for the rest of the process, with one warning naming it and why.
+
+    A JAX release newer than the newest tested may move an internal: the
+    feature built on it stops, the rest of the run goes on, and the warnings
+    summary says which feature is off (once, whichever test met it first).
+    """
+    if name not in _features_off:
+        _features_off[name] = str(error)
+        warnings.warn(JaxFeatureOff(f"pytest-pallas: {name} is off on this JAX: {error}"),
+                      stacklevel=2)
+
+
+def features_off() -> dict[str, str]:
+    """The features turned off so far in this process, with why."""
+    return dict(_features_off)
+
+
+@contextlib.contextmanager
+def optional_feature(name: str, make_context: Callable[[], Any]) -> Iterator[Any]:
+    """Enter ``make_context()``, a feature built on JAX internals; yield None if they moved.
+
+    The feature is then off for the rest of the process (:func:`feature_off`).
+    """
+    if name in _features_off:
+        yield None
+        return
+    try:
+        context = make_context()
+        value = context.__enter__()
+    except JaxInternalsChanged as error:
+        feature_off(name, error)
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+        stack.push(context)
+        yield value
 
 
 def _private(module_name: str, attribute: str | None = None) -> Any:

@@ -77,11 +77,14 @@ class Backend:
             return
         from jax.experimental.pallas import tpu as pltpu
 
+        optional = _jax_compat.optional_feature
         with contextlib.ExitStack() as stack:
-            stack.enter_context(
-                _jax_compat.device_kind_answers_as(self.device_kind, lambda: self.tpu_info)
-            )
-            stack.enter_context(_jax_compat.vmapped_grid_semantics_fixed())
+            stack.enter_context(optional(
+                "pltpu.get_tpu_info() answering for the chip on the CPU",
+                lambda: _jax_compat.device_kind_answers_as(self.device_kind,
+                                                           lambda: self.tpu_info)))
+            stack.enter_context(optional(
+                "the TPU interpreter's vmap fix", _jax_compat.vmapped_grid_semantics_fixed))
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
             yield self
 

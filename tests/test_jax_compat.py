@@ -245,3 +245,51 @@ def test_running_interpreted_kernels_names_a_kernel_only_while_it_runs(clean_int
     [ages] = ages_inside
     assert list(ages) == ["looks_at_itself"] and ages["looks_at_itself"] >= 0
     assert _jax_compat.running_interpreted_kernel_ages() == {}
+
+
+def test_a_run_on_a_jax_that_moved_internals_turns_those_features_off_and_goes_on(pytester):
+    # A newer JAX that moved what three features read: the kernel still runs and
+    # passes, and the run says once per feature that it is off, and why.
+    pytester.makeconftest('''
+        from pytest_pallas import _jax_compat
+
+        real = _jax_compat._private
+        MOVED = {
+            ("jax._src.interpreters.partial_eval", None),
+            ("jax._src.pallas.mosaic.tpu_info", "registry"),
+            ("jax._src.pallas.mosaic.interpret.interpret_pallas_call", "_validate"),
+        }
+
+        def moved(module, attribute=None):
+            if (module, attribute) in MOVED:
+                raise _jax_compat.JaxInternalsChanged(f"{module}.{attribute} moved")
+            return real(module, attribute)
+
+        _jax_compat._private = moved
+    ''')
+    pytester.makepyfile('''
+        import jax, jax.numpy as jnp, numpy as np, pytest
+        from jax.experimental import pallas as pl
+
+        def add_one(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1
+
+        @pytest.mark.pallas
+        @pytest.mark.parametrize("n", [1, 2])
+        def test_add_one(n):
+            x = jnp.full((8, 128), n, jnp.float32)
+            out = pl.pallas_call(add_one, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+            np.testing.assert_array_equal(out, x + 1)
+    ''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "default")
+    output = result.stdout.str()
+    assert result.ret == 0, output
+    result.assert_outcomes(passed=2)
+    for feature, internal in [
+            ("the static TPU rules", "partial_eval.None"),
+            ("pltpu.get_tpu_info() answering for the chip on the CPU", "tpu_info.registry"),
+            ("the kernel-exit checks (semaphores, DMAs, races)", "interpret_pallas_call._validate")]:
+        lines = [line for line in output.splitlines()
+                 if f"pytest-pallas: {feature} is off on this JAX" in line]
+        assert len(lines) == 1, output
+        assert internal in lines[0]
