@@ -1,0 +1,138 @@
+"""Pallas TPU kernels of the version 0.2 ops, each with one seeded bug.
+
+Every function has the contract signature of its op (CONTRACT.md section 2,
+"Operations added in version 0.2") and is a plausible kernel that runs and
+returns the right shape and dtype; its docstring says what is wrong and which
+real mistake it models. ``tests/reference_kernels/test_<module>.py`` shows that
+each one fails against the float64 oracle with the op's derived error
+allowance, on inputs where the reference kernel passes: the allowance is tight
+enough to catch it.
+
+Blocks are TPU-legal (a minor dimension a multiple of 128 or the full
+dimension, the second-minor a multiple of the sublane tiling or the full
+dimension), so each bug is one of the algorithm.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+_LANES = 128
+
+
+def _pad_axis(array: jax.Array, axis: int, size: int) -> jax.Array:
+    if array.shape[axis] == size:
+        return array
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (0, size - array.shape[axis])
+    return jnp.pad(array, widths)
+
+
+# --- flash_attention ------------------------------------------------------------------------
+
+
+def _attention_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, causal, sm_scale,
+                      block_kv, kv_len, num_kv, acc_dtype, diagonal, block_local):
+    kv = pl.program_id(2)
+
+    @pl.when(kv == 0)
+    def _initialise():
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    logits = lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32) * sm_scale
+    local_column = lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+    column = kv * block_kv + local_column
+    visible = column < kv_len
+    if causal:
+        row = lax.broadcasted_iota(jnp.int32, logits.shape, 0)
+        visible &= (local_column if block_local else column) <= row + diagonal
+    logits = jnp.where(visible, logits, -jnp.inf)
+    m_prev = m_ref[...]
+    m_new = jnp.maximum(m_prev, logits.max(axis=1, keepdims=True))
+    correction = jnp.exp(m_prev - m_new)
+    p = jnp.exp(logits - m_new)
+    l_ref[...] = correction * l_ref[...] + p.sum(axis=1, keepdims=True)
+    update = jnp.dot(p, v_ref[...].astype(jnp.float32), preferred_element_type=jnp.float32)
+    acc_ref[...] = (correction * acc_ref[...].astype(jnp.float32) + update).astype(acc_dtype)
+    m_ref[...] = m_new
+
+    @pl.when(kv == num_kv - 1)
+    def _write_back():
+        o_ref[...] = (acc_ref[...].astype(jnp.float32) / l_ref[...]).astype(o_ref.dtype)
+
+
+def _attention_variant(q, k, v, *, causal, sm_scale, acc_dtype=jnp.float32, diagonal=0,
+                       block_local=False):
+    """Flash attention with the whole of s in one q block and 128-key kv blocks."""
+    b, h, s, d = q.shape
+    g, t = k.shape[1], k.shape[2]
+    block_kv = t if t <= _LANES else _LANES
+    t_pad = -(-t // block_kv) * block_kv
+    k, v = _pad_axis(k, 2, t_pad), _pad_axis(v, 2, t_pad)
+    ratio = h // g
+    kernel = functools.partial(
+        _attention_kernel, causal=causal, sm_scale=sm_scale, block_kv=block_kv, kv_len=t,
+        num_kv=t_pad // block_kv, acc_dtype=acc_dtype, diagonal=diagonal,
+        block_local=block_local)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        grid=(b, h, t_pad // block_kv),
+        in_specs=[pl.BlockSpec((None, None, s, d), lambda i, j, kv: (i, j, 0, 0)),
+                  pl.BlockSpec((None, None, block_kv, d), lambda i, j, kv: (i, j // ratio, kv, 0)),
+                  pl.BlockSpec((None, None, block_kv, d), lambda i, j, kv: (i, j // ratio, kv, 0))],
+        out_specs=pl.BlockSpec((None, None, s, d), lambda i, j, kv: (i, j, 0, 0)),
+        scratch_shapes=[pltpu.VMEM((s, 1), jnp.float32), pltpu.VMEM((s, 1), jnp.float32),
+                        pltpu.VMEM((s, d), acc_dtype)],
+    )(q, k, v)
+
+
+def flash_attention_bfloat16_accumulator(q, k, v, *, causal, sm_scale):
+    """Flash attention whose unnormalised output ``acc`` lives in a bfloat16 VMEM scratch.
+
+    Bug: ``acc`` is rounded to bfloat16 (8 bits of mantissa) after every kv block.
+
+    Models: halving the scratch's VMEM "since the inputs are bfloat16 anyway".
+    """
+    return _attention_variant(q, k, v, causal=causal, sm_scale=sm_scale, acc_dtype=jnp.bfloat16)
+
+
+def flash_attention_unscaled(q, k, v, *, causal, sm_scale):
+    """Flash attention that never applies ``sm_scale``.
+
+    Bug: the logits are ``q @ k.T``, not ``sm_scale * q @ k.T``; right only for ``sm_scale=1``.
+
+    Models: a kernel written against the unscaled ``attention`` op and reused.
+    """
+    del sm_scale
+    return _attention_variant(q, k, v, causal=causal, sm_scale=1.0)
+
+
+def flash_attention_mask_off_by_one(q, k, v, *, causal, sm_scale):
+    """Causal attention whose mask lets query i see key i + 1.
+
+    Bug: the mask keeps ``j <= i + 1`` (an off-by-one at the diagonal).
+
+    Models: ``j < i + 1`` written as ``j <= i + 1``.
+    """
+    return _attention_variant(q, k, v, causal=causal, sm_scale=sm_scale, diagonal=1)
+
+
+def flash_attention_mask_block_local(q, k, v, *, causal, sm_scale):
+    """Causal attention whose mask compares a key's index within its kv block to the query's.
+
+    Bug: the mask uses the block-local column ``iota`` without adding ``kv * block_kv``: right
+    in the first kv block, wrong in every later one.
+
+    Models: a mask written and tested with one kv block, then run with several.
+    """
+    return _attention_variant(q, k, v, causal=causal, sm_scale=sm_scale, block_local=True)
