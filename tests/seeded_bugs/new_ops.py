@@ -136,3 +136,36 @@ def flash_attention_mask_block_local(q, k, v, *, causal, sm_scale):
     Models: a mask written and tested with one kv block, then run with several.
     """
     return _attention_variant(q, k, v, causal=causal, sm_scale=sm_scale, block_local=True)
+
+
+# --- rms_norm -----------------------------------------------------------------------------------
+
+
+def _rms_norm_chunked_kernel(x_ref, w_ref, o_ref, *, eps, acc_dtype):
+    cols = x_ref.shape[1]
+    total = jnp.zeros((x_ref.shape[0], 1), acc_dtype)
+    for start in range(0, cols, _LANES):
+        chunk = x_ref[:, start:start + _LANES].astype(jnp.float32)
+        total = (total.astype(jnp.float32) + jnp.sum(chunk * chunk, axis=1, keepdims=True)
+                 ).astype(acc_dtype)
+    x = x_ref[...].astype(jnp.float32)
+    inverse = lax.rsqrt(total.astype(jnp.float32) / cols + eps)
+    o_ref[...] = (x * inverse * w_ref[...].astype(jnp.float32)).astype(o_ref.dtype)
+
+
+def rms_norm_bfloat16_accumulator(x, w, *, eps):
+    """RMS norm whose sum of squares is accumulated 128 lanes at a time in bfloat16.
+
+    Bug: the running sum of squares is rounded to bfloat16 after every 128-lane chunk.
+
+    Models: a lane-chunked reduction whose carry takes the input dtype.
+    """
+    rows, cols = x.shape
+    return pl.pallas_call(
+        functools.partial(_rms_norm_chunked_kernel, eps=eps, acc_dtype=jnp.bfloat16),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(1,),
+        in_specs=[pl.BlockSpec((rows, cols), lambda i: (0, 0)),
+                  pl.BlockSpec((1, cols), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((rows, cols), lambda i: (0, 0)),
+    )(x, w.reshape(1, cols))
