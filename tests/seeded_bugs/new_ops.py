@@ -169,3 +169,71 @@ def rms_norm_bfloat16_accumulator(x, w, *, eps):
                   pl.BlockSpec((1, cols), lambda i: (0, 0))],
         out_specs=pl.BlockSpec((rows, cols), lambda i: (0, 0)),
     )(x, w.reshape(1, cols))
+
+
+# --- grouped_matmul -----------------------------------------------------------------------------
+
+
+def _grouped_kernel(offsets, tiles, groups, first_visit, is_real, lhs_ref, rhs_ref, o_ref,
+                    acc_ref, *, block_m, end_slack):
+    visit = pl.program_id(1)
+
+    @pl.when(first_visit[visit] == 1)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    @pl.when(is_real[visit] == 1)
+    def _accumulate():
+        group = groups[visit]
+        row = tiles[visit] * block_m + lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)
+        in_group = (row >= offsets[group]) & (row < offsets[group + 1] + end_slack)
+        product = jnp.dot(lhs_ref[...], rhs_ref[...], preferred_element_type=jnp.float32)
+        acc_ref[...] = (acc_ref[...].astype(jnp.float32)
+                        + jnp.where(in_group, product, 0.0)).astype(acc_ref.dtype)
+
+    o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def _grouped_variant(lhs, rhs, group_sizes, *, acc_dtype=jnp.float32, end_slack=0):
+    """Whole k and n per block, 8- or 16-row tiles, the reference kernel's visit schedule."""
+    from reference_kernels.grouped_matmul import _schedule
+
+    m, k = lhs.shape
+    g, _, n = rhs.shape
+    block_m = 8 * (4 // lhs.dtype.itemsize)
+    m_pad = -(-m // block_m) * block_m
+    lhs = _pad_axis(lhs, 0, m_pad)
+    num_tiles = m_pad // block_m
+    schedule = _schedule(group_sizes, block_m=block_m, num_tiles=num_tiles)
+    out = pl.pallas_call(
+        functools.partial(_grouped_kernel, block_m=block_m, end_slack=end_slack),
+        out_shape=jax.ShapeDtypeStruct((m_pad, n), lhs.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=5, grid=(1, num_tiles + g - 1),
+            in_specs=[pl.BlockSpec((block_m, k), lambda j, v, o, t, gr, f, r: (t[v], 0)),
+                      pl.BlockSpec((None, k, n), lambda j, v, o, t, gr, f, r: (gr[v], 0, 0))],
+            out_specs=pl.BlockSpec((block_m, n), lambda j, v, o, t, gr, f, r: (t[v], 0)),
+            scratch_shapes=[pltpu.VMEM((block_m, n), acc_dtype)]),
+    )(*schedule, lhs, rhs)
+    return out[:m]
+
+
+def grouped_matmul_bfloat16_accumulator(lhs, rhs, group_sizes):
+    """Grouped matmul whose per-tile accumulator is a bfloat16 scratch.
+
+    Bug: every product is rounded to bfloat16 when added to the accumulator.
+
+    Models: an accumulator declared in the input dtype.
+    """
+    return _grouped_variant(lhs, rhs, group_sizes, acc_dtype=jnp.bfloat16)
+
+
+def grouped_matmul_group_end_off_by_one(lhs, rhs, group_sizes):
+    """Grouped matmul whose row mask lets each group take one row past its end.
+
+    Bug: the mask is ``offsets[i] <= row <= offsets[i + 1]``: the first row of the
+    next group, when it shares the tile, also gets this group's product added.
+
+    Models: an inclusive end where the offsets are exclusive.
+    """
+    return _grouped_variant(lhs, rhs, group_sizes, end_slack=1)
