@@ -237,3 +237,65 @@ def grouped_matmul_group_end_off_by_one(lhs, rhs, group_sizes):
     Models: an inclusive end where the offsets are exclusive.
     """
     return _grouped_variant(lhs, rhs, group_sizes, end_slack=1)
+
+
+# --- quantized_matmul ---------------------------------------------------------------------------
+
+
+def _quantized_kernel(x_ref, w_ref, scale_ref, o_ref, acc_ref, *, num_k, acc_dtype, unsigned):
+    kk = pl.program_id(0)
+
+    @pl.when(kk == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    w = w_ref[...]
+    if unsigned:
+        w = w.astype(jnp.uint8)
+    product = jnp.dot(x_ref[...], w.astype(x_ref.dtype), preferred_element_type=jnp.float32)
+    acc_ref[...] = (acc_ref[...].astype(jnp.float32) + product).astype(acc_dtype)
+
+    @pl.when(kk == num_k - 1)
+    def _write():
+        o_ref[...] = (acc_ref[...].astype(jnp.float32) * scale_ref[...]).astype(o_ref.dtype)
+
+
+def _quantized_variant(x, w, scale, *, acc_dtype=jnp.float32, unsigned=False):
+    """Whole m and n per block, 128-deep k blocks."""
+    m, k = x.shape
+    n = w.shape[1]
+    block_k = k if k <= _LANES else _LANES
+    k_pad = -(-k // block_k) * block_k
+    x, w = _pad_axis(x, 1, k_pad), _pad_axis(w, 0, k_pad)
+    return pl.pallas_call(
+        functools.partial(_quantized_kernel, num_k=k_pad // block_k, acc_dtype=acc_dtype,
+                          unsigned=unsigned),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        grid=(k_pad // block_k,),
+        in_specs=[pl.BlockSpec((m, block_k), lambda kk: (0, kk)),
+                  pl.BlockSpec((block_k, n), lambda kk: (kk, 0)),
+                  pl.BlockSpec((1, n), lambda kk: (0, 0))],
+        out_specs=pl.BlockSpec((m, n), lambda kk: (0, 0)),
+        scratch_shapes=[pltpu.VMEM((m, n), acc_dtype)],
+    )(x, w, scale.reshape(1, n))
+
+
+def quantized_matmul_bfloat16_accumulator(x, w, scale):
+    """Weight-only int8 matmul accumulating the k blocks in a bfloat16 scratch.
+
+    Bug: the running ``x @ w`` is rounded to bfloat16 after every 128-deep k block.
+
+    Models: an accumulator declared in the dtype of the dequantised weights.
+    """
+    return _quantized_variant(x, w, scale, acc_dtype=jnp.bfloat16)
+
+
+def quantized_matmul_int8_read_as_uint8(x, w, scale):
+    """Weight-only int8 matmul that reads the weights as unsigned.
+
+    Bug: w goes through uint8 before the float conversion, so every negative weight
+    becomes itself + 256. Right for weights in [0, 127] only.
+
+    Models: a dequantisation written for uint8 (asymmetric) quantisation, reused.
+    """
+    return _quantized_variant(x, w, scale, unsigned=True)
