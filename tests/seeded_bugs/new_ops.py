@@ -299,3 +299,102 @@ def quantized_matmul_int8_read_as_uint8(x, w, scale):
     Models: a dequantisation written for uint8 (asymmetric) quantisation, reused.
     """
     return _quantized_variant(x, w, scale, unsigned=True)
+
+
+# --- paged_attention ----------------------------------------------------------------------------
+
+
+def _paged_kernel(lengths_smem, pages_smem, q_ref, k_hbm, v_hbm, o_ref, k_buf, v_buf, sems, *,
+                  page_size, per_sequence, fetch_partial_page, use_table):
+    sequence, head = pl.program_id(0), pl.program_id(1)
+    length = lengths_smem[sequence]
+    num_pages = jnp.minimum((length + page_size - 1) // page_size, per_sequence)
+    num_fetched = num_pages if fetch_partial_page else length // page_size
+
+    def copies(page, slot):
+        logical = sequence * per_sequence + page
+        physical = pages_smem[logical] if use_table else logical
+        return (pltpu.make_async_copy(k_hbm.at[head, physical], k_buf.at[slot], sems.at[0, slot]),
+                pltpu.make_async_copy(v_hbm.at[head, physical], v_buf.at[slot], sems.at[1, slot]))
+
+    @pl.when(num_fetched > 0)
+    def _first():
+        for copy in copies(0, 0):
+            copy.start()
+
+    q = q_ref[...]
+
+    def fold(page, carry):
+        m_prev, l_prev, acc_prev = carry
+        slot = page % 2
+
+        @pl.when(page + 1 < num_fetched)
+        def _prefetch():
+            for copy in copies(page + 1, 1 - slot):
+                copy.start()
+
+        @pl.when(page < num_fetched)
+        def _wait():
+            for copy in copies(page, slot):
+                copy.wait()
+
+        logits = lax.dot_general(q, k_buf[slot], (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)
+        position = page * page_size + lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+        logits = jnp.where(position < length, logits, -jnp.inf)
+        m_new = jnp.maximum(m_prev, logits.max(axis=1, keepdims=True))
+        correction = jnp.exp(m_prev - m_new)
+        p = jnp.exp(logits - m_new)
+        acc = correction * acc_prev + jnp.dot(p, v_buf[slot].astype(jnp.float32),
+                                              preferred_element_type=jnp.float32)
+        return m_new, correction * l_prev + p.sum(axis=1, keepdims=True), acc
+
+    heads, d = q.shape
+    init = (jnp.full((heads, 1), -jnp.inf, jnp.float32), jnp.zeros((heads, 1), jnp.float32),
+            jnp.zeros((heads, d), jnp.float32))
+    _, l_final, acc_final = lax.fori_loop(0, num_pages, fold, init)
+    o_ref[...] = (acc_final / l_final).astype(o_ref.dtype)
+
+
+def _paged_variant(q, k_pages, v_pages, lengths, page_indices, *, fetch_partial_page=True,
+                   use_table=True):
+    b, h, d = q.shape
+    g, _, page_size, _ = k_pages.shape
+    per_sequence = page_indices.shape[1]
+    q4 = q.reshape(b, g, h // g, d)
+    block = pl.BlockSpec((None, None, h // g, d), lambda i, j, *_: (i, j, 0, 0))
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    out = pl.pallas_call(
+        functools.partial(_paged_kernel, page_size=page_size, per_sequence=per_sequence,
+                          fetch_partial_page=fetch_partial_page, use_table=use_table),
+        out_shape=jax.ShapeDtypeStruct(q4.shape, q.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=(b, g), in_specs=[block, hbm, hbm], out_specs=block,
+            scratch_shapes=[pltpu.VMEM((2, page_size, d), k_pages.dtype),
+                            pltpu.VMEM((2, page_size, d), v_pages.dtype),
+                            pltpu.SemaphoreType.DMA((2, 2))]),
+    )(lengths.astype(jnp.int32), page_indices.astype(jnp.int32).reshape(-1), q4, k_pages, v_pages)
+    return out.reshape(b, h, d)
+
+
+def paged_attention_stale_last_page(q, k_pages, v_pages, lengths, page_indices):
+    """Paged attention that never fetches a sequence's last, partly filled page.
+
+    Bug: pages are fetched for ``length // page_size`` (the full pages), but folded for
+    ``ceil(length / page_size)``; the partial last page is read from a buffer still holding
+    the page fetched two steps before (a stale page), or never written.
+
+    Models: a floor where a ceiling belongs, hidden when lengths are page multiples.
+    """
+    return _paged_variant(q, k_pages, v_pages, lengths, page_indices, fetch_partial_page=False)
+
+
+def paged_attention_ignores_page_table(q, k_pages, v_pages, lengths, page_indices):
+    """Paged attention that reads sequence i's page j from physical page
+    ``i * pages_per_sequence + j``.
+
+    Bug: the page table is never consulted; right only when pages are laid out in order.
+
+    Models: a kernel tested on a freshly filled cache, whose pages happen to be in order.
+    """
+    return _paged_variant(q, k_pages, v_pages, lengths, page_indices, use_table=False)
