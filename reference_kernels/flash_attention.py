@@ -56,7 +56,6 @@ tolerance for the output dtype with reduction length t. A bfloat16 accumulator
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax

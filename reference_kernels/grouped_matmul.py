@@ -111,7 +111,7 @@ def _check_operands(lhs: Any, rhs: Any, group_sizes: Any) -> None:
         raise ValueError(f"grouped_matmul: group_sizes must be int32, got {group_sizes.dtype}")
 
 
-# --- the oracle, the cost model and the inputs ------------------------------------------------------
+# --- the oracle, the cost model and the inputs ---------------------------------------------------
 
 
 def grouped_matmul_reference(lhs: np.ndarray, rhs: np.ndarray,
@@ -217,7 +217,7 @@ def _schedule(group_sizes: jax.Array, *, block_m: int, num_tiles: int):
     return (offsets, tile, group, first_visit.astype(jnp.int32), is_real.astype(jnp.int32))
 
 
-# --- the kernel -------------------------------------------------------------------------------------
+# --- the kernel ----------------------------------------------------------------------------------
 
 
 def _grouped_matmul_kernel(offsets, tiles, groups, first_visit, is_real, lhs_ref, rhs_ref, o_ref,

@@ -191,7 +191,7 @@ def paged_attention_inputs(dims: dict[str, int], dtype: str, rng: np.random.Gene
     return q, k_pages, v_pages, lengths, page_indices.astype(np.int32)
 
 
-# --- the kernel -------------------------------------------------------------------------------------
+# --- the kernel ----------------------------------------------------------------------------------
 
 
 def _paged_attention_kernel(lengths_smem, pages_smem, q_ref, k_hbm, v_hbm, o_ref, k_buffers,

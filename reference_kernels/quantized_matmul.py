@@ -94,7 +94,7 @@ def _check_operands(x: Any, w: Any, scale: Any) -> None:
         raise ValueError(f"quantized_matmul: scale must be float32, got {scale.dtype}")
 
 
-# --- the oracle, the cost model and the inputs ------------------------------------------------------
+# --- the oracle, the cost model and the inputs ---------------------------------------------------
 
 
 def quantized_matmul_reference(x: np.ndarray, w: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -142,7 +142,7 @@ def quantized_matmul_inputs(dims: dict[str, int], dtype: str,
     return x, w, scale
 
 
-# --- the kernel -------------------------------------------------------------------------------------
+# --- the kernel ----------------------------------------------------------------------------------
 
 
 def _quantized_matmul_kernel(x_ref, w_ref, scale_ref, o_ref, acc_ref, *, num_k_blocks: int):

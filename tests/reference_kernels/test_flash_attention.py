@@ -1,4 +1,4 @@
-"""reference_kernels.flash_attention: causal masking, sm_scale, MHA/GQA/MQA, and a tight allowance."""
+"""reference_kernels.flash_attention: causal masking, sm_scale, MHA/GQA/MQA, a tight allowance."""
 
 import math
 
@@ -6,10 +6,10 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from seeded_bugs import new_ops as bugs
 
 from pytest_pallas import assert_allclose, default_tolerance
 from reference_kernels import flash_attention as fa
-from seeded_bugs import new_ops as bugs
 
 pytestmark = pytest.mark.pallas
 
@@ -88,7 +88,7 @@ def test_masked_keys_get_no_weight_even_when_largest():
     assert_within_allowance(out, q, k, v, causal=True, sm_scale=1.0)
 
 
-# --- the allowance is tight: these kernels are wrong and must fail with it ---------------------------
+# --- the allowance is tight: these kernels are wrong and must fail with it -----------------------
 
 
 def _fails_allowance(kernel, q, k, v, *, causal, sm_scale):
@@ -130,7 +130,7 @@ def test_the_reference_kernel_passes_where_the_bugs_fail():
         assert_within_allowance(out, q, k, v, causal=causal, sm_scale=0.25)
 
 
-# --- validation, oracle and cost ---------------------------------------------------------------------
+# --- validation, oracle and cost -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

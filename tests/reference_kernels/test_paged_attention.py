@@ -3,10 +3,10 @@
 import jax
 import numpy as np
 import pytest
+from seeded_bugs import new_ops as bugs
 
 from pytest_pallas import assert_allclose, default_tolerance
 from reference_kernels import paged_attention as pa
-from seeded_bugs import new_ops as bugs
 
 pytestmark = pytest.mark.pallas
 

@@ -4,10 +4,10 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from seeded_bugs import new_ops as bugs
 
 from pytest_pallas import assert_allclose
 from reference_kernels import quantized_matmul as qm
-from seeded_bugs import new_ops as bugs
 
 pytestmark = pytest.mark.pallas
 

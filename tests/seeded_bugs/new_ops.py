@@ -398,3 +398,80 @@ def paged_attention_ignores_page_table(q, k_pages, v_pages, lengths, page_indice
     Models: a kernel tested on a freshly filled cache, whose pages happen to be in order.
     """
     return _paged_variant(q, k_pages, v_pages, lengths, page_indices, use_table=False)
+
+
+# --- reduce_scatter -------------------------------------------------------------------------------
+
+
+def _ring_reduce_kernel(peers_smem, x_hbm, o_ref, own, stage, received, local_sem, send_sem,
+                        recv_sems, *, axis_name, n, block_shift):
+    rows = own.shape[0]
+    right, left = peers_smem[0], peers_smem[1]
+    me = lax.rem(right + n - 1, n)
+
+    def load(block):
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(block * rows, rows)], own, local_sem)
+        copy.start()
+        copy.wait()
+        return own[...].astype(stage.dtype)
+
+    barrier = pltpu.get_barrier_semaphore()
+    pl.semaphore_signal(barrier, 1, device_id={axis_name: left},
+                        device_id_type=pl.DeviceIdType.MESH)
+    pl.semaphore_wait(barrier, 1)
+    stage[...] = load(lax.rem(me + n - 1 + block_shift, n))
+    for step in range(n - 1):
+        send = pltpu.make_async_remote_copy(stage, received.at[step], send_sem, recv_sems.at[step],
+                                            device_id={axis_name: right},
+                                            device_id_type=pl.DeviceIdType.MESH)
+        send.start()
+        send.wait_send()
+        send.wait_recv()
+        total = received[step] + load(lax.rem(me + 2 * n - 2 - step + block_shift, n))
+        if step < n - 2:
+            stage[...] = total
+        else:
+            o_ref[...] = total.astype(o_ref.dtype)
+
+
+def _ring_reduce_variant(x, *, axis_name, wire_dtype=None, block_shift=0):
+    from reference_kernels.collectives import _peer_indices, _varying_out_shape
+
+    n = lax.axis_size(axis_name)
+    if n == 1:
+        return x
+    block = (x.shape[0] // n, *x.shape[1:])
+    wire = wire_dtype or (jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype)
+    return pl.pallas_call(
+        functools.partial(_ring_reduce_kernel, axis_name=axis_name, n=n, block_shift=block_shift),
+        out_shape=_varying_out_shape(x, axis_name, block),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+            scratch_shapes=[pltpu.VMEM(block, x.dtype), pltpu.VMEM(block, wire),
+                            pltpu.VMEM((n - 1, *block), wire), pltpu.SemaphoreType.DMA,
+                            pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA((n - 1,))]),
+        compiler_params=pltpu.CompilerParams(collective_id=0),
+    )(_peer_indices(axis_name, n, 1), x)
+
+
+def reduce_scatter_bfloat16_partial_sums(x, *, axis_name):
+    """Ring reduce-scatter sending its partial sums as bfloat16.
+
+    Bug: every hop rounds the running sum to bfloat16, whatever x's dtype.
+
+    Models: halving the ICI bytes of a float32 reduction "since gradients are noisy anyway".
+    """
+    return _ring_reduce_variant(x, axis_name=axis_name, wire_dtype=jnp.bfloat16)
+
+
+def reduce_scatter_keeps_the_next_block(x, *, axis_name):
+    """Ring reduce-scatter whose device i ends with block i + 1 of the sum.
+
+    Bug: the ring's block index is off by one (``i - s`` where ``i - 1 - s`` belongs); the
+    sums are right, on the wrong devices.
+
+    Models: an off-by-one in ring bookkeeping, invisible on a test that checks only the
+    total over devices.
+    """
+    return _ring_reduce_variant(x, axis_name=axis_name, block_shift=1)
