@@ -139,6 +139,19 @@ def test_all_gather_single_device(mesh):
     _assert_bits_equal(_run(collectives.all_gather, mesh(1), blocks), blocks)
 
 
+def test_all_gather_with_one_receive_semaphore_fails(mesh):
+    """JAX's shipped ring shares one receive semaphore across steps: on 8 devices the TPU
+    interpreter, completing DMAs out of order, leaves slots unwritten (NaN-poisoned)."""
+    from seeded_bugs import new_ops
+
+    blocks = _blocks(8, (5, 7), "float32", seed=90)
+    expected = np.stack([collectives.all_gather_reference(blocks)] * 8)
+    _assert_bits_equal(_run(collectives.all_gather, mesh(8), blocks), expected)
+    with pytest.raises(AssertionError):
+        _assert_bits_equal(_run(new_ops.all_gather_one_receive_semaphore, mesh(8), blocks),
+                           expected)
+
+
 # --- validation -----------------------------------------------------------------------------------
 
 

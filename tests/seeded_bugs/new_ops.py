@@ -475,3 +475,54 @@ def reduce_scatter_keeps_the_next_block(x, *, axis_name):
     total over devices.
     """
     return _ring_reduce_variant(x, axis_name=axis_name, block_shift=1)
+
+
+# --- all_gather -----------------------------------------------------------------------------------
+
+
+def _gather_one_semaphore_kernel(peers_smem, x_hbm, o_hbm, local_sem, send_sem, recv_sem, *,
+                                 axis_name, n):
+    right, left = peers_smem[0], peers_smem[1]
+    me = lax.rem(right + n - 1, n)
+    local = pltpu.make_async_copy(x_hbm, o_hbm.at[me], local_sem)
+    local.start()
+    barrier = pltpu.get_barrier_semaphore()
+    pl.semaphore_signal(barrier, 1, device_id={axis_name: left},
+                        device_id_type=pl.DeviceIdType.MESH)
+    pl.semaphore_wait(barrier, 1)
+    local.wait()
+    for step in range(n - 1):
+        slot = lax.rem(me + n - step, n)
+        forward = pltpu.make_async_remote_copy(o_hbm.at[slot], o_hbm.at[slot], send_sem, recv_sem,
+                                               device_id={axis_name: right},
+                                               device_id_type=pl.DeviceIdType.MESH)
+        forward.start()
+        forward.wait_send()
+        forward.wait_recv()
+
+
+def all_gather_one_receive_semaphore(x, *, axis_name):
+    """Ring all-gather whose n - 1 steps share one receive semaphore.
+
+    Bug: the left neighbour does not wait for us, so step k + 1's block can arrive (and
+    signal the shared semaphore) while step k's is still in flight; the wait of step k then
+    counts the wrong block as arrived and forwards a slot not yet written.
+
+    Models: JAX's own ``jax.experimental.pallas.ops.tpu.all_gather`` (one receive semaphore
+    across ring steps).
+    """
+    from reference_kernels.collectives import _peer_indices, _varying_out_shape
+
+    n = lax.axis_size(axis_name)
+    if n == 1:
+        return x
+    slots = pl.pallas_call(
+        functools.partial(_gather_one_semaphore_kernel, axis_name=axis_name, n=n),
+        out_shape=_varying_out_shape(x, axis_name, (n, *x.shape)),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA] * 3),
+        compiler_params=pltpu.CompilerParams(collective_id=0),
+    )(_peer_indices(axis_name, n, 1), x)
+    return slots.reshape(-1, *x.shape[1:])
