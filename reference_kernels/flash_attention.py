@@ -237,8 +237,13 @@ def flash_attention_cost(q: Any, k: Any, v: Any, *, causal: bool = False, sm_sca
 
 
 def _last_kv_block(q_block: Any, block_q: int, block_kv: int) -> Any:
-    """The last kv block holding a key that a query of q block ``q_block`` may see."""
-    return (q_block * block_q + block_q - 1) // block_kv
+    """The last kv block holding a key that a query of q block ``q_block`` may see.
+
+    ``lax.div`` (truncating) rather than ``//``: equal on these non-negative
+    indices, and jnp's floor division lowers through a sign test that Mosaic
+    lowers only knowing the chip.
+    """
+    return jax.lax.div(q_block * block_q + block_q - 1, block_kv)
 
 
 def _flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *,
@@ -301,7 +306,7 @@ def _flash_attention_call(q, k, v, *, causal: bool, sm_scale: float, block_q: in
         if causal:
             # A skipped block asks for the block of the previous step: no new copy.
             ki = jnp.minimum(ki, _last_kv_block(qi, block_q, block_kv))
-        return bi, hi // heads_per_group, ki, 0
+        return bi, jax.lax.div(hi, heads_per_group), ki, 0
 
     def q_index(bi, hi, qi, ki):
         return bi, hi, qi, 0

@@ -199,7 +199,9 @@ def _paged_attention_kernel(lengths_smem, pages_smem, q_ref, k_hbm, v_hbm, o_ref
     sequence, head = pl.program_id(0), pl.program_id(1)
     length = lengths_smem[sequence]
     # Clamped to the table, so a length past the capacity cannot read past it.
-    num_pages = jnp.minimum((length + page_size - 1) // page_size, pages_per_sequence)
+    # lax.div and lax.rem, not // and %: equal on non-negative ints, without the sign
+    # test of jnp's floor division.
+    num_pages = jnp.minimum(lax.div(length + page_size - 1, page_size), pages_per_sequence)
 
     def page_copies(page, slot):
         physical = pages_smem[sequence * pages_per_sequence + page]
@@ -217,7 +219,7 @@ def _paged_attention_kernel(lengths_smem, pages_smem, q_ref, k_hbm, v_hbm, o_ref
 
     def fold_page(page, carry):
         m_prev, l_prev, acc_prev = carry
-        slot = page % 2
+        slot = lax.rem(page, 2)
 
         @pl.when(page + 1 < num_pages)
         def _prefetch_next():
