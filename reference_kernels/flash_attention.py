@@ -10,8 +10,9 @@ Contract op (CONTRACT.md section 2, version 0.2):
 
 Tunable variant: ``flash_attention_blocked(..., block_q=, block_kv=)``. Beside the
 kernel: its float64 oracle ``flash_attention_reference``, its cost model
-``flash_attention_cost`` and the error a correct kernel may carry,
-``flash_attention_error_allowance``.
+``flash_attention_cost``, the error a correct kernel may carry,
+``flash_attention_error_allowance``, and an input builder
+``flash_attention_inputs`` (which keeps h a multiple of g).
 
 The TPU ideas, on top of the online softmax of ``attention.py`` (running maximum
 ``m``, denominator ``l`` and unnormalised output ``acc`` in float32 VMEM scratch,
@@ -60,6 +61,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -82,6 +84,7 @@ __all__ = [
     "flash_attention_blocked",
     "flash_attention_cost",
     "flash_attention_error_allowance",
+    "flash_attention_inputs",
     "flash_attention_reference",
 ]
 
@@ -179,6 +182,25 @@ def flash_attention_error_allowance(q: Any, k: Any, v: Any, *, causal: bool = Fa
     v64 = _float64(v)
     spread = float(v64.max() - v64.min()) if v64.size else 0.0
     return float(np.finfo(np.float32).eps) * abs(sm_scale) * magnitude * spread
+
+
+def flash_attention_inputs(dims: dict[str, int], dtype: str, rng: np.random.Generator
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(q, k, v)`` for dimensions ``b, h, g, s, t, d`` in ``dtype``.
+
+    The one structure of the op: h must be a multiple of g, so a drawn g that
+    does not divide h becomes the largest divisor of h below it (g = 1, MQA,
+    always qualifies). Values are standard normal; q is scaled by a random
+    power of ten between 0.1 and 10 so that the softmax ranges from nearly
+    uniform to nearly one-hot.
+    """
+    b, h, g, s, t, d = (int(dims[name]) for name in ("b", "h", "g", "s", "t", "d"))
+    g = max(divisor for divisor in range(1, min(g, h) + 1) if h % divisor == 0)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    q = rng.standard_normal((b, h, s, d)) * 10.0 ** rng.uniform(-1, 1)
+    k = rng.standard_normal((b, g, t, d))
+    v = rng.standard_normal((b, g, t, d))
+    return q.astype(np_dtype), k.astype(np_dtype), v.astype(np_dtype)
 
 
 # --- the cost model ----------------------------------------------------------------------------

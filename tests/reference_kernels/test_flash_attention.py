@@ -128,6 +128,14 @@ def test_seeded_bugs_fail_the_allowance_where_the_kernel_passes():
             pytest.fail(f"seeded bug {bug.__name__} passed the allowance")
 
 
+@pytest.mark.parametrize("g_drawn, g_used", [(3, 2), (4, 4), (1, 1), (5, 4)])
+def test_the_input_builder_keeps_h_a_multiple_of_g(g_drawn, g_used):
+    q, k, v = fa.flash_attention_inputs(dict(b=1, h=4, g=g_drawn, s=3, t=5, d=2), "bfloat16",
+                                        np.random.default_rng(0))
+    assert q.shape == (1, 4, 3, 2) and k.shape == v.shape == (1, g_used, 5, 2)
+    assert q.dtype == k.dtype == ml_dtypes.bfloat16
+
+
 # --- validation, oracle and cost -----------------------------------------------------------------
 
 
