@@ -31,6 +31,7 @@ def assert_within_allowance(out, lhs, rhs, group_sizes):
     "m, k, n, sizes, dtype, blocks",
     [
         pytest.param(1, 1, 1, [1], "float32", {}, id="1x1x1"),
+        pytest.param(1, 3, 2, [0, 0, 1, 0, 0], "float32", {}, id="one-row-five-groups"),
         pytest.param(40, 24, 20, [40, 0, 0], "float32", {"block_m": 16},
                      id="one-group-holds-all"),
         pytest.param(40, 24, 20, [0, 0, 40], "bfloat16", {"block_m": 16},

@@ -44,6 +44,8 @@ def assert_within_allowance(out, q, k_pages, v_pages, lengths, page_indices):
                      "bfloat16", id="gqa2-bf16"),
         pytest.param(dict(b=3, h=4, g=1, d=8, pages=12, page_size=8, pages_per_sequence=4),
                      "float32", id="mqa-f32"),
+        pytest.param(dict(b=1, h=1, g=1, d=1, pages=1, page_size=1, pages_per_sequence=1),
+                     "float32", id="1-token"),
         # Ragged page size and head dim; fewer pages than table slots: pages shared.
         pytest.param(dict(b=2, h=3, g=3, d=5, pages=3, page_size=3, pages_per_sequence=2),
                      "float32", id="ragged-shared-pages"),
