@@ -31,7 +31,11 @@ The error allowance is the comparator's default for the output dtype with
 reduction length k, as for ``matmul``: the float32 sum of k products (exact
 products for bfloat16 x, each rounded once for float32 x), then one float32
 rounding for the scale and one for the output dtype. A bfloat16 accumulator
-fails it from k = 512 on.
+fails it from k = 512 on. Each column's error is proportional to its own
+scale, so the same allowance holds column by column, each relative to its
+column's largest value: with scales orders of magnitude apart, a tolerance
+relative to the whole output's largest value would barely check the
+small-scale columns.
 """
 
 from __future__ import annotations
