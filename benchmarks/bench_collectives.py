@@ -85,3 +85,30 @@ def bench_all_gather(pallas_benchmark, scale):
         xla_fn=gathered(xla_all_gather),
         cost=cost, devices=n, implementation="all_gather",
     )
+
+
+def xla_reduce_scatter(x, *, axis_name):
+    return jax.lax.psum_scatter(x, axis_name, tiled=True)
+
+
+def bench_reduce_scatter(pallas_benchmark, scale):
+    mesh = _ring()
+    n = mesh.shape[AXIS]
+    (rows, cols), dtype = SIZES[scale]
+    # Each device holds all n blocks of x: n times less per block keeps its size.
+    rows = max(1, rows // n)
+    x = pallas_benchmark.random((n * n * rows, cols), dtype)
+    per_device = collectives.reduce_scatter_cost(
+        jax.ShapeDtypeStruct((n * rows, cols), x.dtype), num_devices=n)
+    cost = type(per_device)(flops=n * per_device.flops, transcendentals=0,
+                            bytes_accessed=n * per_device.bytes_accessed,
+                            remote_bytes_transferred=n * per_device.remote_bytes_transferred)
+
+    def scattered(function):
+        return _sharded(functools.partial(function, axis_name=AXIS), mesh)
+
+    pallas_benchmark(
+        "reduce_scatter", scattered(collectives.reduce_scatter), x,
+        xla_fn=scattered(xla_reduce_scatter),
+        cost=cost, devices=n, implementation="reduce_scatter",
+    )

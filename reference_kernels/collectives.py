@@ -7,9 +7,16 @@ Contract op (CONTRACT.md section 2):
   device ``(i - shift) mod n`` held (``lax.ppermute`` with the pairs
   ``(j, (j + shift) mod n)``).
 
-Also ``all_gather(x, *, axis_name)``: every device returns the blocks of all
-devices, concatenated along the rows (``lax.all_gather(x, axis_name,
-tiled=True)``), gathered around a ring in ``n - 1`` steps.
+Version 0.2 ops (CONTRACT.md section 2):
+
+* ``all_gather(x, *, axis_name)``: every device returns the blocks of all
+  devices, concatenated along the rows (``lax.all_gather(x, axis_name,
+  tiled=True)``), gathered around a ring in ``n - 1`` steps.
+* ``reduce_scatter(x, *, axis_name)``: x is ``(n * rows, ...)`` on every
+  device; device i returns rows block i of the sum over devices
+  (``lax.psum_scatter(x, axis_name, tiled=True)``), reduced around a ring in
+  ``n - 1`` steps, each device adding its own block to the partial sum it
+  receives before passing it on.
 
 Each op sits next to its NumPy oracle (``*_reference``, taking the list of
 per-device blocks) and its cost model (``*_cost``, per device, with
@@ -27,6 +34,14 @@ The TPU ideas shown here:
   op). Each device therefore signals the device that will write into it,
   through the barrier semaphore of the kernel's ``collective_id``, and waits
   until the device it writes into has signalled it.
+* A ring reduce moves partial sums, not blocks: at step s device i sends the
+  partial sum of block ``(i - 1 - s) mod n`` to its right neighbour, receives
+  block ``(i - 2 - s) mod n``'s from its left one and adds its own rows of that
+  block; after ``n - 1`` steps the partial sum it received last is block i's
+  total, each block having passed through every device once. Each device
+  sends ``n - 1`` blocks, the least a reduce-scatter can: the ring's cost does
+  not grow with n. Floating-point partial sums travel as float32 (bfloat16
+  inputs too), so the sum is not rounded to bfloat16 at every hop.
 * ``device_id`` names the peer by its mesh coordinates, given as
   ``{axis_name: index}``: right for the 1-D mesh of the contract, and still
   right when the mesh has more axes, whose coordinates are then this device's
@@ -58,13 +73,19 @@ __all__ = [
     "ppermute",
     "ppermute_cost",
     "ppermute_reference",
+    "reduce_scatter",
+    "reduce_scatter_cost",
+    "reduce_scatter_error_allowance",
+    "reduce_scatter_reference",
 ]
 
 # One barrier semaphore per communication pattern: two kernels that signal
 # different peers must not share one, or a fast device's signal for the next
 # kernel could release a slow device still waiting in the previous kernel.
-# ppermute by s (1 <= s < n) uses collective_id s; all_gather uses 0.
+# ppermute by s (1 <= s < n) uses collective_id s; all_gather uses 0 and
+# reduce_scatter 0 too: both signal their left neighbour, the same pattern.
 _ALL_GATHER_COLLECTIVE_ID = 0
+_REDUCE_SCATTER_COLLECTIVE_ID = 0
 
 
 # --- helpers ----------------------------------------------------------------------
@@ -372,5 +393,177 @@ def all_gather(x: jax.Array, *, axis_name: Any) -> jax.Array:
         slots = _all_gather_slots(block, axis_name=axis_name)  # (n, batch, rows, ...)
         slots = jnp.moveaxis(slots, 0, 1)
         return slots.reshape(block.shape[0], -1, *block.shape[2:]), True
+
+    return call(x)
+
+
+# --- reduce_scatter -----------------------------------------------------------------------------
+
+
+def reduce_scatter_reference(blocks: Sequence[np.ndarray] | np.ndarray) -> np.ndarray:
+    """What each device returns: rows block i of the sum of all devices' x, stacked over i.
+
+    ``blocks`` is the list of per-device x, each ``(n * rows, ...)``. The result
+    is ``(n, rows, ...)``: float64 for floating inputs; for integers the sum
+    wraps to the input dtype, as ``jnp`` integer arithmetic does.
+
+    >>> reduce_scatter_reference([np.int32([1, 2]), np.int32([10, 20])])
+    array([[11],
+           [22]], dtype=int32)
+    """
+    blocks = _blocks(blocks)
+    n = len(blocks)
+    if blocks[0].shape[0] % n:
+        raise ValueError(f"each x must have a multiple of {n} rows, got shape {blocks[0].shape}")
+    dtype = blocks[0].dtype
+    if np.issubdtype(dtype, np.integer):
+        total = np.sum([b.astype(np.int64) for b in blocks], axis=0).astype(dtype)
+    else:
+        total = np.sum([b.astype(np.float64) for b in blocks], axis=0)
+    return total.reshape(n, -1, *total.shape[1:])
+
+
+def reduce_scatter_error_allowance(blocks: Sequence[np.ndarray] | np.ndarray) -> float:
+    """The absolute error a ring sum may carry beyond the comparator's default (reduction
+    length n): ``(n - 1) * u * max sum_devices |x|``, u the unit roundoff of x's dtype.
+
+    Derivation: a ring adds each device's term to a partial sum passed along,
+    ``n - 1`` additions per element; if the partial sums travel in x's own dtype
+    (as ``lax.psum_scatter`` may do), each addition rounds by at most u times
+    the partial sum, itself at most ``sum_devices |x|``. This kernel sends
+    float32 partials and errs far less; the allowance is what any correct ring
+    may need. Integer sums are exact (0).
+    """
+    blocks = _blocks(blocks)
+    dtype = blocks[0].dtype
+    if not np.issubdtype(dtype, np.inexact) and dtype.name != "bfloat16":
+        return 0.0
+    import ml_dtypes
+
+    unit_roundoff = float(ml_dtypes.finfo(dtype).eps) / 2
+    magnitude = np.sum([np.abs(b.astype(np.float64)) for b in blocks], axis=0)
+    return (len(blocks) - 1) * unit_roundoff * float(magnitude.max(initial=0.0))
+
+
+def _wire_dtype(dtype: Any) -> Any:
+    """The dtype partial sums travel in: float32 for floats, the input's own for integers."""
+    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else jnp.dtype(dtype)
+
+
+def reduce_scatter_cost(x: Any, *, num_devices: int) -> pl.CostEstimate:
+    """Per device: its x read once from HBM, its block of the sum written once; n - 1 partial
+    sums of one block sent (in float32 for floats) and n - 1 additions per block element."""
+    block_elements = math.prod(x.shape) // num_devices
+    itemsize = jnp.dtype(x.dtype).itemsize
+    return pl.CostEstimate(
+        flops=(num_devices - 1) * block_elements,
+        transcendentals=0,
+        bytes_accessed=itemsize * (math.prod(x.shape) + block_elements),
+        remote_bytes_transferred=(num_devices - 1) * block_elements
+        * jnp.dtype(_wire_dtype(x.dtype)).itemsize,
+    )
+
+
+def _reduce_scatter_kernel(peers_smem, x_hbm, o_ref, own, stage, received, local_sems, send_sem,
+                           recv_sems, *, axis_name: Any, num_devices: int):
+    """The ring: see the module docstring. ``own`` double-buffers this device's rows of the
+    block being reduced (loaded from HBM while the previous step's transfer runs), ``stage``
+    holds the partial sum being sent, ``received`` has one slot, and one receive semaphore,
+    per step: the left neighbour may send step s + 1's partial sum before we have read step
+    s's, and a shared slot or semaphore would confuse the two (as in ``all_gather``).
+    """
+    n = num_devices
+    rows = own.shape[1]
+    right = peers_smem[0]
+    left = peers_smem[1]
+    me = lax.rem(right + n - 1, n)
+
+    def load_own(block, slot):
+        return pltpu.make_async_copy(x_hbm.at[pl.ds(block * rows, rows)], own.at[slot],
+                                     local_sems.at[slot])
+
+    first = load_own(lax.rem(me + n - 1, n), 0)
+    first.start()
+
+    barrier = pltpu.get_barrier_semaphore()
+    pl.semaphore_signal(barrier, 1, device_id={axis_name: left})
+    pl.semaphore_wait(barrier, 1)
+    first.wait()
+    stage[...] = own[0].astype(stage.dtype)
+
+    for step in range(n - 1):
+        slot = (step + 1) % 2
+        own_rows = load_own(lax.rem(me + 2 * n - 2 - step, n), slot)
+        own_rows.start()
+        send = pltpu.make_async_remote_copy(
+            stage, received.at[step], send_sem, recv_sems.at[step],
+            device_id={axis_name: right},
+        )
+        send.start()
+        own_rows.wait()
+        send.wait_send()  # stage may now be overwritten
+        send.wait_recv()  # the left neighbour's partial sum is in received[step]
+        total = received[step] + own[slot].astype(stage.dtype)
+        if step < n - 2:
+            stage[...] = total
+        else:
+            o_ref[...] = total.astype(o_ref.dtype)
+
+
+def _reduce_scatter_call(x, *, axis_name: Any) -> jax.Array:
+    num_devices = _axis_size(axis_name, "reduce_scatter")
+    if x.shape[0] % num_devices:
+        raise ValueError(
+            f"reduce_scatter: x has {x.shape[0]} rows, not a multiple of the {num_devices} "
+            f"devices of axis {axis_name!r}; give every device (devices * rows, ...)"
+        )
+    if num_devices == 1:
+        return x
+    block = (x.shape[0] // num_devices, *x.shape[1:])
+    wire = _wire_dtype(x.dtype)
+    return pl.pallas_call(
+        functools.partial(_reduce_scatter_kernel, axis_name=axis_name, num_devices=num_devices),
+        out_shape=_varying_out_shape(x, axis_name, block),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+            scratch_shapes=[
+                pltpu.VMEM((2, *block), x.dtype),  # own: this device's rows, double-buffered
+                pltpu.VMEM(block, wire),  # stage: the partial sum being sent
+                pltpu.VMEM((num_devices - 1, *block), wire),  # received: one slot per step
+                pltpu.SemaphoreType.DMA((2,)),
+                pltpu.SemaphoreType.DMA,
+                pltpu.SemaphoreType.DMA((num_devices - 1,)),
+            ],
+        ),
+        compiler_params=pltpu.CompilerParams(collective_id=_REDUCE_SCATTER_COLLECTIVE_ID),
+        cost_estimate=reduce_scatter_cost(x, num_devices=num_devices),
+        name="reduce_scatter",
+    )(_peer_indices(axis_name, num_devices, 1), x)
+
+
+def reduce_scatter(x: jax.Array, *, axis_name: Any) -> jax.Array:
+    """Rows block i of the sum over devices of x, on device i:
+    ``lax.psum_scatter(x, axis_name, tiled=True)``.
+
+    Call it inside ``jax.shard_map``; ``x`` is this device's ``(n * rows, ...)``
+    array, float32, bfloat16 or int32 (integer sums wrap). Floating sums are
+    accumulated in float32. Under ``jax.vmap`` each batch element is reduced and
+    scattered along its own rows. Needs a TPU or TPU interpret mode.
+    """
+    _check_block("reduce_scatter", x)
+
+    @jax.custom_batching.custom_vmap
+    def call(block):
+        return _reduce_scatter_call(block, axis_name=axis_name)
+
+    @call.def_vmap
+    def _batched(axis_size, in_batched, block):
+        del axis_size, in_batched
+        # (batch, n * rows, ...) -> rows first, so that each device's slice holds every
+        # batch element's rows of its block.
+        out = _reduce_scatter_call(jnp.moveaxis(block, 0, 1), axis_name=axis_name)
+        return jnp.moveaxis(out, 1, 0), True
 
     return call(x)

@@ -285,10 +285,12 @@ def test_a_run_on_a_jax_that_moved_internals_turns_those_features_off_and_goes_o
     output = result.stdout.str()
     assert result.ret == 0, output
     result.assert_outcomes(passed=2)
-    for feature, internal in [
-            ("the static TPU rules", "partial_eval.None"),
-            ("pltpu.get_tpu_info() answering for the chip on the CPU", "tpu_info.registry"),
-            ("the kernel-exit checks (semaphores, DMAs, races)", "interpret_pallas_call._validate")]:
+    features = [
+        ("the static TPU rules", "partial_eval.None"),
+        ("pltpu.get_tpu_info() answering for the chip on the CPU", "tpu_info.registry"),
+        ("the kernel-exit checks (semaphores, DMAs, races)", "interpret_pallas_call._validate"),
+    ]
+    for feature, internal in features:
         lines = [line for line in output.splitlines()
                  if f"pytest-pallas: {feature} is off on this JAX" in line]
         assert len(lines) == 1, output

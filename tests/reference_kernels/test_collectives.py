@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from pytest_pallas import assert_allclose
+from pytest_pallas import assert_allclose, default_tolerance
 from reference_kernels import collectives
 
 pytestmark = pytest.mark.pallas
@@ -139,6 +139,19 @@ def test_all_gather_single_device(mesh):
     _assert_bits_equal(_run(collectives.all_gather, mesh(1), blocks), blocks)
 
 
+def test_all_gather_with_one_receive_semaphore_fails(mesh):
+    """JAX's shipped ring shares one receive semaphore across steps: on 8 devices the TPU
+    interpreter, completing DMAs out of order, leaves slots unwritten (NaN-poisoned)."""
+    from seeded_bugs import new_ops
+
+    blocks = _blocks(8, (5, 7), "float32", seed=90)
+    expected = np.stack([collectives.all_gather_reference(blocks)] * 8)
+    _assert_bits_equal(_run(collectives.all_gather, mesh(8), blocks), expected)
+    with pytest.raises(AssertionError):
+        _assert_bits_equal(_run(new_ops.all_gather_one_receive_semaphore, mesh(8), blocks),
+                           expected)
+
+
 # --- validation -----------------------------------------------------------------------------------
 
 
@@ -198,3 +211,87 @@ def test_cost_models():
     cost = collectives.all_gather_cost(block, num_devices=8)
     assert cost.remote_bytes_transferred == 7 * nbytes
     assert cost.bytes_accessed == 2 * 8 * nbytes
+
+
+# --- reduce_scatter ------------------------------------------------------------------------------
+
+
+def _assert_reduce_scatter_close(out, blocks):
+    """Integers exact; floats within the default for reduction length n plus the derived
+    ring allowance (``reduce_scatter_error_allowance``)."""
+    expected = collectives.reduce_scatter_reference(blocks)
+    assert out.shape == expected.shape and out.dtype == blocks.dtype
+    if np.issubdtype(out.dtype, np.integer):
+        _assert_bits_equal(out, expected)
+        return
+    n = len(blocks)
+    default = default_tolerance(out.dtype, scale=float(np.abs(expected).max()),
+                                reduction_length=n)
+    assert_allclose(out, expected, reduction_length=n,
+                    atol=default.atol + collectives.reduce_scatter_error_allowance(blocks))
+
+
+def _reduce_blocks(n, shape, dtype, seed):
+    """n per-device x of ``(n * rows, cols)``: normal floats, or int32 over its whole range."""
+    rng = np.random.default_rng(seed)
+    rows, cols = shape
+    if dtype == "int32":
+        return rng.integers(INT32.min, INT32.max, size=(n, n * rows, cols),
+                            endpoint=True).astype(np.int32)
+    values = rng.standard_normal((n, n * rows, cols)).astype(np.float32)
+    return values.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else values
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_reduce_scatter(mesh, n):
+    """n - 1 ring steps: device i ends with block i of the sum."""
+    blocks = _reduce_blocks(n, (5, 7), "float32", seed=50 + n)
+    _assert_reduce_scatter_close(_run(collectives.reduce_scatter, mesh(n), blocks), blocks)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int32"])
+def test_reduce_scatter_dtypes(mesh, dtype):
+    """bfloat16 summed in float32; int32 over its whole range wraps as jnp does."""
+    blocks = _reduce_blocks(4, (3, 130), dtype, seed=60)
+    _assert_reduce_scatter_close(_run(collectives.reduce_scatter, mesh(4), blocks), blocks)
+
+
+def test_reduce_scatter_matches_lax_and_vmap(mesh):
+    n = 2
+    # Per device: a batch of 3 arrays of (n * 2, 3).
+    blocks = _reduce_blocks(n, (2, 9), "int32", seed=70).reshape(n, n * 2, 3, 3).swapaxes(1, 2)
+    scatter = lambda x, axis_name: jax.vmap(
+        functools.partial(collectives.reduce_scatter, axis_name=axis_name))(x)
+    lax_scatter = lambda x, axis_name: jax.vmap(
+        lambda b: jax.lax.psum_scatter(b, axis_name, tiled=True))(x)
+    _assert_bits_equal(_run(scatter, mesh(n), blocks), _run(lax_scatter, mesh(n), blocks))
+
+
+def test_reduce_scatter_rejects_rows_not_divisible(mesh):
+    with pytest.raises(ValueError, match="x has 3 rows, not a multiple of the 2 devices"):
+        _run(collectives.reduce_scatter, mesh(2), np.zeros((2, 3, 4), np.float32))
+
+
+@pytest.mark.parametrize(
+    "bug",
+    [
+        pytest.param("reduce_scatter_bfloat16_partial_sums", id="bfloat16-partial-sums"),
+        pytest.param("reduce_scatter_keeps_the_next_block", id="keeps-the-next-block"),
+    ],
+)
+def test_reduce_scatter_seeded_bugs_fail_the_allowance(mesh, bug):
+    """float32 on 4 devices: the allowance (u32 per hop) passes the kernel, fails the bugs."""
+    from seeded_bugs import new_ops
+
+    blocks = _reduce_blocks(4, (4, 128), "float32", seed=80)
+    _assert_reduce_scatter_close(_run(collectives.reduce_scatter, mesh(4), blocks), blocks)
+    with pytest.raises(AssertionError, match="Arrays are not close"):
+        _assert_reduce_scatter_close(_run(getattr(new_ops, bug), mesh(4), blocks), blocks)
+
+
+def test_reduce_scatter_cost_model():
+    cost = collectives.reduce_scatter_cost(jax.ShapeDtypeStruct((8 * 4, 128), ml_dtypes.bfloat16),
+                                           num_devices=8)
+    assert cost.flops == 7 * 4 * 128
+    assert cost.bytes_accessed == 2 * (8 * 4 * 128 + 4 * 128)
+    assert cost.remote_bytes_transferred == 7 * 4 * 128 * 4  # float32 partial sums

@@ -1,0 +1,30 @@
+"""``rms_norm``: one fused pass over x, beside plain XLA (which fuses it too)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from reference_kernels import norms
+
+pytestmark = pytest.mark.pallas
+
+# (rows, cols), dtype. TPU: a batch of 8 x 4096 tokens of a 4096-wide model.
+SIZES = {
+    "cpu": ((512, 1024), "float32"),
+    "tpu": ((32768, 4096), "bfloat16"),
+}
+EPS = 1e-6
+
+
+def xla_rms_norm(x, w, *, eps):
+    """Plain jnp, in float32, rounded once to x's dtype."""
+    x32 = x.astype(jnp.float32)
+    inverse = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * inverse * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def bench_rms_norm(pallas_benchmark, scale):
+    (rows, cols), dtype = SIZES[scale]
+    x, w = pallas_benchmark.random((rows, cols), dtype), pallas_benchmark.random((cols,), dtype)
+    pallas_benchmark("rms_norm", norms.rms_norm, x, w, eps=EPS, xla_fn=xla_rms_norm,
+                     cost=norms.rms_norm_cost(x, w), implementation="rms_norm")

@@ -1,0 +1,48 @@
+"""``paged_attention`` (decode over page tables), beside plain XLA's gather-then-attend.
+
+Lengths and shuffled page tables come from ``paged_attention_inputs`` (seeded):
+1, a page boundary, full capacity, and random lengths for the other sequences.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from reference_kernels import paged_attention as pa
+
+pytestmark = pytest.mark.pallas
+
+# TPU: 32 sequences of up to 4096 tokens, 32 query heads over 8 kv heads, d=128,
+# pages of 16 tokens.
+SIZES = {
+    "cpu": (dict(b=4, h=4, g=2, d=64, pages=64, page_size=16, pages_per_sequence=16),
+            "float32"),
+    "tpu": (dict(b=32, h=32, g=8, d=128, pages=8192, page_size=16, pages_per_sequence=256),
+            "bfloat16"),
+}
+
+
+def xla_paged_attention(q, k_pages, v_pages, lengths, page_indices):
+    """Plain jnp: gather every sequence's pages to a dense (b, g, capacity, d) cache, mask the
+    positions past each length, attend in float32."""
+    b, h, d = q.shape
+    g = k_pages.shape[0]
+    k = k_pages[:, page_indices].reshape(g, b, -1, d).swapaxes(0, 1)
+    v = v_pages[:, page_indices].reshape(g, b, -1, d).swapaxes(0, 1)
+    q = q.reshape(b, g, h // g, d)
+    logits = jnp.einsum("bgqd,bgtd->bgqt", q, k, preferred_element_type=jnp.float32)
+    visible = jnp.arange(k.shape[2])[None, :] < lengths[:, None]
+    logits = jnp.where(visible[:, None, None, :], logits, -jnp.inf)
+    weights = jax.nn.softmax(logits, axis=-1)
+    out = jnp.einsum("bgqt,bgtd->bgqd", weights, v.astype(jnp.float32))
+    return out.reshape(b, h, d).astype(q.dtype)
+
+
+def bench_paged_attention(pallas_benchmark, scale):
+    dims, dtype = SIZES[scale]
+    args = pa.paged_attention_inputs(dims, dtype, np.random.default_rng(0))
+    args = tuple(jnp.asarray(a) for a in args)
+    pallas_benchmark("paged_attention", pa.paged_attention, *args,
+                     xla_fn=xla_paged_attention, cost=pa.paged_attention_cost(*args),
+                     implementation="paged_attention")
