@@ -133,12 +133,12 @@ class PallasSession:
             _jax_compat.reset_interpreter_state()
             # The interpreter keeps the race flag of its last kernel only, and
             # only prints unbalanced semaphores: record every kernel's exit.
-            item.stash[_KERNEL_EXITS] = stack.enter_context(optional(
-                KERNEL_EXIT_CHECKS, _jax_compat.record_kernel_exits)) or []
+            item.stash[_KERNEL_EXITS] = _list_or_empty(stack.enter_context(optional(
+                KERNEL_EXIT_CHECKS, _jax_compat.record_kernel_exits)))
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
-        reports = item.stash[_KERNEL_REPORTS] = stack.enter_context(optional(
-            STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip))) or []
+        reports = item.stash[_KERNEL_REPORTS] = _list_or_empty(stack.enter_context(optional(
+            STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip))))
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
             stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports]))
@@ -264,6 +264,12 @@ class PallasSession:
 # checkout's conformance/ in an editable install).
 CONFORMANCE_DIRECTORY = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conformance")
+
+
+def _list_or_empty(recorded: list | None) -> list:
+    # The recorder's own list (empty now, filled as kernels run), or a fresh
+    # one when the feature is off: `recorded or []` would drop the former.
+    return recorded if recorded is not None else []
 
 
 def is_conformance_item(item: pytest.Item) -> bool:
