@@ -22,7 +22,8 @@ from .backend import Backend
 from .compare import bitwise_differences, without_uninitialized_read_hint
 from .domains import Domain, SupportsError, declared_domain
 from .kernel_check import run_on_poisoned_and_zeroed_memory, uninitialized_read_violation
-from .ops import OP_NAMES, get_operation
+from .operation import Operation
+from .ops import get_operation, op_names
 from .report import ConformanceRecorder
 
 
@@ -33,6 +34,12 @@ class Implementation:
     label: str
     domain: Domain
     is_reference: bool
+    # The op itself when it is not in the registry (a class from ``conformance_tests``).
+    bound_operation: Operation | None = None
+
+    @property
+    def operation(self) -> Operation:
+        return self.bound_operation or get_operation(self.op)
 
 
 def bind_implementations(user_targets: dict[str, str], resolve: Callable[[str, str], Callable],
@@ -56,17 +63,37 @@ def bind_implementations(user_targets: dict[str, str], resolve: Callable[[str, s
 
                 raise pytest.UsageError(f"--pallas-impl {op}={target}: {error}")
             bound[op] = Implementation(op, function, target, domain, is_reference=False)
+        elif operation.reference is None:
+            import pytest
+
+            raise pytest.UsageError(
+                f"op {op!r} has no reference kernel to check; give --pallas-impl {op}=MODULE:ATTR."
+            )
         else:
             bound[op] = operation.reference
     return bound
 
 
 def selected_ops(user_ops: tuple[str, ...], impl_ops: tuple[str, ...]) -> tuple[str, ...]:
+    """The ops the packaged suite runs: those of --pallas-impl (and --pallas-ops), else every
+    op with a reference kernel (or those --pallas-ops names)."""
+    names = op_names()
     if impl_ops:
         ops = impl_ops if not user_ops else tuple(op for op in impl_ops if op in user_ops)
     else:
-        ops = user_ops or OP_NAMES
-    return tuple(op for op in OP_NAMES if op in ops)
+        ops = user_ops or tuple(op for op in names if get_operation(op).reference is not None)
+    return tuple(op for op in names if op in ops)
+
+
+def bind_function(operation: Operation, function: Callable, label: str | None = None
+                  ) -> Implementation:
+    """An implementation given as a function (``conformance_tests``), its ``@supports`` checked."""
+    domain = declared_domain(function)
+    domain.validate_for(operation.name, operation.dimensions, operation.dtypes)
+    label = label or (f"{getattr(function, '__module__', '?')}:"
+                      f"{getattr(function, '__qualname__', function)}")
+    return Implementation(operation.name, function, label, domain, is_reference=False,
+                          bound_operation=operation)
 
 
 def _failure_summary(error: Exception) -> str:
@@ -78,11 +105,6 @@ def _failure_summary(error: Exception) -> str:
     if match:
         return match.group(1)
     return f"{type(error).__name__}: {text}"
-
-
-# Kernels of these ops use DMAs, semaphores or remote copies, which only the
-# TPU interpreter simulates.
-TPU_INTERPRETER_OPS = ("copy", "ppermute")
 
 
 class Conformance:
@@ -105,7 +127,10 @@ class Conformance:
         """The interpreter context for the many-example properties."""
         import contextlib
 
-        if self.backend.is_tpu or self.interpreter_chosen or op in TPU_INTERPRETER_OPS:
+        # Ops whose kernels use DMAs, semaphores or remote copies, which only the TPU
+        # interpreter simulates, stay in it.
+        if (self.backend.is_tpu or self.interpreter_chosen
+                or self.implementation(op).operation.needs_tpu_interpreter):
             return contextlib.nullcontext()
         from jax.experimental.pallas import tpu as pltpu
 
@@ -127,11 +152,13 @@ class Conformance:
         """The input of one example: drawn, or the sweep's (None past the op's last)."""
         implementation = self.implementation(op)
         if isinstance(data, op_inputs.SweepSlot):
-            case = op_inputs.sweep_case(op, implementation.domain, data.index)
+            case = op_inputs.sweep_case(implementation.operation, implementation.domain,
+                                        data.index)
             if case is not None:
                 note(f"input ({data!r}): {case!r}")
         else:
-            case = data.draw(op_inputs.cases(op, implementation.domain), label="input")
+            case = data.draw(op_inputs.cases(implementation.operation, implementation.domain),
+                             label="input")
         note(f"implementation: {implementation.label}")
         return implementation, case
 
@@ -274,7 +301,7 @@ class Conformance:
         implementation, case = self.draw(data, op)
         batched_args = properties.vmapped_case_args(case)
         function = jax.jit(jax.vmap(functools.partial(
-            implementation.function, **properties._call_kwargs(case))))
+            implementation.function, **properties.call_kwargs(case))))
         try:
             with self._breadth(op):
                 result = jax.block_until_ready(function(*batched_args))
