@@ -31,8 +31,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from .operation import FLOAT_DTYPES, Deferred, Operation
 
 _KERNELS = "pytest_pallas.reference_kernels"
@@ -67,6 +65,8 @@ def logit_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, 
     without this term; a missing rescale or max-subtraction is still off by
     far more.
     """
+    import numpy as np
+
     from .compare import epsilon
 
     q, k, v = (np.asarray(a, np.float64) for a in case.args)
@@ -105,6 +105,8 @@ def activation_rounding_allowance(case: Any, backend_precision: str) -> tuple[fl
     ulps = _ACTIVATION_ULPS.get(name or "")
     if not ulps:
         return 0.0, ""
+    import numpy as np
+
     from .compare import epsilon
 
     x, y = (np.asarray(a, np.float64) for a in case.args)
@@ -126,15 +128,19 @@ def activation_rounding_allowance(case: Any, backend_precision: str) -> tuple[fl
 _LOGIT_OFFSET_FACTORS = (-128.0, 2.0)
 
 
-def offset_logits(args: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+def offset_logits(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    import numpy as np
+
     q, k, *rest = (np.array(arg, copy=True) for arg in args)
     q[..., 0] = _LOGIT_OFFSET_FACTORS[0]
     k[..., 0] = _LOGIT_OFFSET_FACTORS[1]
     return (q, k, *rest)
 
 
-def ppermute_oracle(x: np.ndarray, *, shift: int, devices: int) -> np.ndarray:
+def ppermute_oracle(x: Any, *, shift: int, devices: int) -> Any:
     """The global result: device i's block is the one device (i - shift) mod n held."""
+    import numpy as np
+
     from .reference_kernels.collectives import ppermute_reference
 
     blocks = np.split(x, devices, axis=0)

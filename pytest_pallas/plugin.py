@@ -441,6 +441,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if pallas.recorder is None or not pallas.recorder.ops:
         return
     terminalreporter.write_sep("=", "pallas conformance")
+    if not (pallas.options.session_opted_in or pallas.scope_all):
+        # Not in pytest's header (a conformance_tests class in a run without Pallas flags).
+        terminalreporter.write_line(pallas.header())
     for line in pallas.recorder.summary_lines():
         terminalreporter.write_line(line)
     terminalreporter.write_line(
