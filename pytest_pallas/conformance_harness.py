@@ -122,6 +122,7 @@ class Conformance:
         # outputs and uninitialised accumulators. Ops whose kernels need
         # simulated DMAs or devices always run in the TPU interpreter.
         self.interpreter_chosen = interpreter_chosen
+        self._keys: dict[str, str] = {}
 
     def _breadth(self, op: str):
         """The interpreter context for the many-example properties."""
@@ -144,8 +145,19 @@ class Conformance:
             bound = Implementation(op, function, f"reference ({bound})",
                                    declared_domain(function), is_reference=True)
             self._implementations[op] = bound
-        self.recorder.register(op, bound.label, bound.domain.as_dict(), bound.domain.describe())
+        key = op
+        known = self.recorder.ops.get(op)
+        if known is not None and known.implementation != bound.label:
+            # A second implementation of the op in this run (two conformance_tests classes):
+            # a row of its own.
+            key = f"{op} ({bound.label})"
+        self._keys[op] = key
+        self.recorder.register(key, bound.label, bound.domain.as_dict(), bound.domain.describe())
         return bound
+
+    def _key(self, op: str) -> str:
+        """The report's row for ``op``'s implementation."""
+        return self._keys.get(op, op)
 
     def draw(self, data: st.DataObject | op_inputs.SweepSlot,
              op: str) -> tuple[Implementation, op_inputs.Case | None]:
@@ -164,7 +176,7 @@ class Conformance:
 
     def _fail(self, op: str, name: str, message: str) -> None:
         __tracebackhide__ = True
-        self.recorder.outcome(op, name, False, message)
+        self.recorder.outcome(self._key(op), name, False, message)
         raise AssertionError(f"[{op}: {name}] {message}")
 
     def _call(self, op: str, prop: str, implementation: Implementation, case: Any) -> Any:
@@ -177,11 +189,11 @@ class Conformance:
             message = (f"{implementation.label} turned a traced input into a NumPy array; the "
                        "suite calls implementations under jax.jit, so they must compute with "
                        "jax.numpy or Pallas, not NumPy.")
-            self.recorder.outcome(op, prop, False, message)
+            self.recorder.outcome(self._key(op), prop, False, message)
             raise AssertionError(f"[{op}: {prop}] {message}") from None
         except Exception as error:
             summary = _failure_summary(error)
-            self.recorder.outcome(op, prop, False, summary)
+            self.recorder.outcome(self._key(op), prop, False, summary)
             if "--pallas-timeout" in summary:
                 import pytest
 
@@ -200,7 +212,7 @@ class Conformance:
             return  # a sweep slot this op has no case for
         with self._breadth(op):
             result = self._call(op, "value", implementation, case)
-        self.recorder.example(op, "shape_dtype")
+        self.recorder.example(self._key(op), "shape_dtype")
         problem = properties.output_type_problem(case, result)
         if problem:
             self._fail(op, "shape_dtype", problem)
@@ -210,11 +222,11 @@ class Conformance:
                 case, result, expected, matmul_precision=self.backend.matmul_precision)
         if not verdicts["finite"]:
             message += "\n" + self._nonfinite_cause(op, implementation, case, expected)
-        self.recorder.example(op, "value", worst_error=worst)
-        self.recorder.example(op, "finite")
+        self.recorder.example(self._key(op), "value", worst_error=worst)
+        self.recorder.example(self._key(op), "finite")
         for name in ("shape_dtype", "finite", "value"):
             if verdicts[name]:
-                self.recorder.outcome(op, name, True)
+                self.recorder.outcome(self._key(op), name, True)
         if message:
             failed = "finite" if not verdicts["finite"] else "value"
             self._fail(op, failed, message)
@@ -235,12 +247,12 @@ class Conformance:
         problem = properties.output_type_problem(case, first)
         if problem:
             self._fail(op, "shape_dtype", problem)
-        self.recorder.example(op, "written")
-        self.recorder.example(op, "deterministic")
+        self.recorder.example(self._key(op), "written")
+        self.recorder.example(self._key(op), "deterministic")
         violation = uninitialized_read_violation(f"'{implementation.label}'", first, zeroed)
         if violation is not None:
             self._fail(op, "written", str(violation))
-        self.recorder.outcome(op, "written", True)
+        self.recorder.outcome(self._key(op), "written", True)
         differs = bitwise_differences(once, again)
         if np.any(differs):
             where = tuple(int(i) for i in np.argwhere(differs)[0])
@@ -248,7 +260,7 @@ class Conformance:
                 f"two calls on the same input differ in {int(differs.sum())} elements (first at "
                 f"{where}): the kernel depends on grid order or on uninitialised memory."
             ))
-        self.recorder.outcome(op, "deterministic", True)
+        self.recorder.outcome(self._key(op), "deterministic", True)
 
     def _poisoned_runs(self, op: str, prop: str | None, implementation: Implementation,
                        case: Any) -> tuple[Any, Any]:
@@ -306,7 +318,7 @@ class Conformance:
             with self._breadth(op):
                 result = jax.block_until_ready(function(*batched_args))
         except Exception as error:
-            self.recorder.outcome(op, "vmap", False, f"{type(error).__name__}: {error}")
+            self.recorder.outcome(self._key(op), "vmap", False, f"{type(error).__name__}: {error}")
             raise
         worst = 0.0
         for index in range(batched_args[0].shape[0]):
@@ -322,8 +334,8 @@ class Conformance:
             worst = max(worst, error)
             if message:
                 self._fail(op, "vmap", f"under jax.vmap, batch element {index}:\n{message}")
-        self.recorder.example(op, "vmap", worst_error=worst)
-        self.recorder.outcome(op, "vmap", True)
+        self.recorder.example(self._key(op), "vmap", worst_error=worst)
+        self.recorder.outcome(self._key(op), "vmap", True)
 
 
 def _introduces_nonfinite(result: Any, expected: np.ndarray) -> bool:
