@@ -171,6 +171,10 @@ class Operation:
         bfloat16 (attention's probabilities times v): judged at that precision.
       profile_adjustments: value profile -> ``f(args) -> args`` applied after
         the "ties" values are drawn: the op's own profiles (attention's "offset").
+      shapes: ``shapes(dims) -> (argument shapes, result shape)``, the global
+        shapes, for an op the signature's names cannot size alone (a collective
+        whose result is not its block's shape; q of (b, g * r, d) heads in
+        groups). The signature still gives the dimensions and their kinds.
       needs_tpu_interpreter: the kernels use DMAs, semaphores or remote copies,
         which only the TPU interpreter simulates.
       reference, xla, cost: the reference kernel, the plain-XLA version (the
@@ -197,6 +201,7 @@ class Operation:
     low_precision_matmul: bool = False
     profile_adjustments: Mapping[str, Callable | str] = dataclasses.field(default_factory=dict)
     needs_tpu_interpreter: bool = False
+    shapes: Callable | str | None = None
     reference: Callable | str | None = None
     xla: Callable | str | None = None
     cost: Callable | str | None = None
@@ -298,11 +303,15 @@ class Operation:
 
     def argument_shapes(self, dims: Mapping[str, Any]) -> list[tuple[int, ...]]:
         """The arguments' shapes for these dimension sizes (a collective's: global arrays)."""
+        if self.shapes is not None:
+            return [tuple(int(n) for n in shape) for shape in load(self.shapes)(dict(dims))[0]]
         if self.is_elementwise:
             return [tuple(dims[SHAPE])] * len(self.arguments)
         return [self._global(tuple(int(dims[n]) for n in core), dims) for core in self.arguments]
 
     def result_shape(self, dims: Mapping[str, Any]) -> tuple[int, ...]:
+        if self.shapes is not None:
+            return tuple(int(n) for n in load(self.shapes)(dict(dims))[1])
         if self.is_elementwise:
             return tuple(dims[SHAPE])
         return self._global(tuple(int(dims[n]) for n in self.result), dims)

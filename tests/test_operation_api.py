@@ -127,7 +127,7 @@ _GATHER = '''
 import jax.numpy as jnp
 import numpy as np
 
-from pytest_pallas import Operation, conformance_tests
+from pytest_pallas import Operation, conformance_tests, supports
 
 
 def gather_reference(x, indices, *, scale):
@@ -155,8 +155,15 @@ def gather_without_scale(x, indices, *, scale):
     return x[indices]
 
 
+@supports(dtypes=("float32",), max_size={"n": 8})
+def gather_narrow(x, indices, *, scale):
+    assert x.dtype == jnp.float32 and indices.shape[0] <= 8, "drawn outside the domain"
+    return gather(x, indices, scale=scale)
+
+
 TestGather = conformance_tests(GATHER, gather, examples=6)
 TestGatherBug = conformance_tests(GATHER, gather_without_scale, examples=6)
+TestGatherNarrow = conformance_tests(GATHER, gather_narrow, examples=4, label="narrow")
 
 
 def test_both_scales_were_drawn():
@@ -168,7 +175,7 @@ def test_an_op_with_params_and_an_inputs_builder(pytester):
     pytester.makepyfile(test_gather=_GATHER)
     result = _run(pytester)
     output = result.stdout.str()
-    result.assert_outcomes(passed=4, failed=1)
+    result.assert_outcomes(passed=6, failed=1)
     result.stdout.fnmatch_lines(["*[[]scaled_gather: value[]] Arrays are not close*",
                                  "*implementation: test_gather:gather_without_scale"])
     assert "TestGather::test_value" not in output.split("short test summary")[-1]
@@ -176,7 +183,9 @@ def test_an_op_with_params_and_an_inputs_builder(pytester):
     result.stdout.fnmatch_lines([
         "scaled_gather  *test_gather:gather  *5 *0 *",
         "scaled_gather (test_gather:gather_without_scale)  *test_gather:gather_without_scale  "
-        "*4 *value *"])
+        "*4 *value *",
+        # @supports narrows the draws and the report shows it.
+        "scaled_gather (narrow)  *narrow  *5 *0 *dtypes=float32; n<=8"])
 
 
 def test_registered_op_is_accepted_by_pallas_impl(pytester):
@@ -257,3 +266,44 @@ def test_a_cost_model_is_derived_from_the_xla_version():
     assert np.isclose(operations.matmul.estimate_cost(
         jax.ShapeDtypeStruct((8, 16), jnp.float32), jax.ShapeDtypeStruct((16, 4), jnp.float32)
     ).flops, 2 * 8 * 16 * 4)
+
+
+_ALL_GATHER = """
+import jax
+import numpy as np
+
+from pytest_pallas import Operation, conformance_tests
+
+
+def all_gather_reference(x, *, devices):
+    return np.concatenate([x] * devices)  # every device returns the whole global array
+
+
+ALL_GATHER = Operation(
+    "my_all_gather", "(rows,cols)->(rows,cols)", oracle=all_gather_reference,
+    collective="axis_name", vmap=False, exact=True,
+    shapes=lambda d: ([(d["devices"] * d["rows"], d["cols"])],
+                      (d["devices"] ** 2 * d["rows"], d["cols"])),
+)
+
+
+def all_gather(x, *, axis_name):
+    return jax.lax.all_gather(x, axis_name, tiled=True)
+
+
+def all_gather_own_block(x, *, axis_name):
+    return jax.numpy.concatenate([x] * jax.lax.axis_size(axis_name))
+
+
+TestAllGather = conformance_tests(ALL_GATHER, all_gather, examples=3)
+TestAllGatherBug = conformance_tests(ALL_GATHER, all_gather_own_block, examples=3)
+"""
+
+
+def test_a_collective_op_of_your_own(run_pytest, pytester):
+    """Called inside shard_map over 2 to 8 devices; the oracle sees the global arrays."""
+    pytester.makepyfile(test_all_gather=_ALL_GATHER)
+    result = run_pytest("--pallas-seed=0", "--pallas-devices=8", "-k", "test_value")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*[[]my_all_gather: value[]] Arrays are not equal*",
+                                 "*implementation: test_all_gather:all_gather_own_block"])
