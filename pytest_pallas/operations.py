@@ -19,9 +19,10 @@ Adding a built-in op:
    with structure, an ``inputs(dims, dtype, rng)`` builder;
 2. add its record here (``_builtin("NAME", signature, ...)`` names those
    functions by convention) and list it in ``BUILT_IN``;
-3. the packaged suite picks it up: its properties run in
-   ``conformance/test_<kernel module>.py`` (for a new kernel module, a
-   two-line file like ``conformance/test_softmax.py``).
+3. nothing else: the packaged suite runs its properties in
+   ``conformance/test_<kernel module>.py`` if that file exists, else in
+   ``conformance/test_operations.py``; ``--pallas-impl NAME=...``, the report
+   and ``pallas_benchmark("NAME", ...)`` know it from the record.
 
 Importing this module is cheap (no JAX): every callable is named by a
 ``"module:attr"`` string and imported on first use.
