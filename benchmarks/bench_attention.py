@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from pytest_pallas.benchmarking import xla_version
-from reference_kernels import attention
+from pytest_pallas.reference_kernels import attention
 
 pytestmark = pytest.mark.pallas
 

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 from pytest_pallas.benchmarking import xla_version
-from reference_kernels import collectives
+from pytest_pallas.reference_kernels import collectives
 
 # Simulated devices on the CPU: the plugin skips these, saying why, when JAX sees fewer.
 pytestmark = [pytest.mark.pallas, pytest.mark.devices(2)]

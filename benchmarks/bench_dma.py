@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import pytest
 
-from reference_kernels import dma
+from pytest_pallas.reference_kernels import dma
 
 pytestmark = pytest.mark.pallas
 

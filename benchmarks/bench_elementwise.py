@@ -2,7 +2,7 @@
 
 import pytest
 
-from reference_kernels import elementwise
+from pytest_pallas.reference_kernels import elementwise
 
 pytestmark = pytest.mark.pallas
 

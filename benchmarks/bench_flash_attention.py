@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from reference_kernels import flash_attention as fa
+from pytest_pallas.reference_kernels import flash_attention as fa
 
 pytestmark = pytest.mark.pallas
 

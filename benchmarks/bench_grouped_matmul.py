@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reference_kernels import grouped_matmul as gm
+from pytest_pallas.reference_kernels import grouped_matmul as gm
 
 pytestmark = pytest.mark.pallas
 

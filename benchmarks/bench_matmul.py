@@ -4,7 +4,7 @@ emit_pipeline form."""
 import jax
 import pytest
 
-from reference_kernels import matmul
+from pytest_pallas.reference_kernels import matmul
 
 pytestmark = pytest.mark.pallas
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from reference_kernels import norms
+from pytest_pallas.reference_kernels import norms
 
 pytestmark = pytest.mark.pallas
 

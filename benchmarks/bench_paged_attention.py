@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reference_kernels import paged_attention as pa
+from pytest_pallas.reference_kernels import paged_attention as pa
 
 pytestmark = pytest.mark.pallas
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from reference_kernels import quantized_matmul as qm
+from pytest_pallas.reference_kernels import quantized_matmul as qm
 
 pytestmark = pytest.mark.pallas
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from reference_kernels import reduction
+from pytest_pallas.reference_kernels import reduction
 
 pytestmark = pytest.mark.pallas
 

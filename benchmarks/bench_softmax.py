@@ -2,7 +2,7 @@
 
 import pytest
 
-from reference_kernels import softmax
+from pytest_pallas.reference_kernels import softmax
 
 pytestmark = pytest.mark.pallas
 

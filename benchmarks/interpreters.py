@@ -18,7 +18,7 @@ def kernels():
     import jax.numpy as jnp
     import numpy as np
 
-    from reference_kernels import attention, elementwise, matmul, reduction, softmax
+    from pytest_pallas.reference_kernels import attention, elementwise, matmul, reduction, softmax
 
     rng = np.random.default_rng(0)
 

@@ -5,6 +5,7 @@ imports in every run of an environment that has it installed, costs no JAX
 import for tests that do not use it.
 
     from pytest_pallas import assert_allclose, supports, check_kernel
+    from pytest_pallas import Operation, conformance_tests, operations
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ _PUBLIC = {
     "TpuRuleViolation": "pytest_pallas.tpu_checks",
     "Backend": "pytest_pallas.backend",
     "strategies": "pytest_pallas.strategies",
+    "Operation": "pytest_pallas.operation",
+    "conformance_tests": "pytest_pallas.conformance_suite",
+    "operations": "pytest_pallas.operations",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -33,7 +37,7 @@ def __getattr__(name: str) -> Any:
     if name not in _PUBLIC:
         raise AttributeError(f"module 'pytest_pallas' has no attribute {name!r}")
     module = importlib.import_module(_PUBLIC[name])
-    value = module if name == "strategies" else getattr(module, name)
+    value = module if name in ("strategies", "operations") else getattr(module, name)
     globals()[name] = value
     return value
 

@@ -75,7 +75,8 @@ from typing import Any
 
 import pytest
 
-from .ops import OPERATIONS
+from . import ops as _ops
+from .operation import Operation
 
 __all__ = [
     "PallasBenchmark",
@@ -103,78 +104,27 @@ _MAX_XLA_CALLS = 1000
 def xla_version(operation: str) -> Callable:
     """The operation written in plain ``jax.numpy``: what XLA makes of it without Pallas.
 
-    Same signature, dtypes and accumulation as the contract (float32 accumulation
-    for bfloat16 inputs), so that the kernel is compared with the version a user
-    would otherwise write. Raises ``KeyError`` for an op without one.
+    The op record's ``xla`` (``Operation.xla``; the built-ins' are in
+    ``pytest_pallas.xla_versions``): same signature, dtypes and accumulation as
+    the contract (float32 accumulation for bfloat16 inputs), so that the kernel
+    is compared with the version a user would otherwise write. Raises
+    ``KeyError`` for an op without one.
 
     >>> import jax.numpy as jnp
     >>> xla_version("add")(jnp.ones(3), jnp.ones(3))
     Array([2., 2., 2.], dtype=float32)
     """
-    versions = _xla_versions()
-    try:
-        return versions[operation]
-    except KeyError:
+    from . import ops
+
+    op = ops.OPERATIONS.get(operation)
+    function = op.load_xla() if op is not None else None
+    if function is None:
+        with_one = [name for name, o in ops.OPERATIONS.items() if o.xla is not None]
         raise KeyError(
-            f"no XLA version for {operation!r}; the ops with one are {', '.join(versions)}. "
+            f"no XLA version for {operation!r}; the ops with one are {', '.join(with_one)}. "
             "Pass xla_fn= (or xla_fn=None for no baseline)."
-        ) from None
-
-
-@functools.cache
-def _xla_versions() -> dict[str, Callable]:
-    import jax
-    import jax.numpy as jnp
-
-    f32 = jnp.float32
-
-    def add(x, y):
-        return x + y
-
-    def sum_leading_axis(x):
-        return jnp.sum(x, axis=0, dtype=f32).astype(x.dtype)
-
-    def matmul(x, y):
-        return jnp.matmul(x, y, preferred_element_type=f32).astype(x.dtype)
-
-    def matmul_activation(x, y, *, activation):
-        product = jnp.matmul(x, y, preferred_element_type=f32)
-        return (product if activation is None else activation(product)).astype(x.dtype)
-
-    def softmax(x):
-        return jax.nn.softmax(x.astype(f32), axis=-1).astype(x.dtype)
-
-    def attention(q, k, v):
-        # Leading axes batch; a size-1 axis of k and v (mqa's heads) broadcasts.
-        logits = jnp.einsum("...sd,...td->...st", q, k, preferred_element_type=f32)
-        weights = jax.nn.softmax(logits, axis=-1)
-        out = jnp.einsum("...st,...td->...sd", weights, v.astype(f32),
-                         preferred_element_type=f32)
-        return out.astype(q.dtype)
-
-    def mqa(q, k, v):
-        return attention(q, k[:, None], v[:, None])
-
-    def copy(x):
-        return jnp.copy(x)
-
-    def ppermute(x, *, axis_name, shift):
-        n = jax.lax.axis_size(axis_name)
-        return jax.lax.ppermute(x, axis_name, [(i, (i + shift) % n) for i in range(n)])
-
-    return {
-        "add": add,
-        "sum": sum_leading_axis,
-        "matmul": matmul,
-        "matmul_activation": matmul_activation,
-        "batched_matmul": matmul,
-        "softmax": softmax,
-        "attention": attention,
-        "mha": attention,
-        "mqa": mqa,
-        "copy": copy,
-        "ppermute": ppermute,
-    }
+        )
+    return function
 
 
 # --- inputs -------------------------------------------------------------------------------
@@ -342,7 +292,7 @@ class PallasBenchmark:
 
     def __call__(
         self,
-        operation: str,
+        operation: str | Operation,
         fn: Callable,
         *args: Any,
         xla_fn: Callable | None = _DEFAULT,
@@ -355,8 +305,9 @@ class PallasBenchmark:
         """Benchmark ``fn(*args, **kwargs)``; return its result.
 
         Args:
-          operation: an op of the contract (``"matmul"``, ...), which gives the
-            defaults of ``xla_fn`` and ``cost``, or any label of your own.
+          operation: an op (``"matmul"``, ``pytest_pallas.operations.matmul``, or an
+            ``Operation`` of your own), which gives the defaults of ``xla_fn`` and
+            ``cost``, or any label of your own.
           fn: the kernel; ``jax.jit``-ed here, ``kwargs`` held static.
           xla_fn: the baseline timed in the same rounds (default: ``xla_version(operation)``
             for a contract op, else none); None for no baseline.
@@ -372,9 +323,12 @@ class PallasBenchmark:
         """
         import jax
 
-        op = OPERATIONS.get(operation)
+        if isinstance(operation, Operation):
+            op, operation = operation, operation.name
+        else:
+            op = _ops.OPERATIONS.get(operation)
         if xla_fn is _DEFAULT:
-            xla_fn = xla_version(operation) if op is not None else None
+            xla_fn = op.load_xla() if op is not None else None
         if cost is _DEFAULT:
             cost = _default_cost(op, args, kwargs)
         kernel = jax.jit(functools.partial(fn, **kwargs, **(blocks or {})))
@@ -507,9 +461,8 @@ def _time_call(timer: Callable[[], float], function: Callable, args: tuple) -> f
 def _default_cost(op: Any, args: tuple, kwargs: dict) -> Any:
     if op is None:
         return None
-    model = op.load_cost()
     try:
-        return model(*args, **kwargs)
+        return op.estimate_cost(*args, **kwargs)
     except TypeError as error:
         raise TypeError(
             f"the cost model of {op.name} ({op.cost}) does not take these arguments ({error}); "

@@ -22,7 +22,8 @@ from .backend import Backend
 from .compare import bitwise_differences, without_uninitialized_read_hint
 from .domains import Domain, SupportsError, declared_domain
 from .kernel_check import run_on_poisoned_and_zeroed_memory, uninitialized_read_violation
-from .ops import OP_NAMES, get_operation
+from .operation import Operation
+from .ops import get_operation, op_names
 from .report import ConformanceRecorder
 
 
@@ -33,6 +34,12 @@ class Implementation:
     label: str
     domain: Domain
     is_reference: bool
+    # The op itself when it is not in the registry (a class from ``conformance_tests``).
+    bound_operation: Operation | None = None
+
+    @property
+    def operation(self) -> Operation:
+        return self.bound_operation or get_operation(self.op)
 
 
 def bind_implementations(user_targets: dict[str, str], resolve: Callable[[str, str], Callable],
@@ -56,17 +63,37 @@ def bind_implementations(user_targets: dict[str, str], resolve: Callable[[str, s
 
                 raise pytest.UsageError(f"--pallas-impl {op}={target}: {error}")
             bound[op] = Implementation(op, function, target, domain, is_reference=False)
+        elif operation.reference is None:
+            import pytest
+
+            raise pytest.UsageError(
+                f"op {op!r} has no reference kernel to check; give --pallas-impl {op}=MODULE:ATTR."
+            )
         else:
             bound[op] = operation.reference
     return bound
 
 
 def selected_ops(user_ops: tuple[str, ...], impl_ops: tuple[str, ...]) -> tuple[str, ...]:
+    """The ops the packaged suite runs: those of --pallas-impl (and --pallas-ops), else every
+    op with a reference kernel (or those --pallas-ops names)."""
+    names = op_names()
     if impl_ops:
         ops = impl_ops if not user_ops else tuple(op for op in impl_ops if op in user_ops)
     else:
-        ops = user_ops or OP_NAMES
-    return tuple(op for op in OP_NAMES if op in ops)
+        ops = user_ops or tuple(op for op in names if get_operation(op).reference is not None)
+    return tuple(op for op in names if op in ops)
+
+
+def bind_function(operation: Operation, function: Callable, label: str | None = None
+                  ) -> Implementation:
+    """An implementation given as a function (``conformance_tests``), its ``@supports`` checked."""
+    domain = declared_domain(function)
+    domain.validate_for(operation.name, operation.dimensions, operation.dtypes)
+    label = label or (f"{getattr(function, '__module__', '?')}:"
+                      f"{getattr(function, '__qualname__', function)}")
+    return Implementation(operation.name, function, label, domain, is_reference=False,
+                          bound_operation=operation)
 
 
 def _failure_summary(error: Exception) -> str:
@@ -78,11 +105,6 @@ def _failure_summary(error: Exception) -> str:
     if match:
         return match.group(1)
     return f"{type(error).__name__}: {text}"
-
-
-# Kernels of these ops use DMAs, semaphores or remote copies, which only the
-# TPU interpreter simulates.
-TPU_INTERPRETER_OPS = ("copy", "ppermute")
 
 
 class Conformance:
@@ -100,12 +122,16 @@ class Conformance:
         # outputs and uninitialised accumulators. Ops whose kernels need
         # simulated DMAs or devices always run in the TPU interpreter.
         self.interpreter_chosen = interpreter_chosen
+        self._keys: dict[str, str] = {}
 
     def _breadth(self, op: str):
         """The interpreter context for the many-example properties."""
         import contextlib
 
-        if self.backend.is_tpu or self.interpreter_chosen or op in TPU_INTERPRETER_OPS:
+        # Ops whose kernels use DMAs, semaphores or remote copies, which only the TPU
+        # interpreter simulates, stay in it.
+        if (self.backend.is_tpu or self.interpreter_chosen
+                or self.implementation(op).operation.needs_tpu_interpreter):
             return contextlib.nullcontext()
         from jax.experimental.pallas import tpu as pltpu
 
@@ -119,25 +145,38 @@ class Conformance:
             bound = Implementation(op, function, f"reference ({bound})",
                                    declared_domain(function), is_reference=True)
             self._implementations[op] = bound
-        self.recorder.register(op, bound.label, bound.domain.as_dict(), bound.domain.describe())
+        key = op
+        known = self.recorder.ops.get(op)
+        if known is not None and known.implementation != bound.label:
+            # A second implementation of the op in this run (two conformance_tests classes):
+            # a row of its own.
+            key = f"{op} ({bound.label})"
+        self._keys[op] = key
+        self.recorder.register(key, bound.label, bound.domain.as_dict(), bound.domain.describe())
         return bound
+
+    def _key(self, op: str) -> str:
+        """The report's row for ``op``'s implementation."""
+        return self._keys.get(op, op)
 
     def draw(self, data: st.DataObject | op_inputs.SweepSlot,
              op: str) -> tuple[Implementation, op_inputs.Case | None]:
         """The input of one example: drawn, or the sweep's (None past the op's last)."""
         implementation = self.implementation(op)
         if isinstance(data, op_inputs.SweepSlot):
-            case = op_inputs.sweep_case(op, implementation.domain, data.index)
+            case = op_inputs.sweep_case(implementation.operation, implementation.domain,
+                                        data.index)
             if case is not None:
                 note(f"input ({data!r}): {case!r}")
         else:
-            case = data.draw(op_inputs.cases(op, implementation.domain), label="input")
+            case = data.draw(op_inputs.cases(implementation.operation, implementation.domain),
+                             label="input")
         note(f"implementation: {implementation.label}")
         return implementation, case
 
     def _fail(self, op: str, name: str, message: str) -> None:
         __tracebackhide__ = True
-        self.recorder.outcome(op, name, False, message)
+        self.recorder.outcome(self._key(op), name, False, message)
         raise AssertionError(f"[{op}: {name}] {message}")
 
     def _call(self, op: str, prop: str, implementation: Implementation, case: Any) -> Any:
@@ -150,11 +189,11 @@ class Conformance:
             message = (f"{implementation.label} turned a traced input into a NumPy array; the "
                        "suite calls implementations under jax.jit, so they must compute with "
                        "jax.numpy or Pallas, not NumPy.")
-            self.recorder.outcome(op, prop, False, message)
+            self.recorder.outcome(self._key(op), prop, False, message)
             raise AssertionError(f"[{op}: {prop}] {message}") from None
         except Exception as error:
             summary = _failure_summary(error)
-            self.recorder.outcome(op, prop, False, summary)
+            self.recorder.outcome(self._key(op), prop, False, summary)
             if "--pallas-timeout" in summary:
                 import pytest
 
@@ -173,7 +212,7 @@ class Conformance:
             return  # a sweep slot this op has no case for
         with self._breadth(op):
             result = self._call(op, "value", implementation, case)
-        self.recorder.example(op, "shape_dtype")
+        self.recorder.example(self._key(op), "shape_dtype")
         problem = properties.output_type_problem(case, result)
         if problem:
             self._fail(op, "shape_dtype", problem)
@@ -183,11 +222,11 @@ class Conformance:
                 case, result, expected, matmul_precision=self.backend.matmul_precision)
         if not verdicts["finite"]:
             message += "\n" + self._nonfinite_cause(op, implementation, case, expected)
-        self.recorder.example(op, "value", worst_error=worst)
-        self.recorder.example(op, "finite")
+        self.recorder.example(self._key(op), "value", worst_error=worst)
+        self.recorder.example(self._key(op), "finite")
         for name in ("shape_dtype", "finite", "value"):
             if verdicts[name]:
-                self.recorder.outcome(op, name, True)
+                self.recorder.outcome(self._key(op), name, True)
         if message:
             failed = "finite" if not verdicts["finite"] else "value"
             self._fail(op, failed, message)
@@ -208,12 +247,12 @@ class Conformance:
         problem = properties.output_type_problem(case, first)
         if problem:
             self._fail(op, "shape_dtype", problem)
-        self.recorder.example(op, "written")
-        self.recorder.example(op, "deterministic")
+        self.recorder.example(self._key(op), "written")
+        self.recorder.example(self._key(op), "deterministic")
         violation = uninitialized_read_violation(f"'{implementation.label}'", first, zeroed)
         if violation is not None:
             self._fail(op, "written", str(violation))
-        self.recorder.outcome(op, "written", True)
+        self.recorder.outcome(self._key(op), "written", True)
         differs = bitwise_differences(once, again)
         if np.any(differs):
             where = tuple(int(i) for i in np.argwhere(differs)[0])
@@ -221,7 +260,7 @@ class Conformance:
                 f"two calls on the same input differ in {int(differs.sum())} elements (first at "
                 f"{where}): the kernel depends on grid order or on uninitialised memory."
             ))
-        self.recorder.outcome(op, "deterministic", True)
+        self.recorder.outcome(self._key(op), "deterministic", True)
 
     def _poisoned_runs(self, op: str, prop: str | None, implementation: Implementation,
                        case: Any) -> tuple[Any, Any]:
@@ -274,12 +313,12 @@ class Conformance:
         implementation, case = self.draw(data, op)
         batched_args = properties.vmapped_case_args(case)
         function = jax.jit(jax.vmap(functools.partial(
-            implementation.function, **properties._call_kwargs(case))))
+            implementation.function, **properties.call_kwargs(case))))
         try:
             with self._breadth(op):
                 result = jax.block_until_ready(function(*batched_args))
         except Exception as error:
-            self.recorder.outcome(op, "vmap", False, f"{type(error).__name__}: {error}")
+            self.recorder.outcome(self._key(op), "vmap", False, f"{type(error).__name__}: {error}")
             raise
         worst = 0.0
         for index in range(batched_args[0].shape[0]):
@@ -295,8 +334,8 @@ class Conformance:
             worst = max(worst, error)
             if message:
                 self._fail(op, "vmap", f"under jax.vmap, batch element {index}:\n{message}")
-        self.recorder.example(op, "vmap", worst_error=worst)
-        self.recorder.outcome(op, "vmap", True)
+        self.recorder.example(self._key(op), "vmap", worst_error=worst)
+        self.recorder.outcome(self._key(op), "vmap", True)
 
 
 def _introduces_nonfinite(result: Any, expected: np.ndarray) -> bool:

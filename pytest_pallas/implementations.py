@@ -15,12 +15,13 @@ from collections.abc import Callable
 
 import pytest
 
-from .ops import OP_NAMES
+from . import ops as _ops
 
 
 def _unknown_op(op: str, flag: str) -> pytest.UsageError:
     return pytest.UsageError(
-        f"{flag}: unknown op {op!r}; the conformance ops are {', '.join(OP_NAMES)}."
+        f"{flag}: unknown op {op!r}; the conformance ops are {', '.join(_ops.op_names())} "
+        "(an op of your own joins them through the pytest_pallas_operations hook)."
     )
 
 
@@ -36,7 +37,7 @@ def parse_impl_flags(values: list[str]) -> tuple[tuple[str, str], ...]:
                 f"--pallas-impl {value!r} is malformed; write OP=MODULE:ATTR, "
                 "e.g. --pallas-impl matmul=my_kernels:matmul."
             )
-        if op not in OP_NAMES:
+        if op not in _ops.OPERATIONS:
             raise _unknown_op(op, f"--pallas-impl {value!r}")
         if op in parsed:
             raise pytest.UsageError(
@@ -54,7 +55,7 @@ def parse_ops_flag(value: str | None) -> tuple[str, ...]:
     if not ops:
         raise pytest.UsageError("--pallas-ops is empty; give e.g. --pallas-ops=add,matmul.")
     for op in ops:
-        if op not in OP_NAMES:
+        if op not in _ops.OPERATIONS:
             raise _unknown_op(op, f"--pallas-ops={value}")
     return ops
 

@@ -1,13 +1,17 @@
 """What the conformance suite feeds each operation: Hypothesis strategies of ``Case``s.
 
-A case is drawn as sizes (from the buckets of ``strategies.SIZE_BUCKETS``,
-narrowed by the implementation's ``@supports`` domain), a dtype, a value
-profile and a value seed; the arrays are made by NumPy from those. Its repr
-is what a failing property prints: the dimensions, dtype, profile, seed and
-the first few values of each argument, enough to rebuild it by hand.
+A case is drawn as sizes (from the buckets of ``strategies.SIZE_BUCKETS``, by
+each dimension's kind in the op's signature, narrowed by the implementation's
+``@supports`` domain), a dtype, a value profile, a value seed and the op's
+``params``; the arrays are made by NumPy from those (or by the op's ``inputs``
+builder). Its repr is what a failing property prints: the dimensions, dtype,
+profile, seed and the first few values of each argument, enough to rebuild it
+by hand.
 
 Distinct compilations per op are bounded by the product of the bucket sizes
-of its dimensions times its dtypes (``compilation_bound``).
+of its dimensions times its dtypes and parameter values (``compilation_bound``).
+
+Every function takes the op as an ``Operation`` or as the name of a registered one.
 """
 
 from __future__ import annotations
@@ -20,63 +24,32 @@ from hypothesis import strategies as st
 
 from . import strategies
 from .domains import Domain
-from .ops import get_operation
+from .operation import SHAPE, Operation
 
-# Bucket per dimension of each op: which kind of axis it is on a TPU.
-_DIMENSION_KIND = {
-    "add": {"shape": None},  # every axis by its position, see _add_shapes
-    "sum": {"n": "sum_n", "r": "second_minor", "c": "minor"},
-    "matmul": {"m": "second_minor", "k": "reduction", "n": "minor"},
-    "matmul_activation": {"m": "second_minor", "k": "reduction", "n": "minor"},
-    "batched_matmul": {"b": "leading", "m": "second_minor", "k": "reduction", "n": "minor"},
-    "softmax": {"rows": "second_minor", "cols": "minor"},
-    "attention": {"s": "second_minor", "t": "reduction", "d": "head"},
-    "mha": {"b": "leading", "h": "leading", "s": "second_minor", "t": "sequence", "d": "head"},
-    "mqa": {"b": "leading", "h": "leading", "s": "second_minor", "t": "sequence", "d": "head"},
-    "copy": {"rows": "second_minor", "cols": "minor"},
-    "ppermute": {"devices": "devices", "rows": "second_minor", "cols": "minor"},
-}
-
+# Buckets of the kinds a signature does not give (attention's head and sequence sizes are
+# the records' ``sizes``).
 _EXTRA_BUCKETS = {
-    "sum_n": (1, 3, 8),
-    "head": (1, 32, 128),
-    "sequence": (1, 100, 256),  # batched attention: fewer and shorter sequences, same code paths
     "devices": (2, 4, 8),
 }
 
-# Which value profiles each op is drawn with. Reductions and products skip
-# "extremes" (finfo.max/4 overflows float32 in any correct kernel while the
-# float64 oracle does not) and attention skips "large" (a correct kernel's
-# softmax saturates to one-hot, where bfloat16 rounding of q @ k decides ties);
-# it draws large logits as "offset" instead (see _offset_logits).
-_PROFILES = {
-    "add": strategies.VALUE_PROFILES,
-    "copy": strategies.VALUE_PROFILES,
-    "ppermute": strategies.VALUE_PROFILES,
-    "softmax": ("normal", "large", "ties", "small", "neg_inf"),
-    "sum": ("normal", "large", "ties", "small"),
-    "matmul": ("normal", "large", "ties", "small"),
-    "matmul_activation": ("normal", "large", "ties", "small"),
-    "batched_matmul": ("normal", "ties", "small"),
-    "attention": ("normal", "ties", "small", "offset"),
-    "mha": ("normal", "ties", "small", "offset"),
-    "mqa": ("normal", "ties", "small", "offset"),
-}
+_INTEGER_PROFILES = ("normal", "large", "ties", "extremes")
 
-# "offset" (attention ops): integer q, k and v as in "ties", with the first
-# feature of q and of k set so that every logit is shifted by the same
-# -128 * 2 = -256. Softmax is shift-invariant and the logits stay exact
-# integers (in float32, and as products of bfloat16 values), so a correct
-# kernel is as exact as on "ties"; but a kernel that exponentiates without
-# subtracting the row maximum gets exp(logit) == 0 for a whole row and returns
-# 0/0, as does one whose running maximum starts at 0 instead of -inf.
-_LOGIT_OFFSET_FACTORS = (-128.0, 2.0)
 
-ACTIVATIONS = (None, "relu", "gelu", "silu")
+def _operation(op: Operation | str) -> Operation:
+    if isinstance(op, Operation):
+        return op
+    from .ops import get_operation
+
+    return get_operation(op)
 
 
 def bucket(kind: str) -> tuple[int, ...]:
     return _EXTRA_BUCKETS.get(kind) or strategies.SIZE_BUCKETS[kind]
+
+
+def dimension_bucket(op: Operation, dim: str) -> tuple[int, ...]:
+    """The sizes ``dim`` of ``op`` is drawn from: the record's ``sizes``, else its kind's."""
+    return op.sizes.get(dim) or bucket(op.dimension_kind(dim))
 
 
 class Case:
@@ -87,23 +60,31 @@ class Case:
     as one line (``__repr__``).
     """
 
-    def __init__(self, op: str, dims: dict[str, Any], dtype: str, profile: str, seed: int,
-                 args: tuple[np.ndarray, ...], kwargs: dict[str, Any] | None = None) -> None:
-        self.op, self.dims, self.dtype, self.profile, self.seed = op, dims, dtype, profile, seed
+    def __init__(self, op: Operation | str, dims: dict[str, Any], dtype: str, profile: str,
+                 seed: int, args: tuple[np.ndarray, ...],
+                 kwargs: dict[str, Any] | None = None) -> None:
+        self.operation = _operation(op)
+        self.dims, self.dtype, self.profile, self.seed = dims, dtype, profile, seed
         self.args = args
         self.kwargs = dict(kwargs or {})
 
+    @property
+    def op(self) -> str:
+        return self.operation.name
+
     def with_args(self, args: tuple[np.ndarray, ...]) -> Case:
-        return Case(self.op, self.dims, self.dtype, self.profile, self.seed, args, self.kwargs)
+        return Case(self.operation, self.dims, self.dtype, self.profile, self.seed, args,
+                    self.kwargs)
 
     @property
     def reduction_length(self) -> int | None:
-        dimension = get_operation(self.op).reduction_dimension
+        dimension = self.operation.reduction
         return int(self.dims[dimension]) if dimension else None
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())
-        kwargs = "".join(f", {k}={v}" for k, v in self.kwargs.items())
+        kwargs = "".join(f", {k}={v!r}" if not isinstance(v, str) else f", {k}={v}"
+                         for k, v in self.kwargs.items())
         previews = "; ".join(
             f"arg{i} {a.shape} {a.dtype}: {np.array2string(a.ravel()[:4], precision=4)}"
             for i, a in enumerate(self.args)
@@ -112,68 +93,85 @@ class Case:
                 f"seed={self.seed}{kwargs} | {previews})")
 
 
-def _sizes_for(kind: str, dim: str, domain: Domain) -> tuple[int, ...]:
+def _sizes_for(op: Operation, dim: str, domain: Domain, kind: str | None = None) -> tuple[int, ...]:
+    sizes = bucket(kind) if kind is not None else dimension_bucket(op, dim)
     return strategies.restrict_sizes(
-        bucket(kind), multiple_of=domain.multiple_of.get(dim, 1),
-        max_size=domain.max_size.get(dim),
+        sizes, multiple_of=domain.multiple_of.get(dim, 1), max_size=domain.max_size.get(dim),
     )
 
 
-def _dtypes_for(op: str, domain: Domain) -> tuple[str, ...]:
-    names = get_operation(op).dtypes
+def _dtypes_for(op: Operation, domain: Domain) -> tuple[str, ...]:
+    names = op.dtypes
     if domain.dtypes is not None:
         names = tuple(d for d in names if d in domain.dtypes)
     return names
 
 
-def _offset_logits(args: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-    q, k, *rest = (np.array(arg, copy=True) for arg in args)
-    q[..., 0] = _LOGIT_OFFSET_FACTORS[0]
-    k[..., 0] = _LOGIT_OFFSET_FACTORS[1]
-    return (q, k, *rest)
-
-
 def _values(shape, dtype: str, profile: str, seed: int) -> np.ndarray:
-    if profile == "offset":  # integer values; cases() then shifts the logits
+    if profile not in strategies.VALUE_PROFILES + ("neg_inf",):
+        # An op's own profile (attention's "offset"): integer values, adjusted afterwards.
         return strategies.generate_values(shape, dtype, seed=seed, profile="ties")
     return strategies.generate_values(shape, dtype, seed=seed, profile=profile)
 
 
-def _profiles_for(op: str, dtype: str) -> list[str]:
-    return [p for p in _PROFILES[op]
-            if dtype != "int32" or p in ("normal", "large", "ties", "extremes")]
+def _profiles_for(op: Operation | str, dtype: str) -> list[str]:
+    op = _operation(op)
+    integer = np.issubdtype(strategies.as_dtype(dtype), np.integer)
+    return [p for p in op.profiles if not integer or p in _INTEGER_PROFILES]
+
+
+# The kinds of the axes of an elementwise op's array of rank 1, 2 or 3.
+_ELEMENTWISE_KINDS = {1: ("minor",), 2: ("second_minor", "minor"),
+                      3: ("leading", "second_minor", "minor")}
 
 
 @st.composite
-def cases(draw, op: str, domain: Domain = Domain()) -> Case:
+def cases(draw, op: Operation | str, domain: Domain = Domain()) -> Case:
     """Inputs of ``op`` inside ``domain``, covering the whole contract domain by default."""
+    op = _operation(op)
     dtype = draw(st.sampled_from(_dtypes_for(op, domain)))
     profile = draw(st.sampled_from(_profiles_for(op, dtype)))
     seed = draw(st.integers(0, 2**31 - 1))
-    if op == "add":
+    if op.is_elementwise:
         rank = draw(st.integers(1, 3))
-        kinds = ("leading", "second_minor", "minor")[3 - rank:]
-        shape = tuple(draw(st.sampled_from(_sizes_for(k, "shape", domain))) for k in kinds)
-        dims: dict[str, Any] = {"shape": shape}
+        shape = tuple(draw(st.sampled_from(_sizes_for(op, SHAPE, domain, kind)))
+                      for kind in _ELEMENTWISE_KINDS[rank])
+        dims: dict[str, Any] = {SHAPE: shape}
     else:
-        dims = {dim: draw(st.sampled_from(_sizes_for(kind, dim, domain)))
-                for dim, kind in _DIMENSION_KIND[op].items()}
-    kwargs: dict[str, Any] = {}
-    if op == "matmul_activation":
-        kwargs["activation"] = draw(st.sampled_from(ACTIVATIONS))
-    if op == "ppermute":
-        kwargs["shift"] = draw(st.sampled_from((1, -1)))
-    return _make_case(op, dims, dtype, profile, seed, kwargs)
+        dims = {dim: draw(st.sampled_from(_sizes_for(op, dim, domain))) for dim in op.dimensions}
+    kwargs = {name: draw(st.sampled_from(values)) for name, values in op.params.items()}
+    return make_case(op, dims, dtype, profile, seed, kwargs)
 
 
-def _make_case(op: str, dims: dict[str, Any], dtype: str, profile: str, seed: int,
-               kwargs: dict[str, Any]) -> Case:
-    args = tuple(_values(shape, dtype, profile, seed + i)
-                 for i, shape in enumerate(argument_shapes(op, dims)))
-    if profile == "offset":
-        args = _offset_logits(args)
-    return Case(op=op, dims=dims, dtype=dtype, profile=profile, seed=seed, args=args,
-                kwargs=kwargs)
+def build_arguments(op: Operation, dims: dict[str, Any], dtype: str, profile: str,
+                    seed: int) -> tuple[np.ndarray, ...]:
+    """The arguments of ``op`` for these sizes, dtype, value profile and seed."""
+    shapes = op.argument_shapes(dims)
+    built: tuple[Any, ...] = (None,) * len(shapes)
+    builder = op.load_inputs()
+    if builder is not None:
+        built = tuple(builder(dict(dims), dtype, np.random.default_rng(seed)))
+        if len(built) != len(shapes):
+            raise ValueError(f"the inputs builder of {op.name} returned {len(built)} arguments; "
+                             f"its signature {op.signature!r} has {len(shapes)}")
+    args = tuple(
+        np.asarray(given) if given is not None
+        else _values(shape, op.arg_dtypes.get(i, dtype), profile, seed + i)
+        for i, (shape, given) in enumerate(zip(shapes, built))
+    )
+    adjust = op.profile_adjustments.get(profile)
+    if adjust is not None:
+        from .operation import load
+
+        args = tuple(load(adjust)(args))
+    return args
+
+
+def make_case(op: Operation | str, dims: dict[str, Any], dtype: str, profile: str, seed: int,
+              kwargs: dict[str, Any]) -> Case:
+    op = _operation(op)
+    args = build_arguments(op, dims, dtype, profile, seed)
+    return Case(op, dims=dims, dtype=dtype, profile=profile, seed=seed, args=args, kwargs=kwargs)
 
 
 # --- the sweep: value profiles and dtypes tried on purpose ----------------------------------
@@ -183,9 +181,10 @@ def _make_case(op: str, dims: dict[str, Any], dtype: str, profile: str, seed: in
 # alone, went unseen for 6 of 23 seeds; tests/test_suite_power.py). So before its drawn
 # examples the value property tries each profile on the op's first dtype and the most
 # stressful profile on each other dtype, on one multi-tile ragged shape: Hypothesis
-# explicit examples, the same in every run.
+# explicit examples, the same in every run. Sweep case i takes value i (cyclically) of
+# each of the op's params.
 
-SWEEP_SLOTS = 6  # the most sweep cases of any op over its whole domain (add, copy, ppermute)
+SWEEP_SLOTS = 6  # the most sweep cases of any built-in op over its whole domain (add, copy, ...)
 _STRESS_PROFILES = ("large", "offset", "extremes")
 
 
@@ -199,8 +198,9 @@ class SweepSlot:
         return f"sweep case {self.index + 1}"
 
 
-def sweep(op: str, domain: Domain = Domain()) -> list[tuple[str, str]]:
+def sweep(op: Operation | str, domain: Domain = Domain()) -> list[tuple[str, str]]:
     """The (dtype, value profile) pairs the value property tries on purpose for ``op``."""
+    op = _operation(op)
     dtypes = _dtypes_for(op, domain)
     if not dtypes:
         return []
@@ -214,8 +214,12 @@ def sweep(op: str, domain: Domain = Domain()) -> list[tuple[str, str]]:
     return pairs
 
 
-def _sweep_size(kind: str, dim: str, domain: Domain) -> int:
-    sizes = _sizes_for(kind, dim, domain)
+def sweep_slots(op: Operation | str) -> int:
+    """How many sweep cases ``op`` has over its whole domain (the explicit examples it needs)."""
+    return len(sweep(op))
+
+
+def _sweep_size(sizes: tuple[int, ...], kind: str) -> int:
     if kind == "devices":
         return sizes[0]  # the fewest: a run may have no more devices than that
     # A ragged size past one tile where the bucket has one (200 lanes, 24 sublanes, k=300);
@@ -223,59 +227,36 @@ def _sweep_size(kind: str, dim: str, domain: Domain) -> int:
     return sizes[3] if len(sizes) > 3 else sizes[min(1, len(sizes) - 1)]
 
 
-def sweep_case(op: str, domain: Domain, index: int) -> Case | None:
+def sweep_case(op: Operation | str, domain: Domain, index: int) -> Case | None:
     """Sweep case ``index`` of ``op`` inside ``domain``; None past the op's last one."""
+    op = _operation(op)
     pairs = sweep(op, domain)
     if index >= len(pairs):
         return None
     dtype, profile = pairs[index]
-    if op == "add":
-        dims: dict[str, Any] = {"shape": tuple(
-            _sweep_size(kind, "shape", domain) for kind in ("second_minor", "minor"))}
+    if op.is_elementwise:
+        dims: dict[str, Any] = {SHAPE: tuple(
+            _sweep_size(_sizes_for(op, SHAPE, domain, kind), kind)
+            for kind in ("second_minor", "minor"))}
     else:
-        dims = {dim: _sweep_size(kind, dim, domain)
-                for dim, kind in _DIMENSION_KIND[op].items()}
-    kwargs: dict[str, Any] = {}
-    if op == "matmul_activation":
-        kwargs["activation"] = ACTIVATIONS[(index + 2) % len(ACTIVATIONS)]  # gelu first
-    if op == "ppermute":
-        kwargs["shift"] = 1
-    return _make_case(op, dims, dtype, profile, index, kwargs)
+        dims = {dim: _sweep_size(_sizes_for(op, dim, domain), op.dimension_kind(dim))
+                for dim in op.dimensions}
+    kwargs = {name: values[index % len(values)] for name, values in op.params.items()}
+    return make_case(op, dims, dtype, profile, index, kwargs)
 
 
-def argument_shapes(op: str, dims: dict[str, Any]) -> list[tuple[int, ...]]:
-    d = dims
-    if op == "add":
-        return [d["shape"], d["shape"]]
-    if op == "sum":
-        return [(d["n"], d["r"], d["c"])]
-    if op in ("matmul", "matmul_activation"):
-        return [(d["m"], d["k"]), (d["k"], d["n"])]
-    if op == "batched_matmul":
-        return [(d["b"], d["m"], d["k"]), (d["b"], d["k"], d["n"])]
-    if op in ("softmax", "copy"):
-        return [(d["rows"], d["cols"])]
-    if op == "attention":
-        return [(d["s"], d["d"]), (d["t"], d["d"]), (d["t"], d["d"])]
-    if op == "mha":
-        return [(d["b"], d["h"], d["s"], d["d"])] + [(d["b"], d["h"], d["t"], d["d"])] * 2
-    if op == "mqa":
-        return [(d["b"], d["h"], d["s"], d["d"])] + [(d["b"], d["t"], d["d"])] * 2
-    if op == "ppermute":
-        # The global array: one (rows, cols) block per device, stacked along rows.
-        return [(d["devices"] * d["rows"], d["cols"])]
-    raise KeyError(op)
+def argument_shapes(op: Operation | str, dims: dict[str, Any]) -> list[tuple[int, ...]]:
+    return _operation(op).argument_shapes(dims)
 
 
-def compilation_bound(op: str, domain: Domain = Domain()) -> int:
+def compilation_bound(op: Operation | str, domain: Domain = Domain()) -> int:
     """The most distinct input signatures (shapes x dtypes) the suite can draw for ``op``."""
+    op = _operation(op)
     dtypes = len(_dtypes_for(op, domain))
-    if op == "add":
-        per_rank = [math.prod(len(_sizes_for(k, "shape", domain))
-                              for k in ("leading", "second_minor", "minor")[3 - r:])
-                    for r in (1, 2, 3)]
+    if op.is_elementwise:
+        per_rank = [math.prod(len(_sizes_for(op, SHAPE, domain, k)) for k in kinds)
+                    for kinds in _ELEMENTWISE_KINDS.values()]
         return dtypes * sum(per_rank)
-    shapes = math.prod(len(_sizes_for(kind, dim, domain))
-                       for dim, kind in _DIMENSION_KIND[op].items())
-    extra = len(ACTIVATIONS) if op == "matmul_activation" else 2 if op == "ppermute" else 1
+    shapes = math.prod(len(_sizes_for(op, dim, domain)) for dim in op.dimensions)
+    extra = math.prod(len(values) for values in op.params.values())
     return dtypes * shapes * extra

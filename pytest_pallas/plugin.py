@@ -19,7 +19,7 @@ from .session import (
     PallasSession,
     conformance_op,
     device_shortfall,
-    is_conformance_item,
+    is_packaged_conformance_item,
 )
 
 _SESSION = pytest.StashKey[PallasSession]()
@@ -34,6 +34,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from . import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
 def _session(config: pytest.Config) -> PallasSession:
     return config.stash[_SESSION]
 
@@ -41,6 +47,8 @@ def _session(config: pytest.Config) -> PallasSession:
 def pytest_configure(config: pytest.Config) -> None:
     for spec, description in MARKERS.items():
         config.addinivalue_line("markers", f"{spec}: {description}")
+    # The ops of conftests first: --pallas-impl and --pallas-ops may name them.
+    _register_operations(config)
     parsed = options_module.parse_options(config)
     scope = config.getini("pallas_scope") or "marked"
     if scope not in ("marked", "all"):
@@ -57,14 +65,35 @@ def pytest_configure(config: pytest.Config) -> None:
     if parsed.session_opted_in:
         # --pallas-tpu without a TPU must stop here, before collection (exit 4).
         session.backend  # noqa: B018
+    # Every run records what conformance tests it runs: the packaged suite's, and those of
+    # a conformance_tests class in the user's own modules.
+    from .report import ConformanceRecorder
+
+    session.recorder = ConformanceRecorder()
+    if _is_controller(config):
+        config.pluginmanager.register(_WorkerRecordsMerger(session.recorder),
+                                      "pallas-worker-records")
     if parsed.conformance or parsed.implementations:
         _configure_conformance(config, session)
+
+
+def _register_operations(config: pytest.Config) -> None:
+    """The ops of ``pytest_pallas_operations`` hooks join the registry; then the op flags are
+    checked against it."""
+    from . import ops
+    from .operation import OperationError
+
+    try:
+        for returned in config.hook.pytest_pallas_operations(config=config):
+            for operation in returned or ():
+                ops.register(operation)
+    except OperationError as error:
+        raise pytest.UsageError(f"pytest_pallas_operations: {error}") from None
 
 
 def _configure_conformance(config: pytest.Config, session: PallasSession) -> None:
     from . import implementations
     from .conformance_harness import bind_implementations, selected_ops
-    from .report import ConformanceRecorder
 
     user_targets = dict(session.options.implementations)
     session.conformance_ops = selected_ops(session.options.ops, tuple(user_targets))
@@ -73,10 +102,6 @@ def _configure_conformance(config: pytest.Config, session: PallasSession) -> Non
         lambda target, op: implementations.resolve(target, flag=f"--pallas-impl {op}={target}"),
         session.conformance_ops,
     )
-    session.recorder = ConformanceRecorder()
-    if _is_controller(config):
-        config.pluginmanager.register(_WorkerRecordsMerger(session.recorder),
-                                      "pallas-worker-records")
     # Before the suite is imported: its secondary properties size themselves on the profile.
     _load_hypothesis_profile(session)
     # The suite is part of the install, so it runs from any directory. Given
@@ -86,6 +111,19 @@ def _configure_conformance(config: pytest.Config, session: PallasSession) -> Non
         config.args[:] = [CONFORMANCE_DIRECTORY]
     elif CONFORMANCE_DIRECTORY not in config.args:
         config.args.append(CONFORMANCE_DIRECTORY)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    """A malformed Operation or @supports in a test module is a usage error, in one line."""
+    report = yield
+    if report.failed:
+        import re
+
+        match = re.search(r"\b(?:OperationError|SupportsError): (.*)", str(report.longrepr))
+        if match:
+            raise pytest.UsageError(f"{collector.nodeid}: {match.group(1)}")
+    return report
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -127,6 +165,9 @@ def _load_hypothesis_profile(pallas: PallasSession) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    from .ops import unregister_all
+
+    unregister_all()
     pallas = config.stash.get(_SESSION, None)
     if pallas is not None and pallas.hypothesis_profile_before is not None:
         from hypothesis import settings
@@ -136,17 +177,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _deselect_conformance_ops(pallas: PallasSession, config: pytest.Config,
                               items: list[pytest.Item]) -> None:
-    conformance_items = [item for item in items if is_conformance_item(item)]
+    conformance_items = [item for item in items if is_packaged_conformance_item(item)]
     if not conformance_items:
         return
-    if pallas.recorder is None:
+    if not (pallas.options.conformance or pallas.options.implementations):
         raise pytest.UsageError(
             "the conformance suite was collected without --pallas-conformance; "
             "run `pytest --pallas-conformance` (optionally with --pallas-impl/--pallas-ops)."
         )
     keep, drop = [], []
     for item in items:
-        op = conformance_op(item) if is_conformance_item(item) else None
+        op = conformance_op(item) if is_packaged_conformance_item(item) else None
         (drop if op is not None and op not in pallas.conformance_ops else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -178,11 +219,18 @@ def _seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
     if getattr(function, "is_hypothesis_test", False):
         from hypothesis import seed, settings
 
+        from .conformance_suite import SETTINGS_ATTRIBUTE
+
         # Put back at teardown: the function is shared by its parametrized items and by
         # a later run of the suite in the same process.
         item.stash[_HYPOTHESIS_ATTRIBUTES] = (function, {
             name: function.__dict__.get(name, _ABSENT) for name in _HYPOTHESIS_ATTRIBUTE_NAMES})
-        if not hasattr(function, "_hypothesis_internal_settings_applied"):
+        make_settings = getattr(function, SETTINGS_ATTRIBUTE, None)
+        if make_settings is not None:
+            # A conformance test's own count (a fifth of the profile's, say), made from the
+            # profile of this run.
+            function._hypothesis_internal_use_settings = make_settings(settings.default)
+        elif not hasattr(function, "_hypothesis_internal_settings_applied"):
             # @given took the settings profile loaded when the module was imported, before
             # the plugin knew the test was ours; a test without its own @settings gets ours.
             function._hypothesis_internal_use_settings = settings.default
@@ -382,7 +430,8 @@ def _write_report(config: pytest.Config, *, complete: bool) -> None:
     document = pallas.recorder.document(complete=complete, incomplete_reasons=reasons,
                                         environment=environment_facts(backend))
     document["seed"] = pallas.options.seed
-    document["ops_selected"] = list(pallas.conformance_ops)
+    document["ops_selected"] = list(pallas.conformance_ops) + [
+        op for op in pallas.recorder.ops if op not in pallas.conformance_ops]
     write_json_atomically(pallas.options.report_path, document)
 
 
@@ -394,6 +443,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if pallas.recorder is None or not pallas.recorder.ops:
         return
     terminalreporter.write_sep("=", "pallas conformance")
+    if not (pallas.options.session_opted_in or pallas.scope_all):
+        # Not in pytest's header (a conformance_tests class in a run without Pallas flags).
+        terminalreporter.write_line(pallas.header())
     for line in pallas.recorder.summary_lines():
         terminalreporter.write_line(line)
     terminalreporter.write_line(
@@ -471,11 +523,17 @@ def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
 def conformance(request: pytest.FixtureRequest):
     """The conformance harness: draws inputs for an op and checks the chosen implementation."""
     from .conformance_harness import Conformance
+    from .conformance_suite import class_binding
 
     pallas = _session(request.config)
-    if pallas.recorder is None:
+    binding = class_binding(getattr(request, "cls", None))
+    if binding is not None:  # a conformance_tests class: its own op and implementation
+        implementations = {binding.op: binding}
+    elif not (pallas.options.conformance or pallas.options.implementations):
         pytest.skip("conformance tests run with --pallas-conformance")
-    return Conformance(pallas.implementations, pallas.item_backend(request.node), pallas.recorder,
+    else:
+        implementations = pallas.implementations
+    return Conformance(implementations, pallas.item_backend(request.node), pallas.recorder,
                        interpreter_chosen=pallas.options.interpreter_given
                        or bool(request.config.getini("pallas_interpret"))
                        or pallas.options.detect_races)

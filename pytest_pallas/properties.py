@@ -1,7 +1,7 @@
 """The properties every implementation of an op must have, checked on one ``Case`` at a time.
 
 Each check calls the implementation the way the contract says (under
-``jax.jit``; inside ``shard_map`` for ``ppermute``; under ``jax.vmap`` for the
+``jax.jit``; inside ``shard_map`` for a collective op; under ``jax.vmap`` for the
 batching property), judges the result and records the outcome per
 (op, property) in the run's ``ConformanceRecorder``. A failure raises
 ``AssertionError`` with a paragraph that says what was expected; an
@@ -19,62 +19,66 @@ import numpy as np
 
 from .compare import compare_arrays
 from .op_inputs import Case
-from .ops import get_operation
-
-VMAP_OPS = ("add", "sum", "matmul", "matmul_activation", "softmax", "attention", "copy")
-
-
-def _activation(name: str | None) -> Callable | None:
-    if name is None:
-        return None
-    import jax
-
-    return getattr(jax.nn, name)
+from .operation import DEVICES, resolve_params
+from .strategies import as_dtype
 
 
-def _call_kwargs(case: Case) -> dict[str, Any]:
-    kwargs = dict(case.kwargs)
-    if case.op == "matmul_activation":
-        kwargs["activation"] = _activation(kwargs["activation"])
-    return kwargs
+def call_kwargs(case: Case) -> dict[str, Any]:
+    """The keyword arguments the implementation and the oracle get (deferred values imported)."""
+    return resolve_params(case.kwargs)
 
 
 def expected_output(case: Case) -> np.ndarray:
     """The float64 (or exact integer) oracle result for ``case``."""
-    op = get_operation(case.op)
+    op = case.operation
     oracle = op.load_oracle()
-    if case.op == "ppermute":
-        blocks = np.split(case.args[0], case.dims["devices"], axis=0)
-        return np.concatenate(list(oracle(blocks, case.kwargs["shift"])), axis=0)
-    return np.asarray(oracle(*case.args, **_call_kwargs(case)))
+    kwargs = call_kwargs(case)
+    if op.collective:
+        kwargs[DEVICES] = case.dims[DEVICES]
+    return np.asarray(oracle(*oracle_args(case), **kwargs))
+
+
+def oracle_args(case: Case) -> tuple[np.ndarray, ...]:
+    """The arguments as the oracle gets them: floats in float64 (an exact op's as they are,
+    so that a copy is judged bit for bit), integers as drawn."""
+    if case.operation.exact:
+        return tuple(case.args)
+    return tuple(np.asarray(a, np.float64) if np.asarray(a).dtype.kind not in "iub" else a
+                 for a in case.args)
 
 
 def run(implementation: Callable, case: Case) -> Any:
     """Call ``implementation`` on ``case`` as the contract says; return the raw result."""
     import jax
 
-    if case.op == "ppermute":
-        return _run_ppermute(implementation, case)
-    function = jax.jit(functools.partial(implementation, **_call_kwargs(case)))
+    if case.operation.collective:
+        return _run_collective(implementation, case)
+    function = jax.jit(functools.partial(implementation, **call_kwargs(case)))
     result = function(*case.args)
     return jax.block_until_ready(result)
 
 
-def _run_ppermute(implementation: Callable, case: Case) -> Any:
+# The mesh axis a collective op is called over.
+AXIS_NAME = "ring"
+
+
+def _run_collective(implementation: Callable, case: Case) -> Any:
     import jax
     from jax.sharding import Mesh, PartitionSpec
 
-    count = case.dims["devices"]
+    count = case.dims[DEVICES]
     devices = jax.devices()
     if count > len(devices):
         import pytest
 
-        pytest.skip(f"ppermute on {count} devices: JAX sees {len(devices)}; run with "
+        pytest.skip(f"{case.op} on {count} devices: JAX sees {len(devices)}; run with "
                     f"--pallas-devices={count}")
-    mesh = Mesh(np.array(devices[:count]), ("ring",))
-    body = functools.partial(implementation, axis_name="ring", shift=case.kwargs["shift"])
-    sharded = jax.shard_map(body, mesh=mesh, in_specs=PartitionSpec("ring"),
-                            out_specs=PartitionSpec("ring"), check_vma=False)
+    mesh = Mesh(np.array(devices[:count]), (AXIS_NAME,))
+    body = functools.partial(implementation, **{case.operation.collective: AXIS_NAME},
+                             **call_kwargs(case))
+    specs = tuple(PartitionSpec(AXIS_NAME) for _ in case.args)
+    sharded = jax.shard_map(body, mesh=mesh, in_specs=specs,
+                            out_specs=PartitionSpec(AXIS_NAME), check_vma=False)
     return jax.block_until_ready(jax.jit(sharded)(*case.args))
 
 
@@ -99,95 +103,23 @@ def output_type_problem(case: Case, result: Any) -> str:
     wanted = f"a jax.Array of shape {expected_shape} and dtype {case.dtype}"
     if not isinstance(result, jax.Array):
         return (f"{case.op} returned {describe_output(result)}; the contract expects {wanted} "
-                f"(signature {get_operation(case.op).signature}).")
+                f"(signature {case.operation.signature}).")
     if tuple(result.shape) != expected_shape or str(result.dtype) != case.dtype:
         return f"{case.op} returned {describe_output(result)}; the contract expects {wanted}."
     return ""
 
 
 def expected_shape_of(case: Case) -> tuple[int, ...]:
-    d = case.dims
-    shapes = {
-        "add": lambda: tuple(d["shape"]),
-        "sum": lambda: (d["r"], d["c"]),
-        "matmul": lambda: (d["m"], d["n"]),
-        "matmul_activation": lambda: (d["m"], d["n"]),
-        "batched_matmul": lambda: (d["b"], d["m"], d["n"]),
-        "softmax": lambda: (d["rows"], d["cols"]),
-        "copy": lambda: (d["rows"], d["cols"]),
-        "attention": lambda: (d["s"], d["d"]),
-        "mha": lambda: (d["b"], d["h"], d["s"], d["d"]),
-        "mqa": lambda: (d["b"], d["h"], d["s"], d["d"]),
-        "ppermute": lambda: (d["devices"] * d["rows"], d["cols"]),
-    }
-    return shapes[case.op]()
+    return case.operation.result_shape(case.dims)
 
 
 def matmul_precision_for(case: Case, backend_precision: str) -> str:
-    # Attention multiplies probabilities rounded to the input dtype by v (as
-    # JAX's own flash attention does): with bfloat16 inputs that second matmul
-    # has bfloat16 operands wherever it runs.
-    if case.op in ("attention", "mha", "mqa") and case.dtype == "bfloat16":
+    # An op whose inner matmul takes operands rounded to the input dtype (attention's
+    # probabilities times v, as JAX's own flash attention does): with bfloat16 inputs that
+    # matmul has bfloat16 operands wherever it runs.
+    if case.operation.low_precision_matmul and case.dtype == "bfloat16":
         return "bfloat16"
     return backend_precision
-
-
-def logit_rounding_allowance(case: Case, backend_precision: str) -> tuple[float, str]:
-    """The error attention inherits from rounding its logits, as an absolute tolerance.
-
-    Each logit q.k is a d-term sum rounded to the accumulator's precision;
-    softmax turns an absolute logit error e into a relative weight error of
-    about e, so the output may move by e * max|v|. A correct float32 kernel
-    (and plain XLA) reaches a few times the default tolerance at d = 128
-    without this term; a missing rescale or max-subtraction is still off by
-    far more.
-    """
-    if case.op not in ("attention", "mha", "mqa"):
-        return 0.0, ""
-    from .compare import epsilon
-
-    q, k, v = (np.asarray(a, np.float64) for a in case.args)
-    if case.op == "mqa":
-        k, v = k[:, None], v[:, None]
-    logit_bound = float(np.max(np.abs(q) @ np.swapaxes(np.abs(k), -1, -2), initial=0.0))
-    # bfloat16 inputs multiply exactly into float32 sums; only float32 inputs
-    # on a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
-    accumulator = (
-        "bfloat16" if backend_precision == "bfloat16" and case.dtype == "float32" else "float32"
-    )
-    extra = epsilon(accumulator) * logit_bound * float(np.max(np.abs(v), initial=0.0))
-    return extra, (f"logits rounded in {accumulator} (max sum |q||k| = {logit_bound:.3g}) "
-                   f"add {extra:.3g}")
-
-
-# How far a correct evaluation of the activation in the output dtype may be from the float64
-# oracle, in units of eps(dtype) * max|x @ y|. jax.nn.gelu in float32 is off by up to 1.4 ulp
-# of |z| (at z = 4.14) and jax.nn.silu by 1.2 (z = 8.69), measured over z in [-30, 30];
-# near z = -4 the 1 + tanh of gelu cancels, and a result of -7e-5 is off by 1.5e-7.
-_ACTIVATION_ULPS = {"gelu": 2.0, "silu": 2.0}
-
-
-def activation_rounding_allowance(case: Case) -> tuple[float, str]:
-    """The error a correct kernel's activation adds, as an absolute tolerance.
-
-    The default tolerance scales with max|output|; an activation's rounding
-    scales with its input z = x @ y instead, and gelu and silu shrink large
-    negative z to tiny outputs whose absolute error stays about eps * |z|.
-    Without this term plain XLA's ``jax.nn.gelu`` fails the float32 tolerance
-    (1.27 times it, for z = -4); a wrong or missing activation is still off
-    by far more than 2 ulp of |z|.
-    """
-    activation = case.kwargs.get("activation") if case.op == "matmul_activation" else None
-    ulps = _ACTIVATION_ULPS.get(activation or "")
-    if not ulps:
-        return 0.0, ""
-    from .compare import epsilon
-
-    x, y = (np.asarray(a, np.float64) for a in case.args)
-    bound = float(np.max(np.abs(x @ y), initial=0.0))
-    extra = ulps * epsilon(case.dtype) * bound
-    return extra, (f"{activation} evaluated in {case.dtype} (max |x @ y| = {bound:.3g}) "
-                   f"adds {extra:.3g}")
 
 
 def introduced_nonfinite(actual: Any, expected: np.ndarray) -> np.ndarray:
@@ -202,7 +134,7 @@ def judge_value(case: Case, result: Any, expected: np.ndarray, *,
     Returns the verdict per property, the worst error in tolerances and the
     failure message ('' when every property holds).
     """
-    op = get_operation(case.op)
+    op = case.operation
     actual = np.asarray(result)
     verdicts = {"shape_dtype": True, "finite": True, "value": True}
     if np.issubdtype(expected.dtype, np.floating):
@@ -210,13 +142,11 @@ def judge_value(case: Case, result: Any, expected: np.ndarray, *,
         if np.any(introduced):
             verdicts["finite"] = False
     precision = matmul_precision_for(case, matmul_precision)
-    extra, reason = logit_rounding_allowance(case, matmul_precision)
-    if not extra:
-        extra, reason = activation_rounding_allowance(case)
+    extra, reason = op.extra_allowance(case, matmul_precision)
     comparison = compare_arrays(
         actual, expected, reduction_length=case.reduction_length,
         matmul_precision=precision,
-        exact=True if op.exact or case.dtype == "int32" else None,
+        exact=True if op.exact or np.issubdtype(as_dtype(case.dtype), np.integer) else None,
         additional_atol=extra, additional_reason=reason,
     )
     if not comparison.passed:

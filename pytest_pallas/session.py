@@ -260,10 +260,18 @@ class PallasSession:
         )
 
 
-# The suite ships beside this package (site-packages/conformance, or the
-# checkout's conformance/ in an editable install).
-CONFORMANCE_DIRECTORY = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conformance")
+def _conformance_directory() -> str:
+    # The packaged suite: site-packages/pytest_pallas/conformance, or the checkout's
+    # conformance/ in an editable install (found without importing it).
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytest_pallas.conformance")
+    if spec is not None and spec.submodule_search_locations:
+        return os.path.abspath(list(spec.submodule_search_locations)[0])
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "conformance")
+
+
+CONFORMANCE_DIRECTORY = _conformance_directory()
 
 
 def _list_or_empty(recorded: list | None) -> list:
@@ -272,11 +280,24 @@ def _list_or_empty(recorded: list | None) -> list:
     return recorded if recorded is not None else []
 
 
-def is_conformance_item(item: pytest.Item) -> bool:
+def is_packaged_conformance_item(item: pytest.Item) -> bool:
     return os.path.dirname(str(item.path)) == CONFORMANCE_DIRECTORY
 
 
+def is_conformance_item(item: pytest.Item) -> bool:
+    """A test of the packaged suite or of a ``conformance_tests`` class."""
+    return is_packaged_conformance_item(item) or _class_binding(item) is not None
+
+
+def _class_binding(item: pytest.Item) -> Any:
+    cls = getattr(item, "cls", None)
+    return getattr(cls, "__pallas_conformance__", None) if cls is not None else None
+
+
 def conformance_op(item: pytest.Item) -> str | None:
+    binding = _class_binding(item)
+    if binding is not None:
+        return binding.op
     callspec = getattr(item, "callspec", None)
     return callspec.params.get("op") if callspec is not None else None
 

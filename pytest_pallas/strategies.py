@@ -24,6 +24,8 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
+from . import tiling
+
 # One representative per kind of size: 1 (degenerate), a ragged size below one
 # tile, exactly one (8, 128) tile, a ragged size past it, and several tiles.
 SIZE_BUCKETS = {
@@ -91,34 +93,29 @@ def dtypes(names: Sequence[str] = ("float32", "bfloat16")) -> st.SearchStrategy[
 
 
 def sublane_multiple(dtype: Any) -> int:
-    """The TPU tile's second-minor size for a dtype: 8 for 32-bit, 16 for 16-bit, 32 for 8-bit."""
-    itemsize = as_dtype(dtype).itemsize
-    return {4: 8, 2: 16, 1: 32}.get(itemsize, 8)
+    """The dtype's native tile rows: 8 for 32-bit, 16 for 16-bit, 32 for 8-bit (``tiling``)."""
+    return tiling.native_sublanes(as_dtype(dtype))
 
 
-LANE_MULTIPLE = 128
+LANE_MULTIPLE = tiling.LANES
 
 
 def is_tile_legal_block(block_shape: Sequence[int | None], array_shape: Sequence[int],
-                        dtype: Any) -> bool:
-    """Whether a BlockSpec block is legal for TPU tiling.
+                        dtype: Any, *, packed: bool = False) -> bool:
+    """Whether a BlockSpec block is legal for TPU tiling, and no larger than the array.
 
-    The minor dimension must be a multiple of 128 or the full dimension; the
-    second-minor a multiple of ``sublane_multiple(dtype)`` or the full
-    dimension; leading dimensions are free. ``None`` (squeezed) counts as 1.
+    The rule is ``tiling.is_legal_block``, the one the static check applies:
+    the minor dimension a multiple of 128 or the full dimension; the
+    second-minor a multiple of 8 (of ``sublane_multiple(dtype)`` with
+    ``packed=True``) or the full dimension; leading dimensions free; a rank-1
+    block as Mosaic lowers it. ``None`` (squeezed) counts as 1.
     """
     block = [1 if b is None else b for b in block_shape]
     if len(block) != len(array_shape):
         return False
     if any(b < 1 or b > max(a, 1) for b, a in zip(block, array_shape)):
         return False
-    if block and not (block[-1] == array_shape[-1] or block[-1] % LANE_MULTIPLE == 0):
-        return False
-    if len(block) >= 2:
-        sub = sublane_multiple(dtype)
-        if not (block[-2] == array_shape[-2] or block[-2] % sub == 0):
-            return False
-    return True
+    return tiling.is_legal_block(block, array_shape, as_dtype(dtype), packed=packed)
 
 
 @st.composite
@@ -134,9 +131,9 @@ def tile_legal_block_shapes(draw, array_shape: Sequence[int], dtype: Any,
     block = []
     for axis, size in enumerate(array_shape):
         if axis == rank - 1:
-            tile = LANE_MULTIPLE
+            tile = LANE_MULTIPLE if rank > 1 else tiling.SUBLANES * tiling.LANES
         elif axis == rank - 2:
-            tile = sublane_multiple(dtype)
+            tile = tiling.required_sublanes(as_dtype(dtype))
         else:
             block.append(draw(st.integers(1, max(size, 1))))
             continue

@@ -53,6 +53,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import tiling
+
 if TYPE_CHECKING:
     from pytest_pallas._jax_compat import BlockOperand, KernelExitState, PallasCallInfo
 
@@ -202,18 +204,7 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _bits(dtype: Any) -> int | None:
-    import numpy as np
-
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        return None
-    if dtype == np.bool_:
-        return 32  # Mosaic stores booleans as int32 in memory
-    bits = getattr(dtype, "itemsize", 0) * 8
-    if dtype.name in ("int4", "uint4", "float4_e2m1fn"):
-        bits = 4
-    return bits or None
+    return tiling.bits_of(dtype)
 
 
 def _mib(n: float) -> str:
@@ -272,15 +263,15 @@ def _tiling_violation(
     if rank >= 2:
         problems, fixes = [], []
         minor, full_minor = sizes[-1], shape[-1]
-        if not (minor == full_minor or minor % info.num_lanes == 0):
+        if not tiling.minor_ok(minor, full_minor, info.num_lanes):
             problems.append(
                 f"its last dimension is {_dim_text(op, -1)} but must be a multiple of "
                 f"{info.num_lanes} or the full {full_minor}"
             )
             fixes.append(_suggest(op, -1, info.num_lanes))
-        rows = info.num_sublanes * (32 // bits if packed and bits < 32 else 1)
+        rows = tiling.required_sublanes(op.dtype, packed=packed, sublanes=info.num_sublanes)
         second, full_second = sizes[-2], shape[-2]
-        if not (second == full_second or second % rows == 0):
+        if not tiling.second_minor_ok(second, full_second, rows):
             reason = f"a multiple of {rows}" + (
                 f" ({32 // bits} rows of {_dtype_name(op.dtype)} pack into each 32-bit sublane)"
                 if rows != info.num_sublanes
@@ -314,7 +305,7 @@ def _tiling_violation(
     chunk = info.num_sublanes * info.num_lanes
     min_tiling = info.num_lanes * packing
     (size,), (full,) = sizes, shape
-    if size == full or size % chunk == 0 or (size >= min_tiling and size & (size - 1) == 0):
+    if tiling.rank1_ok(size, full, bits, sublanes=info.num_sublanes, lanes=info.num_lanes):
         return None
     return Violation(
         TILING,
@@ -392,7 +383,7 @@ def padded_vmem_bytes(shape: Sequence[int], dtype: Any, info: Any) -> int:
 
 
 def _round_up(n: int, multiple: int) -> int:
-    return -(-max(n, 1) // multiple) * multiple
+    return tiling.round_up(max(n, 1), multiple)
 
 
 def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:

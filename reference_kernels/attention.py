@@ -46,6 +46,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec
 
+from ._tiling import LANES, check_block, native_sublanes, round_up, spread
+
 __all__ = [
     "DEFAULT_BLOCK_KV",
     "DEFAULT_BLOCK_Q",
@@ -70,45 +72,10 @@ __all__ = [
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_KV = 512
 
-_LANES = 128
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 # --- shared helpers -------------------------------------------------------------
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def _sublanes(dtype: Any) -> int:
-    # A vreg holds 8 sublanes of 32-bit words; 16-bit values pack two per word.
-    return 8 * (4 // jnp.dtype(dtype).itemsize)
-
-
-def _default_block(dim: int, tile: int, cap: int) -> int:
-    """The default block for a dimension of size ``dim``.
-
-    Up to ``cap``: the whole dimension, one block, legal for any size (a block
-    equal to the full dimension is exempt from the tiling rule) and no
-    padding. Beyond: the fewest blocks of at most ``cap``, each a multiple of
-    ``tile``, spread evenly so that the zero padding stays under one tile per
-    block (600 rows become two 304-row blocks, not two 512-row ones).
-    """
-    if dim <= cap:
-        return dim
-    num_blocks = -(-dim // cap)
-    return _round_up(-(-dim // num_blocks), tile)
-
-
-def _check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, why: str) -> None:
-    if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-        raise ValueError(f"{name} must be a positive int, got {block!r}")
-    if block % multiple and block != dim:
-        raise ValueError(
-            f"{name}={block} must be a multiple of {multiple} ({why}) "
-            f"or equal the full dimension {dim_name}={dim}"
-        )
 
 
 def _check_dtypes(q: Any, k: Any, v: Any) -> None:
@@ -363,7 +330,7 @@ def _attention_kernel_call(block_q: int, block_kv: int, kv_len: int):
 @functools.partial(jax.jit, static_argnames=("block_q", "block_kv"))
 def _flash_attention(q, k, v, *, block_q: int, block_kv: int):
     (s, d), (t, dv) = q.shape, v.shape
-    s_pad, t_pad = _round_up(s, block_q), _round_up(t, block_kv)
+    s_pad, t_pad = round_up(s, block_q), round_up(t, block_kv)
     # d is never split: every block spans it whole, which is legal for any d.
     q = _pad_to(q, (s_pad, d))
     k = _pad_to(k, (t_pad, d))
@@ -374,17 +341,17 @@ def _flash_attention(q, k, v, *, block_q: int, block_kv: int):
 
 def _resolve_blocks(s: int, t: int, dtype: Any, block_q: int | None, block_kv: int | None
                     ) -> tuple[int, int]:
-    sublanes = _sublanes(dtype)
+    sublanes = native_sublanes(dtype)
     if block_q is None:
-        block_q = _default_block(s, sublanes, DEFAULT_BLOCK_Q)
+        block_q = spread(s, sublanes, DEFAULT_BLOCK_Q)
     else:
-        _check_block("block_q", block_q, "s", s, sublanes,
+        check_block("block_q", block_q, "s", s, sublanes,
                      f"TPU sublane tiling of {jnp.dtype(dtype).name}, the second-minor "
                      "dimension of q's block")
     if block_kv is None:
-        block_kv = _default_block(t, _LANES, DEFAULT_BLOCK_KV)
+        block_kv = spread(t, LANES, DEFAULT_BLOCK_KV)
     else:
-        _check_block("block_kv", block_kv, "t", t, _LANES,
+        check_block("block_kv", block_kv, "t", t, LANES,
                      "TPU lane tiling, the minor dimension of the (block_q, block_kv) logits")
     return block_q, block_kv
 
@@ -482,7 +449,7 @@ def sharded_mha(
         raise ValueError(f"expected q (b, h, s, d), got shape {jnp.shape(q)}")
     devices = mesh.shape[axis_name]
     b = q.shape[0]
-    b_pad = _round_up(b, devices)
+    b_pad = round_up(b, devices)
     if b_pad != b:
         q, k, v = (_pad_to(x, (b_pad, *x.shape[1:])) for x in (q, k, v))
     return _sharded_mha(mesh, axis_name)(q, k, v)[:b]

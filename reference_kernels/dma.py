@@ -50,6 +50,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas import _jax_compat
 
+from ._tiling import LANES, check_block, native_sublanes, round_up
+
 __all__ = [
     "COPY_CHUNK_BYTES",
     "add_one_in_place",
@@ -74,20 +76,10 @@ __all__ = [
 # and is large enough that a DMA's fixed cost is small next to its transfer.
 COPY_CHUNK_BYTES = 2 * 2**20
 
-_LANES = 128
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int32))
 
 
 # --- shared helpers -------------------------------------------------------------
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def _sublanes(dtype: Any) -> int:
-    # A vreg holds 8 sublanes of 32-bit words; 16-bit values pack two per word.
-    return 8 * (4 // jnp.dtype(dtype).itemsize)
 
 
 def _check_array(name: str, x: Any, *, rank: int = 2) -> None:
@@ -99,16 +91,6 @@ def _check_array(name: str, x: Any, *, rank: int = 2) -> None:
         raise ValueError(f"{name} must have sizes >= 1, got shape {x.shape}")
 
 
-def _check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, why: str) -> None:
-    if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-        raise ValueError(f"{name} must be a positive int, got {block!r}")
-    if block % multiple and block != dim:
-        raise ValueError(
-            f"{name}={block} must be a multiple of {multiple} ({why}) "
-            f"or equal the full dimension {dim_name}={dim}"
-        )
-
-
 def _row_block(name: str, block: int | None, rows: int, row_bytes: int, dtype: Any,
                budget: int) -> int:
     """A TPU-legal number of rows per block: given (validated) or fitted to ``budget`` bytes.
@@ -116,9 +98,9 @@ def _row_block(name: str, block: int | None, rows: int, row_bytes: int, dtype: A
     ``row_bytes`` is one row's footprint in VMEM, lanes padded to 128. A block
     larger than the array is clipped to it (then it equals the full dimension).
     """
-    sublanes = _sublanes(dtype)
+    sublanes = native_sublanes(dtype)
     if block is not None:
-        _check_block(name, block, "rows", rows, sublanes,
+        check_block(name, block, "rows", rows, sublanes,
                      f"TPU sublane tiling of {jnp.dtype(dtype).name}")
         return min(block, rows)
     fitted = max(sublanes, budget // row_bytes // sublanes * sublanes)
@@ -132,7 +114,7 @@ def _rows_per_dma(block: int, rows: int, dtype: Any) -> int:
     longer legal once ``jax.vmap`` folded the batch into rows; it becomes the
     largest multiple of the sublane tiling below it.
     """
-    sublanes = _sublanes(dtype)
+    sublanes = native_sublanes(dtype)
     if block >= rows:
         return rows
     if block % sublanes == 0:
@@ -141,7 +123,7 @@ def _rows_per_dma(block: int, rows: int, dtype: Any) -> int:
 
 
 def _padded_row_bytes(cols: int, dtype: Any) -> int:
-    return _round_up(cols, _LANES) * jnp.dtype(dtype).itemsize
+    return round_up(cols, LANES) * jnp.dtype(dtype).itemsize
 
 
 def _nbytes(x: Any) -> int:
@@ -544,7 +526,7 @@ def gather_rows(x: jax.Array, indices: jax.Array, *, block_cols: int | None = No
     if block_cols is None:
         block_cols = min(cols, 16384)
     else:
-        _check_block("block_cols", block_cols, "cols", cols, _LANES,
+        check_block("block_cols", block_cols, "cols", cols, LANES,
                      "TPU lane tiling, the minor dimension of the row block")
         block_cols = min(block_cols, cols)
     return _gather_rows(x, indices, block_cols=block_cols)
@@ -582,7 +564,7 @@ def _add_refs(x_ref, y_ref, o_ref, *, block_rows: int):
 @functools.partial(jax.jit, static_argnames=("block_rows",))
 def _add_refs_style(x, y, *, block_rows: int):
     rows = x.shape[0]
-    padded = _round_up(rows, block_rows)
+    padded = round_up(rows, block_rows)
     if padded != rows:
         # emit_pipeline has no ragged edge blocks: pad to whole blocks.
         x = jnp.pad(x, ((0, padded - rows), (0, 0)))

@@ -45,6 +45,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ._tiling import LANES, check_block, native_sublanes, round_up, spread
+
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "DEFAULT_BLOCK_COLS",
@@ -71,46 +73,8 @@ DEFAULT_BLOCK_BYTES = 1 << 20
 DEFAULT_BLOCK_ROWS = 256
 DEFAULT_BLOCK_COLS = 1024
 
-_LANES = 128
-
 
 # --- shared helpers -------------------------------------------------------------
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def _sublanes(dtype: Any) -> int:
-    # A vreg holds 8 sublanes of 32-bit words; narrower values pack into a word.
-    return 8 * (4 // jnp.dtype(dtype).itemsize)
-
-
-def _spread(dim: int, tile: int, cap: int) -> int:
-    """The fewest blocks of at most ``cap`` covering ``dim``, each a multiple of ``tile``.
-
-    Spreading ``dim`` evenly keeps the wasted tail under one tile per block
-    (600 rows become two 304-row blocks, not 512 + a mostly empty 512).
-    """
-    if dim <= cap:
-        return dim
-    num_blocks = -(-dim // cap)
-    return _round_up(-(-dim // num_blocks), tile)
-
-
-def _check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, why: str) -> int:
-    """Validate a user block size; a block at least as large as ``dim`` is clipped to it."""
-    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block <= 0:
-        raise ValueError(f"{name} must be a positive int, got {block!r}")
-    block = int(block)
-    if block >= dim:
-        return dim
-    if block % multiple:
-        raise ValueError(
-            f"{name}={block} must be a multiple of {multiple} ({why}) "
-            f"or cover the full dimension {dim_name}={dim}"
-        )
-    return block
 
 
 def _check_operands(x: Any, y: Any) -> None:
@@ -140,7 +104,7 @@ def _vmem_bytes(shape: tuple[int, ...], dtype: Any) -> int:
     (sublane, 128) tiles."""
     rows, cols = _as_2d(shape) if len(shape) <= 2 else (shape[-2], shape[-1])
     leading = math.prod(shape[:-2]) if len(shape) > 2 else 1
-    padded = leading * _round_up(rows, _sublanes(dtype)) * _round_up(cols, _LANES)
+    padded = leading * round_up(rows, native_sublanes(dtype)) * round_up(cols, LANES)
     return padded * jnp.dtype(dtype).itemsize
 
 
@@ -287,15 +251,15 @@ def add_whole_array(x: jax.Array, y: jax.Array) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("block_rows",))
 def _add_1d_grid(x, y, *, block_rows: int):
     shape, size = x.shape, x.size
-    rows = -(-size // _LANES)
+    rows = -(-size // LANES)
     flat_x, flat_y = x.reshape(-1), y.reshape(-1)
-    if size % _LANES:
+    if size % LANES:
         # Only a size that is not a multiple of 128 needs a copy to fill the last
         # lane row; a ragged number of rows is left to the partial last block.
-        flat_x = jnp.pad(flat_x, (0, rows * _LANES - size))
-        flat_y = jnp.pad(flat_y, (0, rows * _LANES - size))
-    x2, y2 = flat_x.reshape(rows, _LANES), flat_y.reshape(rows, _LANES)
-    out = _add_kernel_call(2, (block_rows, _LANES), "add_1d_grid")(x2, y2)
+        flat_x = jnp.pad(flat_x, (0, rows * LANES - size))
+        flat_y = jnp.pad(flat_y, (0, rows * LANES - size))
+    x2, y2 = flat_x.reshape(rows, LANES), flat_y.reshape(rows, LANES)
+    out = _add_kernel_call(2, (block_rows, LANES), "add_1d_grid")(x2, y2)
     return out.reshape(-1)[:size].reshape(shape)
 
 
@@ -313,18 +277,19 @@ def add_1d_grid(x: jax.Array, y: jax.Array, *, block_size: int | None = None) ->
     size = math.prod(jnp.shape(x))
     if size == 0:
         return jnp.add(x, y)  # nothing to move: no kernel to launch
-    rows = -(-size // _LANES)
-    tile = _sublanes(dtype) * _LANES
+    rows = -(-size // LANES)
+    tile = native_sublanes(dtype) * LANES
     if block_size is None:
-        cap = max(tile, DEFAULT_BLOCK_BYTES // jnp.dtype(dtype).itemsize) // _LANES
-        block_rows = _spread(rows, _sublanes(dtype), cap)
+        cap = max(tile, DEFAULT_BLOCK_BYTES // jnp.dtype(dtype).itemsize) // LANES
+        block_rows = spread(rows, native_sublanes(dtype), cap)
     else:
-        block = _check_block(
+        block = check_block(
             "block_size", block_size, "size", size, tile,
-            f"whole ({_sublanes(dtype)}, {_LANES}) TPU tiles of {jnp.dtype(dtype).name}: "
-            f"the block is (block_size // {_LANES}, {_LANES})",
+            f"whole ({native_sublanes(dtype)}, {LANES}) TPU tiles of {jnp.dtype(dtype).name}: "
+            f"the block is (block_size // {LANES}, {LANES})",
+        clip=True,
         )
-        block_rows = rows if block >= size else min(rows, block // _LANES)
+        block_rows = rows if block >= size else min(rows, block // LANES)
     return _add_1d_grid(x, y, block_rows=block_rows)
 
 
@@ -354,20 +319,22 @@ def add_2d_grid(
     rows, cols = _as_2d(jnp.shape(x))
     if rows * cols == 0:
         return jnp.add(x, y)  # nothing to move: no kernel to launch
-    sublanes, name = _sublanes(dtype), jnp.dtype(dtype).name
+    sublanes, name = native_sublanes(dtype), jnp.dtype(dtype).name
     if block_rows is None:
-        block_rows = _spread(rows, sublanes, DEFAULT_BLOCK_ROWS)
+        block_rows = spread(rows, sublanes, DEFAULT_BLOCK_ROWS)
     else:
-        block_rows = _check_block(
+        block_rows = check_block(
             "block_rows", block_rows, "rows", rows, sublanes,
             f"TPU sublane tiling of {name}, the second-minor dimension of the block",
+        clip=True,
         )
     if block_cols is None:
-        block_cols = _spread(cols, _LANES, DEFAULT_BLOCK_COLS)
+        block_cols = spread(cols, LANES, DEFAULT_BLOCK_COLS)
     else:
-        block_cols = _check_block(
-            "block_cols", block_cols, "cols", cols, _LANES,
+        block_cols = check_block(
+            "block_cols", block_cols, "cols", cols, LANES,
             "TPU lane tiling, the minor dimension of the block",
+        clip=True,
         )
     return _add_2d_grid(x, y, block_rows=block_rows, block_cols=block_cols)
 

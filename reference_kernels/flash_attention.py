@@ -66,15 +66,11 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ._tiling import LANES, check_block, native_sublanes, round_up, spread
 from .attention import (
-    _LANES,
-    _check_block,
     _check_dtypes,
-    _default_block,
     _output_struct,
     _pad_to,
-    _round_up,
-    _sublanes,
 )
 
 __all__ = [
@@ -365,7 +361,7 @@ def _flash_attention_call(q, k, v, *, causal: bool, sm_scale: float, block_q: in
 def _flash_attention(q, k, v, *, causal: bool, sm_scale: float, block_q: int, block_kv: int):
     b, h, s, d = q.shape
     _, g, t, dv = v.shape
-    s_pad, t_pad = _round_up(s, block_q), _round_up(t, block_kv)
+    s_pad, t_pad = round_up(s, block_q), round_up(t, block_kv)
     q = _pad_to(q, (b, h, s_pad, d))
     k = _pad_to(k, (b, g, t_pad, d))
     v = _pad_to(v, (b, g, t_pad, dv))
@@ -376,17 +372,17 @@ def _flash_attention(q, k, v, *, causal: bool, sm_scale: float, block_q: int, bl
 
 def _resolve_blocks(s: int, t: int, dtype: Any, block_q: int | None, block_kv: int | None
                     ) -> tuple[int, int]:
-    sublanes = _sublanes(dtype)
+    sublanes = native_sublanes(dtype)
     if block_q is None:
-        block_q = _default_block(s, sublanes, DEFAULT_BLOCK_Q)
+        block_q = spread(s, sublanes, DEFAULT_BLOCK_Q)
     else:
-        _check_block("block_q", block_q, "s", s, sublanes,
+        check_block("block_q", block_q, "s", s, sublanes,
                      f"TPU sublane tiling of {jnp.dtype(dtype).name}, the second-minor "
                      "dimension of q's block")
     if block_kv is None:
-        block_kv = _default_block(t, _LANES, DEFAULT_BLOCK_KV)
+        block_kv = spread(t, LANES, DEFAULT_BLOCK_KV)
     else:
-        _check_block("block_kv", block_kv, "t", t, _LANES,
+        check_block("block_kv", block_kv, "t", t, LANES,
                      "TPU lane tiling, the minor dimension of the (block_q, block_kv) logits")
     return block_q, block_kv
 

@@ -56,15 +56,11 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ._tiling import LANES, check_block, native_sublanes, round_up, spread
 from .matmul import (
-    _LANES,
     _SUPPORTED_DTYPES,
-    _check_block,
-    _default_block,
     _output_struct,
     _pad_to,
-    _round_up,
-    _sublanes,
 )
 
 __all__ = [
@@ -248,7 +244,7 @@ def _grouped_matmul_kernel(offsets, tiles, groups, first_visit, is_real, lhs_ref
 def _grouped_matmul(lhs, rhs, group_sizes, *, block_m: int, block_k: int, block_n: int):
     m, k = lhs.shape
     g, _, n = rhs.shape
-    m_pad, k_pad, n_pad = _round_up(m, block_m), _round_up(k, block_k), _round_up(n, block_n)
+    m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
     lhs = _pad_to(lhs, (m_pad, k_pad))
     rhs = _pad_to(rhs, (g, k_pad, n_pad))
     num_tiles, num_k = m_pad // block_m, k_pad // block_k
@@ -301,22 +297,22 @@ def grouped_matmul_blocked(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Arra
     _check_operands(lhs, rhs, group_sizes)
     m, k = lhs.shape
     n = rhs.shape[2]
-    sublanes = _sublanes(lhs.dtype)
+    sublanes = native_sublanes(lhs.dtype)
     name = jnp.dtype(lhs.dtype).name
     if block_m is None:
-        block_m = _default_block(m, sublanes, DEFAULT_BLOCK_M)
+        block_m = spread(m, sublanes, DEFAULT_BLOCK_M)
     else:
-        _check_block("block_m", block_m, "m", m, sublanes,
+        check_block("block_m", block_m, "m", m, sublanes,
                      f"TPU sublane tiling of {name}, the second-minor dimension of lhs's block")
     if block_k is None:
-        block_k = _default_block(k, _LANES, DEFAULT_BLOCK_K)
+        block_k = spread(k, LANES, DEFAULT_BLOCK_K)
     else:
-        _check_block("block_k", block_k, "k", k, _LANES,
+        check_block("block_k", block_k, "k", k, LANES,
                      "TPU lane tiling, the minor dimension of lhs's block")
     if block_n is None:
-        block_n = _default_block(n, _LANES, DEFAULT_BLOCK_N)
+        block_n = spread(n, LANES, DEFAULT_BLOCK_N)
     else:
-        _check_block("block_n", block_n, "n", n, _LANES,
+        check_block("block_n", block_n, "n", n, LANES,
                      "TPU lane tiling, the minor dimension of rhs's and the output's block")
     return _grouped_matmul(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), block_m=block_m,
                            block_k=block_k, block_n=block_n)

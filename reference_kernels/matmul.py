@@ -46,6 +46,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas import _jax_compat
 
+from ._tiling import LANES, check_block, native_sublanes, round_up, spread
+
 __all__ = [
     "DEFAULT_BLOCK_K",
     "DEFAULT_BLOCK_M",
@@ -74,45 +76,10 @@ DEFAULT_BLOCK_M = 512
 DEFAULT_BLOCK_K = 512
 DEFAULT_BLOCK_N = 512
 
-_LANES = 128
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 # --- shared helpers -------------------------------------------------------------
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def _sublanes(dtype: Any) -> int:
-    # A vreg holds 8 sublanes of 32-bit words; 16-bit values pack two per word.
-    return 8 * (4 // jnp.dtype(dtype).itemsize)
-
-
-def _default_block(dim: int, tile: int, cap: int) -> int:
-    """The default block for a dimension of size ``dim``.
-
-    Up to ``cap``: the whole dimension, one block, legal for any size (a block
-    equal to the full dimension is exempt from the tiling rule) and no
-    padding. Beyond: the fewest blocks of at most ``cap``, each a multiple of
-    ``tile``, spread evenly so that the zero padding stays under one tile per
-    block (600 rows become two 304-row blocks, not two 512-row ones).
-    """
-    if dim <= cap:
-        return dim
-    num_blocks = -(-dim // cap)
-    return _round_up(-(-dim // num_blocks), tile)
-
-
-def _check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, why: str) -> None:
-    if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-        raise ValueError(f"{name} must be a positive int, got {block!r}")
-    if block % multiple and block != dim:
-        raise ValueError(
-            f"{name}={block} must be a multiple of {multiple} ({why}) "
-            f"or equal the full dimension {dim_name}={dim}"
-        )
 
 
 def _check_operands(x: Any, y: Any, *, batched: bool) -> None:
@@ -136,22 +103,22 @@ def _resolve_blocks(
     m: int, k: int, n: int, dtype: Any,
     block_m: int | None, block_k: int | None, block_n: int | None,
 ) -> tuple[int, int, int]:
-    sublanes = _sublanes(dtype)
+    sublanes = native_sublanes(dtype)
     name = jnp.dtype(dtype).name
     if block_m is None:
-        block_m = _default_block(m, sublanes, DEFAULT_BLOCK_M)
+        block_m = spread(m, sublanes, DEFAULT_BLOCK_M)
     else:
-        _check_block("block_m", block_m, "m", m, sublanes,
+        check_block("block_m", block_m, "m", m, sublanes,
                      f"TPU sublane tiling of {name}, the second-minor dimension of x's block")
     if block_k is None:
-        block_k = _default_block(k, _LANES, DEFAULT_BLOCK_K)
+        block_k = spread(k, LANES, DEFAULT_BLOCK_K)
     else:
-        _check_block("block_k", block_k, "k", k, _LANES,
+        check_block("block_k", block_k, "k", k, LANES,
                      "TPU lane tiling, the minor dimension of x's block")
     if block_n is None:
-        block_n = _default_block(n, _LANES, DEFAULT_BLOCK_N)
+        block_n = spread(n, LANES, DEFAULT_BLOCK_N)
     else:
-        _check_block("block_n", block_n, "n", n, _LANES,
+        check_block("block_n", block_n, "n", n, LANES,
                      "TPU lane tiling, the minor dimension of y's and the output's block")
     return block_m, block_k, block_n
 
@@ -410,7 +377,7 @@ def _matmul_kernel_call(block_m: int, block_k: int, block_n: int, activation: An
 @functools.partial(jax.jit, static_argnames=("block_m", "block_k", "block_n", "activation"))
 def _matmul_pallas(x, y, *, block_m: int, block_k: int, block_n: int, activation: Any):
     (m, k), n = x.shape, y.shape[1]
-    m_pad, k_pad, n_pad = _round_up(m, block_m), _round_up(k, block_k), _round_up(n, block_n)
+    m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
     x = _pad_to(x, (m_pad, k_pad))
     y = _pad_to(y, (k_pad, n_pad))
     out = _matmul_kernel_call(block_m, block_k, block_n, activation)(x, y)
@@ -482,7 +449,7 @@ def batched_matmul(x: jax.Array, y: jax.Array) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("block_m", "block_k", "block_n", "num_cores"))
 def _matmul_emit_pipeline(x, y, *, block_m: int, block_k: int, block_n: int, num_cores: int):
     (m, k), n = x.shape, y.shape[1]
-    m_pad, k_pad, n_pad = _round_up(m, block_m), _round_up(k, block_k), _round_up(n, block_n)
+    m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
     x = _pad_to(x, (m_pad, k_pad))
     y = _pad_to(y, (k_pad, n_pad))
     grid = (m_pad // block_m, n_pad // block_n, k_pad // block_k)

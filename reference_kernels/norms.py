@@ -39,7 +39,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .attention import _SUPPORTED_DTYPES, _check_block, _output_struct, _round_up, _sublanes
+from ._tiling import check_block, native_sublanes, round_up
+from .attention import _SUPPORTED_DTYPES, _output_struct
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -131,9 +132,9 @@ def _rms_norm(x, w, *, eps: float, block_rows: int):
 
 
 def _default_block_rows(rows: int, cols: int, dtype: Any) -> int:
-    sublanes = _sublanes(dtype)
+    sublanes = native_sublanes(dtype)
     # VMEM holds a row padded to whole 128-lane tiles.
-    row_bytes = _round_up(cols, 128) * jnp.dtype(dtype).itemsize
+    row_bytes = round_up(cols, 128) * jnp.dtype(dtype).itemsize
     cap = max(sublanes, DEFAULT_BLOCK_BYTES // row_bytes // sublanes * sublanes)
     return rows if rows <= cap else cap
 
@@ -155,7 +156,7 @@ def rms_norm_blocked(x: jax.Array, w: jax.Array, *, eps: float,
     if block_rows is None:
         block_rows = _default_block_rows(rows, cols, x.dtype)
     else:
-        _check_block("block_rows", block_rows, "rows", rows, _sublanes(x.dtype),
+        check_block("block_rows", block_rows, "rows", rows, native_sublanes(x.dtype),
                      f"TPU sublane tiling of {jnp.dtype(x.dtype).name}, the second-minor "
                      "dimension of x's block")
     return _rms_norm(x, w, eps=eps, block_rows=block_rows)

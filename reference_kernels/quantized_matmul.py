@@ -50,15 +50,11 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ._tiling import LANES, check_block, native_sublanes, round_up, spread
 from .matmul import (
-    _LANES,
     _SUPPORTED_DTYPES,
-    _check_block,
-    _default_block,
     _output_struct,
     _pad_to,
-    _round_up,
-    _sublanes,
 )
 
 __all__ = [
@@ -170,7 +166,7 @@ def _quantized_matmul_kernel(x_ref, w_ref, scale_ref, o_ref, acc_ref, *, num_k_b
 def _quantized_matmul(x, w, scale, *, block_m: int, block_k: int, block_n: int):
     m, k = x.shape
     n = w.shape[1]
-    m_pad, k_pad, n_pad = _round_up(m, block_m), _round_up(k, block_k), _round_up(n, block_n)
+    m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
     x = _pad_to(x, (m_pad, k_pad))
     w = _pad_to(w, (k_pad, n_pad))
     scale = _pad_to(scale.reshape(1, n), (1, n_pad))
@@ -209,23 +205,23 @@ def quantized_matmul_blocked(x: jax.Array, w: jax.Array, scale: jax.Array, *,
     """
     _check_operands(x, w, scale)
     (m, k), n = x.shape, w.shape[1]
-    sublanes = _sublanes(x.dtype)
+    sublanes = native_sublanes(x.dtype)
     if block_m is None:
-        block_m = _default_block(m, sublanes, DEFAULT_BLOCK_M)
+        block_m = spread(m, sublanes, DEFAULT_BLOCK_M)
     else:
-        _check_block("block_m", block_m, "m", m, sublanes,
+        check_block("block_m", block_m, "m", m, sublanes,
                      f"TPU sublane tiling of {jnp.dtype(x.dtype).name}, the second-minor "
                      "dimension of x's block")
     if block_k is None:
-        block_k = _default_block(k, _LANES, DEFAULT_BLOCK_K)
+        block_k = spread(k, LANES, DEFAULT_BLOCK_K)
     else:
-        _check_block("block_k", block_k, "k", k, _LANES,
+        check_block("block_k", block_k, "k", k, LANES,
                      "TPU lane tiling, the minor dimension of x's block; also a multiple of "
                      "int8's 32-row sublane tiling of w's block")
     if block_n is None:
-        block_n = _default_block(n, _LANES, DEFAULT_BLOCK_N)
+        block_n = spread(n, LANES, DEFAULT_BLOCK_N)
     else:
-        _check_block("block_n", block_n, "n", n, _LANES,
+        check_block("block_n", block_n, "n", n, LANES,
                      "TPU lane tiling, the minor dimension of w's, scale's and the output's "
                      "block")
     return _quantized_matmul(x, w, scale, block_m=block_m, block_k=block_k, block_n=block_n)

@@ -53,6 +53,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ._tiling import LANES, check_block, native_sublanes, round_up, spread
+
 __all__ = [
     "DEFAULT_BLOCK_COLS",
     "DEFAULT_BLOCK_ROWS",
@@ -75,43 +77,10 @@ DEFAULT_BLOCK_COLS = 512
 # costs milliseconds, it also keeps test-sized inputs to one or a few steps.
 DEFAULT_INPUT_BLOCK_BYTES = 2 << 20
 
-_LANES = 128
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 # --- shared helpers -------------------------------------------------------------
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def _sublanes(dtype: Any) -> int:
-    # A vreg holds 8 sublanes of 32-bit words; 16-bit values pack two per word.
-    return 8 * (4 // jnp.dtype(dtype).itemsize)
-
-
-def _spread(dim: int, tile: int, cap: int) -> int:
-    """The fewest blocks of at most ``cap`` covering ``dim``, each a multiple of ``tile``."""
-    if dim <= cap:
-        return dim
-    num_blocks = -(-dim // cap)
-    return _round_up(-(-dim // num_blocks), tile)
-
-
-def _check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, why: str) -> int:
-    """Validate a user block size; a block at least as large as ``dim`` is clipped to it."""
-    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block <= 0:
-        raise ValueError(f"{name} must be a positive int, got {block!r}")
-    block = int(block)
-    if block >= dim:
-        return dim
-    if block % multiple:
-        raise ValueError(
-            f"{name}={block} must be a multiple of {multiple} ({why}) "
-            f"or cover the full dimension {dim_name}={dim}"
-        )
-    return block
 
 
 def _check_operand(x: Any) -> None:
@@ -314,29 +283,31 @@ def sum_leading_axis_tiled(
     dtype = jnp.result_type(x)
     if n == 0 or r * c == 0:
         return jnp.sum(x, axis=0, dtype=jnp.float32).astype(dtype)  # nothing to stream
-    sublanes, name = _sublanes(dtype), jnp.dtype(dtype).name
+    sublanes, name = native_sublanes(dtype), jnp.dtype(dtype).name
     if block_rows is None:
-        block_rows = _spread(r, sublanes, DEFAULT_BLOCK_ROWS)
+        block_rows = spread(r, sublanes, DEFAULT_BLOCK_ROWS)
     else:
-        block_rows = _check_block(
+        block_rows = check_block(
             "block_rows", block_rows, "r", r, sublanes,
             f"TPU sublane tiling of {name}, the second-minor dimension of the block",
+        clip=True,
         )
     if block_cols is None:
-        block_cols = _spread(c, _LANES, DEFAULT_BLOCK_COLS)
+        block_cols = spread(c, LANES, DEFAULT_BLOCK_COLS)
     else:
-        block_cols = _check_block(
-            "block_cols", block_cols, "c", c, _LANES,
+        block_cols = check_block(
+            "block_cols", block_cols, "c", c, LANES,
             "TPU lane tiling, the minor dimension of the block",
+        clip=True,
         )
     if block_n is None:
-        slice_bytes = (_round_up(block_rows, sublanes) * _round_up(block_cols, _LANES)
+        slice_bytes = (round_up(block_rows, sublanes) * round_up(block_cols, LANES)
                        * jnp.dtype(dtype).itemsize)
         block_n = max(1, min(n, DEFAULT_INPUT_BLOCK_BYTES // slice_bytes))
         # As many steps, with the slices spread evenly: the last block wastes less.
         block_n = -(-n // -(-n // block_n))
     else:
-        block_n = _check_block("block_n", block_n, "n", n, 1, "")
+        block_n = check_block("block_n", block_n, "n", n, 1, "", clip=True)
     return _sum_tiled(x, block_n=block_n, block_rows=block_rows, block_cols=block_cols)
 
 

@@ -43,6 +43,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ._tiling import LANES, native_sublanes, round_up, spread
+
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "DEFAULT_MAX_BLOCK_ROWS",
@@ -62,28 +64,10 @@ DEFAULT_BLOCK_BYTES = 1 << 20
 # lanes already make the 1 MiB above).
 DEFAULT_MAX_BLOCK_ROWS = 512
 
-_LANES = 128
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 # --- shared helpers -------------------------------------------------------------
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def _sublanes(dtype: Any) -> int:
-    # A vreg holds 8 sublanes of 32-bit words; 16-bit values pack two per word.
-    return 8 * (4 // jnp.dtype(dtype).itemsize)
-
-
-def _spread(dim: int, tile: int, cap: int) -> int:
-    """The fewest blocks of at most ``cap`` covering ``dim``, each a multiple of ``tile``."""
-    if dim <= cap:
-        return dim
-    num_blocks = -(-dim // cap)
-    return _round_up(-(-dim // num_blocks), tile)
 
 
 def _check_operand(x: Any) -> None:
@@ -94,11 +78,11 @@ def _check_operand(x: Any) -> None:
 
 
 def _default_block_rows(rows: int, cols: int, dtype: Any) -> int:
-    sublanes = _sublanes(dtype)
-    row_bytes = _round_up(cols, _LANES) * 4  # float32 working copy
+    sublanes = native_sublanes(dtype)
+    row_bytes = round_up(cols, LANES) * 4  # float32 working copy
     cap = min(DEFAULT_MAX_BLOCK_ROWS, DEFAULT_BLOCK_BYTES // row_bytes)
     cap = max(sublanes, cap // sublanes * sublanes)
-    return _spread(rows, sublanes, cap)
+    return spread(rows, sublanes, cap)
 
 
 # --- oracle and cost model ----------------------------------------------------------
@@ -203,7 +187,7 @@ def softmax_row_blocked(x: jax.Array, *, block_rows: int | None = None) -> jax.A
     dtype = jnp.result_type(x)
     if rows * cols == 0:
         return jax.nn.softmax(x, axis=-1)  # nothing to stream
-    sublanes = _sublanes(dtype)
+    sublanes = native_sublanes(dtype)
     if block_rows is None:
         block_rows = _default_block_rows(rows, cols, dtype)
     else:

@@ -19,21 +19,28 @@ INT_NAMES = ("int32", "int8")
 array_shapes = st.lists(st.integers(1, 600), min_size=1, max_size=4).map(tuple)
 
 
-def legal_by_the_tpu_rule(block, shape, dtype_name):
-    """The TPU tiling rule, written from the Pallas TPU docs rather than from the module.
+def legal_by_the_tpu_rule(block, shape, dtype_name, packed=False):
+    """Mosaic's block rule (``_check_block_mappings`` in jax/_src/pallas/mosaic/lowering.py),
+    written from that source rather than from the module.
 
-    The last dimension of a block is a multiple of 128 lanes or the whole dimension; the one
-    before it is a multiple of the sublane tile (8 rows of 32-bit values, 16 of 16-bit, 32 of
-    8-bit) or the whole dimension; every dimension fits in the array.
+    Rank >= 2: the last dimension of a block is a multiple of 128 lanes or the whole
+    dimension; the one before it a multiple of 8 rows (whatever the dtype; of the packed
+    tile, 16 rows of 16-bit and 32 of 8-bit values, when ``packed``) or the whole dimension.
+    Rank 1: the whole dimension, a multiple of 1024, or a power of two of at least
+    128 x (32 / bits). And every dimension fits in the array.
     """
-    sublanes = {"float32": 8, "int32": 8, "bfloat16": 16, "float16": 16,
-                "int8": 32, "float8_e4m3fn": 32, "float8_e5m2": 32}[dtype_name]
+    bits = {"float32": 32, "int32": 32, "bfloat16": 16, "float16": 16,
+            "int8": 8, "float8_e4m3fn": 8, "float8_e5m2": 8}[dtype_name]
     block = [1 if size is None else size for size in block]
     if len(block) != len(shape) or not all(1 <= b <= a for b, a in zip(block, shape)):
         return False
+    if len(block) == 1:
+        (b,), (a,) = block, shape
+        return b == a or b % 1024 == 0 or (b >= 128 * 32 // bits and b & (b - 1) == 0)
     if not (block[-1] % 128 == 0 or block[-1] == shape[-1]):
         return False
-    return len(block) < 2 or block[-2] % sublanes == 0 or block[-2] == shape[-2]
+    rows = 8 * 32 // bits if packed else 8
+    return block[-2] % rows == 0 or block[-2] == shape[-2]
 
 
 # --- blocks ---------------------------------------------------------------------------
@@ -54,6 +61,8 @@ def test_is_tile_legal_block_agrees_with_the_rule_on_any_block(shape, dtype_name
                   for size in shape)
     assert ps.is_tile_legal_block(block, shape, dtype_name) == \
         legal_by_the_tpu_rule(block, shape, dtype_name)
+    assert ps.is_tile_legal_block(block, shape, dtype_name, packed=True) == \
+        legal_by_the_tpu_rule(block, shape, dtype_name, packed=True)
 
 
 def test_is_tile_legal_block_examples():
@@ -61,9 +70,12 @@ def test_is_tile_legal_block_examples():
     assert ps.is_tile_legal_block((64, 512), (64, 512), "float32")  # the whole array
     assert ps.is_tile_legal_block((2, 8, 128), (4, 64, 512), "float32")  # leading axes are free
     assert not ps.is_tile_legal_block((8, 100), (64, 512), "float32")
-    assert not ps.is_tile_legal_block((8, 128), (64, 512), "bfloat16")  # 16 rows for 16-bit
-    assert ps.is_tile_legal_block((16, 128), (64, 512), "bfloat16")
-    assert not ps.is_tile_legal_block((16, 128), (64, 512), "int8")  # 32 rows for 8-bit
+    # Mosaic lowers 8-row blocks of any dtype; the packed tile is asked for explicitly.
+    assert ps.is_tile_legal_block((8, 128), (64, 512), "bfloat16")
+    assert not ps.is_tile_legal_block((8, 128), (64, 512), "bfloat16", packed=True)
+    assert ps.is_tile_legal_block((16, 128), (64, 512), "bfloat16", packed=True)
+    assert not ps.is_tile_legal_block((16, 128), (64, 512), "int8", packed=True)
+    assert not ps.is_tile_legal_block((4, 128), (64, 512), "int8")
     assert not ps.is_tile_legal_block((8, 128), (64,), "float32")  # rank mismatch
     assert not ps.is_tile_legal_block((128, 128), (64, 512), "float32")  # bigger than the array
 
@@ -300,3 +312,42 @@ def test_only_the_thorough_profile_shrinks_a_failure(pytester):
     assert shown["dev"][0] <= 3 and not shown["dev"][1], shown
     assert shown["ci"][0] <= 3 and not shown["ci"][1], shown
     assert shown["thorough"][0] > 3 and shown["thorough"][1], shown
+
+
+# (array shape, block shape, dtype): blocks where the strategies once disagreed with the
+# static check (8 rows of bfloat16), and their neighbours.
+_AGREEMENT_CASES = [
+    ((64, 512), (8, 128), "bfloat16"), ((64, 512), (16, 128), "bfloat16"),
+    ((64, 512), (4, 128), "bfloat16"), ((64, 512), (8, 128), "int8"),
+    ((64, 512), (8, 100), "float32"), ((24, 200), (24, 200), "bfloat16"),
+    ((4096,), (1024,), "float32"), ((4096,), (256,), "bfloat16"), ((4096,), (100,), "float32"),
+]
+
+
+@pytest.mark.pallas
+@pytest.mark.parametrize("shape, block, dtype_name", _AGREEMENT_CASES)
+def test_strategies_and_the_static_check_share_one_tiling_rule(shape, block, dtype_name):
+    """A block the strategies draw as legal passes the static check, and no other."""
+    import jax
+    from jax.experimental import pallas as pl
+
+    from pytest_pallas.kernel_check import CheckOptions, check_kernel
+    from pytest_pallas.tpu_checks import TpuRuleViolation
+
+    def copy(x):
+        spec = pl.BlockSpec(block, lambda i: (0,) * len(block))
+
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              grid=(1,), in_specs=[spec], out_specs=spec)(x)
+
+    try:
+        check_kernel(copy, jax.ShapeDtypeStruct(shape, ps.as_dtype(dtype_name)),
+                     check_options=CheckOptions(lower_for_tpu=False))
+        accepted = True
+    except TpuRuleViolation as error:
+        assert error.rule == "block-tiling", error
+        accepted = False
+    assert ps.is_tile_legal_block(block, shape, dtype_name) == accepted

@@ -32,9 +32,10 @@ def test_the_sweep_tries_every_profile_and_every_dtype(op):
 
 @pytest.mark.parametrize("op", OP_NAMES)
 def test_sweep_cases_are_inside_the_op_domain_and_the_users(op):
-    dimensions = list(op_inputs._DIMENSION_KIND[op])
-    restricted = Domain(dtypes=get_operation(op).dtypes[-1:],
-                        max_size={} if op == "add" else {dimensions[-1]: 8})
+    operation = get_operation(op)
+    dimensions = list(operation.dimensions)
+    restricted = Domain(dtypes=operation.dtypes[-1:],
+                        max_size={} if operation.is_elementwise else {dimensions[-1]: 8})
     for domain in (Domain(), restricted):
         pairs = op_inputs.sweep(op, domain)
         cases = [op_inputs.sweep_case(op, domain, index) for index in range(len(pairs))]

@@ -195,9 +195,9 @@ def test_check_uninitialized_reads_passes_jax_and_reference_kernels():
     from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
     from jax.experimental.pallas.ops.tpu.matmul import matmul
 
-    from reference_kernels.matmul import matmul as reference_matmul
-    from reference_kernels.reduction import sum_leading_axis
-    from reference_kernels.softmax import softmax
+    from pytest_pallas.reference_kernels.matmul import matmul as reference_matmul
+    from pytest_pallas.reference_kernels.reduction import sum_leading_axis
+    from pytest_pallas.reference_kernels.softmax import softmax
 
     key = jax.random.key(0)
     x = jax.random.normal(key, (256, 256), jnp.float32)

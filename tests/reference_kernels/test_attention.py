@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pytest_pallas import assert_allclose, default_tolerance
-from reference_kernels import attention as at
+from pytest_pallas.reference_kernels import attention as at
 
 pytestmark = pytest.mark.pallas
 

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from pytest_pallas import assert_allclose, default_tolerance
-from reference_kernels import collectives
+from pytest_pallas.reference_kernels import collectives
 
 pytestmark = pytest.mark.pallas
 

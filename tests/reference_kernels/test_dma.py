@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pytest_pallas import assert_allclose
-from reference_kernels import dma
+from pytest_pallas.reference_kernels import dma
 
 pytestmark = pytest.mark.pallas
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pytest_pallas import assert_allclose
-from reference_kernels import elementwise as ew
+from pytest_pallas.reference_kernels import elementwise as ew
 
 pytestmark = pytest.mark.pallas
 

@@ -9,7 +9,7 @@ import pytest
 from seeded_bugs import new_ops as bugs
 
 from pytest_pallas import assert_allclose, default_tolerance
-from reference_kernels import flash_attention as fa
+from pytest_pallas.reference_kernels import flash_attention as fa
 
 pytestmark = pytest.mark.pallas
 

@@ -7,7 +7,7 @@ import pytest
 from seeded_bugs import new_ops as bugs
 
 from pytest_pallas import assert_allclose
-from reference_kernels import grouped_matmul as gm
+from pytest_pallas.reference_kernels import grouped_matmul as gm
 
 pytestmark = pytest.mark.pallas
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pytest_pallas import assert_allclose
-from reference_kernels import matmul as mm
+from pytest_pallas.reference_kernels import matmul as mm
 
 pytestmark = pytest.mark.pallas
 

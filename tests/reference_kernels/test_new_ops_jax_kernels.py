@@ -25,10 +25,10 @@ from test_flash_attention import assert_within_allowance as flash_within_allowan
 from test_grouped_matmul import assert_within_allowance as grouped_within_allowance
 from test_paged_attention import assert_within_allowance as paged_within_allowance
 
-from reference_kernels import collectives
-from reference_kernels import flash_attention as fa
-from reference_kernels import grouped_matmul as gm
-from reference_kernels import paged_attention as pa
+from pytest_pallas.reference_kernels import collectives
+from pytest_pallas.reference_kernels import flash_attention as fa
+from pytest_pallas.reference_kernels import grouped_matmul as gm
+from pytest_pallas.reference_kernels import paged_attention as pa
 
 pytestmark = pytest.mark.pallas
 

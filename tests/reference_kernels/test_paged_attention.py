@@ -6,7 +6,7 @@ import pytest
 from seeded_bugs import new_ops as bugs
 
 from pytest_pallas import assert_allclose, default_tolerance
-from reference_kernels import paged_attention as pa
+from pytest_pallas.reference_kernels import paged_attention as pa
 
 pytestmark = pytest.mark.pallas
 

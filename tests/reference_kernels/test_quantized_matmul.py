@@ -7,7 +7,7 @@ import pytest
 from seeded_bugs import new_ops as bugs
 
 from pytest_pallas import assert_allclose, default_tolerance
-from reference_kernels import quantized_matmul as qm
+from pytest_pallas.reference_kernels import quantized_matmul as qm
 
 pytestmark = pytest.mark.pallas
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pytest_pallas import assert_allclose
-from reference_kernels import reduction as red
+from pytest_pallas.reference_kernels import reduction as red
 
 pytestmark = pytest.mark.pallas
 

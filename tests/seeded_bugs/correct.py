@@ -27,12 +27,12 @@ from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash
 from jax.experimental.pallas.ops.tpu import matmul as jax_matmul
 
 from pytest_pallas import supports
-from reference_kernels import attention as ref_attention
-from reference_kernels import dma as ref_dma
-from reference_kernels import elementwise as ref_elementwise
-from reference_kernels import matmul as ref_matmul
-from reference_kernels import reduction as ref_reduction
-from reference_kernels import softmax as ref_softmax
+from pytest_pallas.reference_kernels import attention as ref_attention
+from pytest_pallas.reference_kernels import dma as ref_dma
+from pytest_pallas.reference_kernels import elementwise as ref_elementwise
+from pytest_pallas.reference_kernels import matmul as ref_matmul
+from pytest_pallas.reference_kernels import reduction as ref_reduction
+from pytest_pallas.reference_kernels import softmax as ref_softmax
 
 _F32 = jnp.float32
 _HIGHEST = lax.Precision.HIGHEST  # a float32 dot in float32 on a TPU too

@@ -196,7 +196,7 @@ def _grouped_kernel(offsets, tiles, groups, first_visit, is_real, lhs_ref, rhs_r
 
 def _grouped_variant(lhs, rhs, group_sizes, *, acc_dtype=jnp.float32, end_slack=0):
     """Whole k and n per block, 8- or 16-row tiles, the reference kernel's visit schedule."""
-    from reference_kernels.grouped_matmul import _schedule
+    from pytest_pallas.reference_kernels.grouped_matmul import _schedule
 
     m, k = lhs.shape
     g, _, n = rhs.shape
@@ -433,7 +433,7 @@ def _ring_reduce_kernel(peers_smem, x_hbm, o_ref, own, stage, received, local_se
 
 
 def _ring_reduce_variant(x, *, axis_name, wire_dtype=None, block_shift=0):
-    from reference_kernels.collectives import _peer_indices, _varying_out_shape
+    from pytest_pallas.reference_kernels.collectives import _peer_indices, _varying_out_shape
 
     n = lax.axis_size(axis_name)
     if n == 1:
@@ -507,7 +507,7 @@ def all_gather_one_receive_semaphore(x, *, axis_name):
     Models: JAX's own ``jax.experimental.pallas.ops.tpu.all_gather`` (one receive semaphore
     across ring steps).
     """
-    from reference_kernels.collectives import _peer_indices, _varying_out_shape
+    from pytest_pallas.reference_kernels.collectives import _peer_indices, _varying_out_shape
 
     n = lax.axis_size(axis_name)
     if n == 1:

@@ -1,0 +1,233 @@
+"""The conformance suite's tests, generated from ``Operation`` records.
+
+Two users of the same generator:
+
+* ``conformance_tests(op, implementation)``: a pytest test class for one op
+  and one implementation, for a user's test module (public, see the README
+  section "Testing your own op");
+* the packaged suite (``conformance/test_*.py``), whose modules each hold the
+  built-in ops of one kernel module (``conformance/test_matmul.py``: the ops
+  whose reference kernels live in ``reference_kernels/matmul.py``), and
+  ``conformance/test_operations.py`` every other op (a new built-in op with a
+  kernel module of its own, or an op registered from a conftest).
+
+Each test draws with ``st.data()`` (the domain depends on the implementation,
+chosen on the command line or given here, so it cannot be fixed at import
+time) and hands over to the harness (``conformance_harness.Conformance``).
+The value property runs the profile's full number of examples after the
+sweep (explicit examples that try each value profile and dtype on purpose,
+``op_inputs.sweep``); the properties that cost several kernel calls per
+example (written and deterministic, vmap) run a fifth of them, at least two.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from .op_inputs import SweepSlot, sweep_slots
+from .operation import Operation
+
+__all__ = ["conformance_tests", "packaged_tests"]
+
+# The attribute of a test function that the plugin turns into its Hypothesis settings when
+# the test runs (the profile is only known then): ``f(settings.default) -> settings``.
+SETTINGS_ATTRIBUTE = "_pallas_settings"
+# The attribute of a ``conformance_tests`` class that holds its op and implementation.
+CLASS_ATTRIBUTE = "__pallas_conformance__"
+
+
+def _secondary(examples: int | None) -> Callable:
+    def make(default: Any) -> Any:
+        from hypothesis import settings
+
+        total = examples if examples is not None else default.max_examples
+        return settings(default, max_examples=max(2, total // 5))
+
+    return make
+
+
+def _primary(examples: int | None) -> Callable | None:
+    if examples is None:
+        return None
+
+    def make(default: Any) -> Any:
+        from hypothesis import settings
+
+        return settings(default, max_examples=examples)
+
+    return make
+
+
+def _with_sweep(test: Callable, slots: int) -> Callable:
+    for index in reversed(range(slots)):  # the first applied runs last
+        test = example(data=SweepSlot(index))(test)
+    return test
+
+
+def _tag(test: Callable, make_settings: Callable | None) -> Callable:
+    if make_settings is not None:
+        setattr(test, SETTINGS_ATTRIBUTE, make_settings)
+    return test
+
+
+def _value_doc(test: Callable) -> Callable:
+    test.__doc__ = ("Shape and dtype, no NaN/Inf the oracle lacks, and the value within the "
+                    "tolerance.")
+    return test
+
+
+_REPEATABLE_DOC = "Every output element is written, and two calls on one input agree bit for bit."
+_VMAP_DOC = "The op under jax.vmap equals the op on each batch element."
+
+
+def packaged_tests(module_name: str) -> dict[str, Any]:
+    """The test functions of packaged module ``module_name`` (``...conformance.test_matmul``).
+
+    Parametrized by op name (``test_value[matmul]``), so that ``--pallas-ops``
+    and ``--pallas-impl`` select among them.
+    """
+    ops = _packaged_ops(module_name.rpartition(".")[2].removeprefix("test_"))
+    tests: dict[str, Any] = {"pytestmark": pytest.mark.pallas, "OPS": [op.name for op in ops]}
+    if not ops:
+        return tests
+    slots = max(sweep_slots(op) for op in ops)
+
+    @pytest.mark.parametrize("op", [op.name for op in ops])
+    @_with_sweep_decorator(slots)
+    @given(data=st.data())
+    def test_value(op, data, conformance):
+        conformance.check_value(op, data)
+
+    @pytest.mark.parametrize("op", [op.name for op in ops])
+    @given(data=st.data())
+    def test_written_and_deterministic(op, data, conformance):
+        conformance.check_repeatable(op, data)
+
+    tests["test_value"] = _value_doc(test_value)
+    test_written_and_deterministic.__doc__ = _REPEATABLE_DOC
+    tests["test_written_and_deterministic"] = _tag(test_written_and_deterministic,
+                                                   _secondary(None))
+    vmapped = [op.name for op in ops if op.vmap]
+    if vmapped:
+        @pytest.mark.parametrize("op", vmapped)
+        @given(data=st.data())
+        def test_vmap(op, data, conformance):
+            conformance.check_vmap(op, data)
+
+        test_vmap.__doc__ = _VMAP_DOC
+        tests["test_vmap"] = _tag(test_vmap, _secondary(None))
+    for test in ("test_value", "test_written_and_deterministic", "test_vmap"):
+        if test in tests:
+            tests[test].__module__ = module_name
+    return tests
+
+
+def _with_sweep_decorator(slots: int) -> Callable:
+    return lambda test: _with_sweep(test, slots)
+
+
+def _packaged_ops(kernel_module: str) -> list[Operation]:
+    """The ops of packaged module ``test_<kernel_module>``: those whose reference kernel lives
+    in that kernel module; ``test_operations`` has every op no other packaged module has."""
+    from .ops import OPERATIONS
+
+    own = {name[len("test_"):-len(".py")] for name in os.listdir(_conformance_directory())
+           if name.startswith("test_") and name.endswith(".py")}
+    chosen = []
+    for op in OPERATIONS.values():
+        module = _kernel_module(op)
+        if module == kernel_module or (kernel_module == "operations" and module not in own):
+            chosen.append(op)
+    return chosen
+
+
+def _kernel_module(op: Operation) -> str | None:
+    if isinstance(op.reference, str):
+        module = op.reference.partition(":")[0]
+        prefix = "pytest_pallas.reference_kernels."
+        if module.startswith(prefix):
+            return module[len(prefix):]
+    return None
+
+
+def _conformance_directory() -> str:
+    from .session import CONFORMANCE_DIRECTORY
+
+    return CONFORMANCE_DIRECTORY
+
+
+def conformance_tests(op: Operation, implementation: Callable, **settings: Any) -> type:
+    """A pytest test class that checks ``implementation`` of ``op`` with the suite's properties.
+
+    Assign it to a ``Test*`` name in a test module::
+
+        TestMyRmsNorm = conformance_tests(RMS_NORM, my_rms_norm)
+
+    The class runs the value property (the sweep, then drawn examples: shape
+    and dtype, finite, value), written and deterministic, and vmap (unless the
+    op says ``vmap=False``), with the TPU rules and compile check the plugin
+    applies to every Pallas test. Failures, reproduce lines, the end-of-run
+    table and ``--pallas-report`` rows are the packaged suite's.
+    ``@supports(...)`` on ``implementation`` narrows the inputs drawn.
+
+    Settings: ``label`` (the implementation's name in the report; default
+    ``module:function``), ``examples`` (examples of the value property, instead
+    of the Hypothesis profile's; the other properties run a fifth of it).
+    """
+    from .conformance_harness import bind_function
+    from .domains import SupportsError
+
+    unknown = sorted(set(settings) - {"label", "examples"})
+    if unknown:
+        raise TypeError(f"conformance_tests() got unknown setting(s) {', '.join(unknown)}; "
+                        "it takes label= and examples=.")
+    if not isinstance(op, Operation):
+        raise TypeError(f"conformance_tests() takes an Operation first, not "
+                        f"{type(op).__name__}; see pytest_pallas.Operation.")
+    if not callable(implementation):
+        raise TypeError(f"conformance_tests({op.name!r}, ...): the implementation is a "
+                        f"{type(implementation).__name__}, not a callable.")
+    examples = settings.get("examples")
+    try:
+        binding = bind_function(op, implementation, settings.get("label"))
+    except SupportsError as error:
+        raise SupportsError(f"conformance_tests({op.name!r}, ...): {error}") from None
+    name = op.name
+
+    @_with_sweep_decorator(sweep_slots(op))
+    @given(data=st.data())
+    def test_value(self, data, conformance):
+        conformance.check_value(name, data)
+
+    @given(data=st.data())
+    def test_written_and_deterministic(self, data, conformance):
+        conformance.check_repeatable(name, data)
+
+    test_written_and_deterministic.__doc__ = _REPEATABLE_DOC
+    namespace: dict[str, Any] = {
+        "pytestmark": [pytest.mark.pallas],
+        CLASS_ATTRIBUTE: binding,
+        "__doc__": f"The conformance properties of {op.name} for {binding.label}.",
+        "test_value": _tag(_value_doc(test_value), _primary(examples)),
+        "test_written_and_deterministic": _tag(test_written_and_deterministic,
+                                               _secondary(examples)),
+    }
+    if op.vmap:
+        @given(data=st.data())
+        def test_vmap(self, data, conformance):
+            conformance.check_vmap(name, data)
+
+        test_vmap.__doc__ = _VMAP_DOC
+        namespace["test_vmap"] = _tag(test_vmap, _secondary(examples))
+    return type(f"Test_{op.name}", (), namespace)
+
+
+def class_binding(cls: type | None) -> Any:
+    """The implementation a ``conformance_tests`` class checks, or None for another class."""
+    return getattr(cls, CLASS_ATTRIBUTE, None) if cls is not None else None

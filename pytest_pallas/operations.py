@@ -1,0 +1,199 @@
+"""The built-in ops of the conformance contract (CONTRACT.md §2), one ``Operation`` each.
+
+``pytest_pallas.operations.matmul`` and its siblings are public::
+
+    >>> from pytest_pallas import operations
+    >>> operations.matmul.signature
+    '(m,k),(k,n)->(m,n)'
+    >>> [op.name for op in operations.BUILT_IN][:3]
+    ['add', 'sum', 'matmul']
+
+Everything the suite, the report and the benchmarks know about an op is in its
+record below; nothing elsewhere is keyed by an op's name.
+
+Adding a built-in op:
+
+1. write its kernel module ``reference_kernels/NAME.py`` (installed as
+   ``pytest_pallas.reference_kernels.NAME``) with the kernel, its float64
+   oracle ``NAME_reference``, its cost model ``NAME_cost`` and, for inputs
+   with structure, an ``inputs(dims, dtype, rng)`` builder;
+2. add its record here (``_builtin("NAME", signature, ...)`` names those
+   functions by convention) and list it in ``BUILT_IN``;
+3. nothing else: the packaged suite runs its properties in
+   ``conformance/test_<kernel module>.py`` if that file exists, else in
+   ``conformance/test_operations.py``; ``--pallas-impl NAME=...``, the report
+   and ``pallas_benchmark("NAME", ...)`` know it from the record.
+
+Importing this module is cheap (no JAX): every callable is named by a
+``"module:attr"`` string and imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .operation import FLOAT_DTYPES, Deferred, Operation
+
+_KERNELS = "pytest_pallas.reference_kernels"
+_XLA = "pytest_pallas.xla_versions"
+_HERE = __name__
+
+
+def _builtin(name: str, signature: str, module: str, attr: str | None = None, *,
+             xla: str | None = None, **fields: Any) -> Operation:
+    """A record whose kernel, oracle and cost model live in ``reference_kernels/<module>.py``."""
+    attr = attr or name
+    fields.setdefault("oracle", f"{_KERNELS}.{module}:{attr}_reference")
+    return Operation(
+        name, signature,
+        reference=f"{_KERNELS}.{module}:{attr}",
+        cost=f"{_KERNELS}.{module}:{attr}_cost",
+        xla=f"{_XLA}:{xla or attr}",
+        **fields,
+    )
+
+
+# --- allowances: errors a correct kernel of an op adds beyond the default tolerance ---------
+
+
+def logit_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
+    """The error attention inherits from rounding its logits, as an absolute tolerance.
+
+    Each logit q.k is a d-term sum rounded to the accumulator's precision;
+    softmax turns an absolute logit error e into a relative weight error of
+    about e, so the output may move by e * max|v|. A correct float32 kernel
+    (and plain XLA) reaches a few times the default tolerance at d = 128
+    without this term; a missing rescale or max-subtraction is still off by
+    far more.
+    """
+    import numpy as np
+
+    from .compare import epsilon
+
+    q, k, v = (np.asarray(a, np.float64) for a in case.args)
+    if k.ndim < q.ndim:  # mqa: k and v shared by the heads
+        k, v = k[:, None], v[:, None]
+    logit_bound = float(np.max(np.abs(q) @ np.swapaxes(np.abs(k), -1, -2), initial=0.0))
+    # bfloat16 inputs multiply exactly into float32 sums; only float32 inputs
+    # on a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
+    accumulator = (
+        "bfloat16" if backend_precision == "bfloat16" and case.dtype == "float32" else "float32"
+    )
+    extra = epsilon(accumulator) * logit_bound * float(np.max(np.abs(v), initial=0.0))
+    return extra, (f"logits rounded in {accumulator} (max sum |q||k| = {logit_bound:.3g}) "
+                   f"add {extra:.3g}")
+
+
+# How far a correct evaluation of the activation in the output dtype may be from the float64
+# oracle, in units of eps(dtype) * max|x @ y|. jax.nn.gelu in float32 is off by up to 1.4 ulp
+# of |z| (at z = 4.14) and jax.nn.silu by 1.2 (z = 8.69), measured over z in [-30, 30];
+# near z = -4 the 1 + tanh of gelu cancels, and a result of -7e-5 is off by 1.5e-7.
+_ACTIVATION_ULPS = {"gelu": 2.0, "silu": 2.0}
+
+
+def activation_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
+    """The error a correct kernel's activation adds, as an absolute tolerance.
+
+    The default tolerance scales with max|output|; an activation's rounding
+    scales with its input z = x @ y instead, and gelu and silu shrink large
+    negative z to tiny outputs whose absolute error stays about eps * |z|.
+    Without this term plain XLA's ``jax.nn.gelu`` fails the float32 tolerance
+    (1.27 times it, for z = -4); a wrong or missing activation is still off
+    by far more than 2 ulp of |z|.
+    """
+    activation = case.kwargs.get("activation")
+    name = repr(activation) if isinstance(activation, Deferred) else activation
+    ulps = _ACTIVATION_ULPS.get(name or "")
+    if not ulps:
+        return 0.0, ""
+    import numpy as np
+
+    from .compare import epsilon
+
+    x, y = (np.asarray(a, np.float64) for a in case.args)
+    bound = float(np.max(np.abs(x @ y), initial=0.0))
+    extra = ulps * epsilon(case.dtype) * bound
+    return extra, (f"{name} evaluated in {case.dtype} (max |x @ y| = {bound:.3g}) "
+                   f"adds {extra:.3g}")
+
+
+# --- attention's "offset" profile ----------------------------------------------------------
+
+# "offset" (attention ops): integer q, k and v as in "ties", with the first
+# feature of q and of k set so that every logit is shifted by the same
+# -128 * 2 = -256. Softmax is shift-invariant and the logits stay exact
+# integers (in float32, and as products of bfloat16 values), so a correct
+# kernel is as exact as on "ties"; but a kernel that exponentiates without
+# subtracting the row maximum gets exp(logit) == 0 for a whole row and returns
+# 0/0, as does one whose running maximum starts at 0 instead of -inf.
+_LOGIT_OFFSET_FACTORS = (-128.0, 2.0)
+
+
+def offset_logits(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    import numpy as np
+
+    q, k, *rest = (np.array(arg, copy=True) for arg in args)
+    q[..., 0] = _LOGIT_OFFSET_FACTORS[0]
+    k[..., 0] = _LOGIT_OFFSET_FACTORS[1]
+    return (q, k, *rest)
+
+
+def ppermute_oracle(x: Any, *, shift: int, devices: int) -> Any:
+    """The global result: device i's block is the one device (i - shift) mod n held."""
+    import numpy as np
+
+    from .reference_kernels.collectives import ppermute_reference
+
+    blocks = np.split(x, devices, axis=0)
+    return np.concatenate(list(ppermute_reference(blocks, shift)), axis=0)
+
+
+# --- the records ------------------------------------------------------------------------------
+
+# Attention draws large logits as "offset" rather than "large": a correct kernel's softmax
+# saturates to one-hot on "large", where bfloat16 rounding of q @ k decides ties.
+_ATTENTION = dict(
+    reduction="t", profiles=("normal", "ties", "small", "offset"),
+    allowance=f"{_HERE}:logit_rounding_allowance", low_precision_matmul=True,
+    profile_adjustments={"offset": f"{_HERE}:offset_logits"},
+)
+_HEAD = (1, 32, 128)
+# Batched attention: fewer and shorter sequences than attention's t, the same code paths.
+_SEQUENCE = (1, 100, 256)
+
+add = _builtin("add", "(),()->()", "elementwise", dtypes=FLOAT_DTYPES + ("int32",))
+sum = _builtin("sum", "(n,r,c)->(r,c)", "reduction", "sum_leading_axis", reduction="n",
+               sizes={"n": (1, 3, 8)})
+matmul = _builtin("matmul", "(m,k),(k,n)->(m,n)", "matmul", reduction="k")
+matmul_activation = _builtin(
+    "matmul_activation", "(m,k),(k,n)->(m,n)", "matmul", reduction="k",
+    # In this order the sweep (value i for sweep case i) puts gelu, the activation whose
+    # rounding needs its allowance, on the "large" values.
+    params={"activation": (Deferred("jax.nn:gelu"), Deferred("jax.nn:silu"), None,
+                           Deferred("jax.nn:relu"))},
+    allowance=f"{_HERE}:activation_rounding_allowance",
+)
+batched_matmul = _builtin("batched_matmul", "(b,m,k),(b,k,n)->(b,m,n)", "matmul",
+                          xla="matmul", reduction="k", profiles=("normal", "ties", "small"),
+                          vmap=False)
+softmax = _builtin("softmax", "(rows,cols)->(rows,cols)", "softmax", reduction="cols",
+                   profiles=("normal", "large", "ties", "small", "neg_inf"))
+attention = _builtin("attention", "(s,d),(t,d),(t,d)->(s,d)", "attention",
+                     dimensions=("s", "t", "d"), sizes={"d": _HEAD}, **_ATTENTION)
+mha = _builtin("mha", "(b,h,s,d),(b,h,t,d),(b,h,t,d)->(b,h,s,d)", "attention",
+               xla="attention", dimensions=("b", "h", "s", "t", "d"),
+               sizes={"d": _HEAD, "t": _SEQUENCE}, vmap=False, **_ATTENTION)
+mqa = _builtin("mqa", "(b,h,s,d),(b,t,d),(b,t,d)->(b,h,s,d)", "attention",
+               dimensions=("b", "h", "s", "t", "d"), sizes={"d": _HEAD, "t": _SEQUENCE},
+               vmap=False, **_ATTENTION)
+copy = _builtin("copy", "(rows,cols)->(rows,cols)", "dma", dtypes=FLOAT_DTYPES + ("int32",),
+                exact=True, needs_tpu_interpreter=True)
+ppermute = _builtin("ppermute", "(rows,cols)->(rows,cols)", "collectives",
+                    oracle=f"{_HERE}:ppermute_oracle", dtypes=FLOAT_DTYPES + ("int32",),
+                    exact=True, collective="axis_name", params={"shift": (1, -1)}, vmap=False,
+                    needs_tpu_interpreter=True)
+
+BUILT_IN: tuple[Operation, ...] = (
+    add, sum, matmul, matmul_activation, batched_matmul, softmax, attention, mha, mqa, copy,
+    ppermute,
+)
