@@ -312,3 +312,38 @@ def _transposed(e: np.ndarray, blocks: Blocks, close: Callable[..., bool]) -> li
             return [f"each {rows}x{cols} {blocks.noun} holds the transpose of its expected "
                     "values (a block written transposed)"]
     return []
+
+
+def reduction_steps_left_out(
+    function: Callable[..., np.ndarray],
+    args: Sequence[np.ndarray],
+    *,
+    argument: int,
+    axis: int,
+    block: int,
+    name: str = "k",
+) -> dict[str, np.ndarray]:
+    """The expected results with the first and with the last block of a reduction left out.
+
+    For ``without_step=`` of ``assert_allclose``: ``function(*args)`` is the oracle of
+    a reduction that is linear in ``args[argument]`` (a sum, a matmul), whose ``axis``
+    the kernel reduces in blocks of ``block``; zeroing one block of that argument
+    removes exactly its contribution.
+
+    >>> x = np.ones((2, 6)); y = np.ones((6, 3))
+    >>> steps = reduction_steps_left_out(np.matmul, (x, y), argument=0, axis=1, block=4)
+    >>> float(steps["the last k block"][0, 0]), float(steps["the first k block"][0, 0])
+    (4.0, 2.0)
+    """
+    operand = np.asarray(args[argument], np.float64)
+    size = operand.shape[axis]
+    steps = {}
+    for which, start in (("first", 0), ("last", (size - 1) // block * block)):
+        zeroed = operand.copy()
+        index = [slice(None)] * operand.ndim
+        index[axis] = slice(start, start + block)
+        zeroed[tuple(index)] = 0
+        changed = [np.asarray(a, np.float64) for a in args]
+        changed[argument] = zeroed
+        steps[f"the {which} {name} block"] = np.asarray(function(*changed), np.float64)
+    return steps

@@ -4,6 +4,7 @@ Each Pallas kernel below has one bug; its test compares with assert_allclose and
 no hint, so the blocks come from the output BlockSpec the plugin saw traced.
 """
 
+import re
 import textwrap
 
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 from pytest_pallas import assert_allclose
+from pytest_pallas.mismatch import reduction_steps_left_out
 
 
 def matmul_kernel(x_ref, y_ref, o_ref, acc_ref):
@@ -68,10 +70,8 @@ def test_wrong_index_map():
 def test_dropped_last_k_step():
     x, y = inputs(24, 384, 128)
     out = matmul(x, y, bm=24, bk=128, bn=128, k_steps=2)  # 384 / 128 = 3 steps
-    x64, y64 = x.astype(np.float64), y.astype(np.float64)
-    assert_allclose(out, x64 @ y64, reduction_length=384, without_step={
-        "the first k block": x64[:, 128:] @ y64[128:],
-        "the last k block": x64[:, :256] @ y64[:256]})
+    steps = reduction_steps_left_out(np.matmul, (x, y), argument=0, axis=1, block=128)
+    assert_allclose(out, x.astype(np.float64) @ y, reduction_length=384, without_step=steps)
 
 
 def blocks_kernel(x_ref, o_ref):
@@ -229,3 +229,42 @@ def test_integer_outputs_get_the_pattern_too():
         assert_allclose(actual, expected)
     assert "errors fill exactly tile (0, 1): columns 128-255 of 256" in str(failure.value)
     assert "actual = 3 x expected at every mismatched element" in str(failure.value)
+
+
+WRONG_INDEX_MAP_MATMUL = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], y_ref[...],
+                         preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+
+def matmul(x, y):
+    m, k = x.shape
+    n = y.shape[1]
+    bn = 128 if n % 128 == 0 else n
+    return pl.pallas_call(
+        _kernel, grid=(n // bn,),
+        in_specs=[pl.BlockSpec((m, k), lambda j: (0, 0)),
+                  pl.BlockSpec((k, bn), lambda j: (0, 0))],  # the bug: (0, j)
+        out_specs=pl.BlockSpec((m, bn), lambda j: (0, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+    )(x, y)
+'''
+
+
+def test_the_suites_value_failure_locates_the_wrong_block(run_pytest, pytester):
+    pytester.makepyfile(mymm=WRONG_INDEX_MAP_MATMUL)
+    result = run_pytest("-p", "no:xdist", "--pallas-conformance", "--pallas-impl",
+                        "matmul=mymm:matmul", "-k", "value", "--pallas-seed=0",
+                        "--pallas-examples=5")
+    assert result.ret == 1
+    output = result.stdout.str()
+    # The kernel is wrong only where n has several 128-column blocks; m is whatever was drawn.
+    assert re.search(r"Mismatch pattern, in output blocks of \(\d+, 128\) \(from the output "
+                     r"BlockSpec of kernel '_kernel at mymm.py:\d+'\):", output), output
+    assert "holds the values expected in output block (0, 0): an index map that points at " \
+           "the wrong block" in output
