@@ -22,6 +22,8 @@ from .session import (
 )
 
 _SESSION = pytest.StashKey[PallasSession]()
+# The directory --pallas-report creates because it did not exist, for the summary to say so.
+_REPORT_DIRECTORY_CREATED = pytest.StashKey[str | None]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,27 +53,34 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[_SESSION] = session
     if not parsed.tpu and (parsed.session_opted_in or parsed.devices_requested):
-        # The device count must be fixed before JAX creates its CPU client.
+        # The device count must be fixed before JAX creates its CPU client (and before
+        # the user's modules below are imported: they may make arrays at import).
         session.ensure_devices()
+    # Before the backend and the suite import JAX (seconds): a mistake in --pallas-impl
+    # is reported as fast as any other usage error.
+    from .implementations import resolve_all
+
+    user_callables = resolve_all(parsed.implementations)
     if parsed.session_opted_in:
         # --pallas-tpu without a TPU must stop here, before collection (exit 4).
         session.backend  # noqa: B018
-    if parsed.conformance or parsed.implementations:
-        _configure_conformance(config, session)
+    if parsed.conformance:
+        _configure_conformance(config, session, user_callables)
 
 
-def _configure_conformance(config: pytest.Config, session: PallasSession) -> None:
-    from . import implementations
+def _configure_conformance(config: pytest.Config, session: PallasSession,
+                           user_callables: dict) -> None:
     from .conformance_harness import bind_implementations, selected_ops
+    from .options import report_directory_to_create
     from .report import ConformanceRecorder
 
     user_targets = dict(session.options.implementations)
     session.conformance_ops = selected_ops(session.options.ops, tuple(user_targets))
     session.implementations = bind_implementations(
-        user_targets,
-        lambda target, op: implementations.resolve(target, flag=f"--pallas-impl {op}={target}"),
-        session.conformance_ops,
-    )
+        user_targets, lambda target, op: user_callables[op], session.conformance_ops)
+    if session.options.report_path and _is_controller(config):
+        config.stash[_REPORT_DIRECTORY_CREATED] = report_directory_to_create(
+            session.options.report_path)
     session.recorder = ConformanceRecorder()
     if _is_controller(config):
         config.pluginmanager.register(_WorkerRecordsMerger(session.recorder),
@@ -400,7 +409,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     for reason in pallas.incomplete_reasons:
         terminalreporter.write_line(f"incomplete: {reason}", yellow=True)
     if pallas.options.report_path:
-        terminalreporter.write_line(f"report written to {pallas.options.report_path}")
+        created = config.stash.get(_REPORT_DIRECTORY_CREATED, None)
+        terminalreporter.write_line(f"report written to {pallas.options.report_path}" + (
+            f" (directory {created} created)" if created else ""))
 
 
 # --- fixtures -----------------------------------------------------------------
