@@ -7,6 +7,7 @@ so it imports nothing heavy: JAX is imported only when a test uses Pallas.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -86,7 +87,7 @@ def _configure_conformance(config: pytest.Config, session: PallasSession,
         config.pluginmanager.register(_WorkerRecordsMerger(session.recorder),
                                       "pallas-worker-records")
     # Before the suite is imported: its secondary properties size themselves on the profile.
-    _load_hypothesis_profile(session)
+    _load_hypothesis_profile(session, config)
     # The suite is part of the install, so it runs from any directory. Given
     # no paths, pytest would also collect the current directory: only paths
     # the user named are collected beside the suite.
@@ -110,26 +111,31 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     ours = [item for item in items if pallas.uses_pallas(item)]
     if not ours:
         return
-    _load_hypothesis_profile(pallas)
+    _load_hypothesis_profile(pallas, config)
 
 
-def _load_hypothesis_profile(pallas: PallasSession) -> None:
-    from hypothesis import settings
+def _load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> None:
+    from hypothesis import Verbosity, settings
 
+    from ._hypothesis_compat import current_profile_name
     from .strategies import register_profiles
 
     register_profiles()
     profile = f"pallas-{pallas.options.profile}"
+    overrides = {}
     if pallas.options.examples is not None:
-        settings.register_profile(
-            "pallas-cli", parent=settings.get_profile(profile),
-            max_examples=pallas.options.examples,
-        )
+        overrides["max_examples"] = pallas.options.examples
+    # Hypothesis's own flag: our profile replaces the one it loaded, so carry it over.
+    verbosity = config.getoption("--hypothesis-verbosity", default=None)
+    if verbosity:
+        overrides["verbosity"] = Verbosity[verbosity]
+    if overrides:
+        settings.register_profile("pallas-cli", parent=settings.get_profile(profile),
+                                  **overrides)
         profile = "pallas-cli"
     if pallas.hypothesis_profile_before is None:
         # Restored at pytest_unconfigure: the profile is this run's, not the process's.
-        current = getattr(settings, "get_current_profile_name", None)
-        pallas.hypothesis_profile_before = current() if current else settings._current_profile
+        pallas.hypothesis_profile_before = current_profile_name()
     settings.load_profile(profile)
 
 
@@ -180,38 +186,25 @@ def _seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
     set at collection would be the last item's; a method's ``obj`` is a bound method, which
     takes no attributes, so the seed goes on the function behind it.
     """
+    from ._hypothesis_compat import is_given_test, seed_with_run_settings
+
     function = getattr(item, "obj", None)
     function = getattr(function, "__func__", function)
-    if getattr(function, "is_hypothesis_test", False):
-        from hypothesis import seed, settings
-
+    if is_given_test(function):
         # Put back at teardown: the function is shared by its parametrized items and by
         # a later run of the suite in the same process.
-        item.stash[_HYPOTHESIS_ATTRIBUTES] = (function, {
-            name: function.__dict__.get(name, _ABSENT) for name in _HYPOTHESIS_ATTRIBUTE_NAMES})
-        if not hasattr(function, "_hypothesis_internal_settings_applied"):
-            # @given took the settings profile loaded when the module was imported, before
-            # the plugin knew the test was ours; a test without its own @settings gets ours.
-            function._hypothesis_internal_use_settings = settings.default
-        seed(pallas.key_seed(item.nodeid))(function)
+        item.stash[_HYPOTHESIS_RESTORE] = seed_with_run_settings(
+            function, pallas.key_seed(item.nodeid))
 
 
-_HYPOTHESIS_ATTRIBUTES = pytest.StashKey[tuple]()
-_HYPOTHESIS_ATTRIBUTE_NAMES = ("_hypothesis_internal_use_settings", "_hypothesis_internal_use_seed")
-_ABSENT = object()
+_HYPOTHESIS_RESTORE = pytest.StashKey[Callable[[], None]]()
 
 
 def _restore_hypothesis_attributes(item: pytest.Item) -> None:
-    saved = item.stash.get(_HYPOTHESIS_ATTRIBUTES, None)
-    if saved is None:
-        return
-    function, attributes = saved
-    for name, value in attributes.items():
-        if value is _ABSENT:
-            function.__dict__.pop(name, None)
-        else:
-            setattr(function, name, value)
-    del item.stash[_HYPOTHESIS_ATTRIBUTES]
+    restore = item.stash.get(_HYPOTHESIS_RESTORE, None)
+    if restore is not None:
+        restore()
+        del item.stash[_HYPOTHESIS_RESTORE]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -227,6 +220,7 @@ def pytest_runtest_call(item: pytest.Item):
         try:
             result = yield
         except BaseException as error:
+            _restate_hypothesis_notes(item, error)
             if watchdog.fired and not isinstance(error, KernelTimeout):
                 raise KernelTimeout(watchdog.message) from error
             _raise_as_tpu_rule(error)
@@ -240,6 +234,18 @@ def pytest_runtest_call(item: pytest.Item):
         raise KernelTimeout(watchdog.message)
     pallas.check_kernel_exits(item)
     return result
+
+
+def _restate_hypothesis_notes(item: pytest.Item, error: BaseException) -> None:
+    """Hypothesis's advice, in terms a user of the plugin can act on."""
+    from ._hypothesis_compat import restate_notes
+
+    if is_conformance_item(item):
+        # The suite's explicit examples are its sweep cases, and its tests are not the
+        # user's to decorate: the pallas section below gives the command that reproduces.
+        restate_notes(error, examples="sweep cases", reproduce="")
+    else:
+        restate_notes(error)
 
 
 def _running_kernels_text(item: pytest.Item) -> str:
