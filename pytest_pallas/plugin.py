@@ -62,6 +62,11 @@ def pytest_configure(config: pytest.Config) -> None:
     from .implementations import resolve_all
 
     user_callables = resolve_all(parsed.implementations)
+    if not parsed.tpu and config.getoption("--benchmark-only", default=False):
+        # Before the backend below creates JAX's CPU client, which reads XLA_FLAGS.
+        from .benchmarking import request_single_threaded_xla
+
+        request_single_threaded_xla(config)
     if parsed.session_opted_in:
         # --pallas-tpu without a TPU must stop here, before collection (exit 4).
         session.backend  # noqa: B018
@@ -111,6 +116,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     ours = [item for item in items if pallas.uses_pallas(item)]
     if not ours:
         return
+    if not pallas.options.tpu and any(
+            "pallas_benchmark" in getattr(item, "fixturenames", ()) for item in ours):
+        from .benchmarking import request_single_threaded_xla
+
+        request_single_threaded_xla(config)
     _load_hypothesis_profile(pallas, config)
 
 
