@@ -420,7 +420,8 @@ def plot_input(tmp_path):
     return str(path)
 
 
-@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed (the 'plot' extra)")
+@pytest.mark.skipif(not HAVE_MATPLOTLIB,
+                    reason="matplotlib is not installed; pip install -e '.[dev,plot]'")
 def test_the_roofline_plot_command_writes_the_image(tmp_path):
     output = tmp_path / "roofline.svg"
     completed = run_python("-m", "pytest_pallas.roofline_plot", plot_input(tmp_path),
