@@ -266,8 +266,7 @@ def compare_arrays(
         f"rtol={tolerance.rtol:.3g}, atol={tolerance.atol:.3g} ({tolerance.why})"
     )
     lines.append(f"Worst error: {worst_error:.3g} x tolerance")
-    lines += mismatch.diagnose(a, e, mismatched, rtol=tolerance.rtol, atol=tolerance.atol,
-                               blocks=blocks, without_step=without_step)
+    lines += _pattern(a, e, mismatched, tolerance, blocks, without_step)
     lines += _nan_where_finite_hint(a, e)
     return Comparison(False, worst_error, tolerance, "\n".join(lines))
 
@@ -294,11 +293,22 @@ def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str,
         f"actual {actual.flat[first].item()!r}, expected {expected.flat[first].item()!r}",
         "Tolerance: exact (integer or bit-for-bit output)",
     ]
-    lines += mismatch.diagnose(actual, expected, mismatched, rtol=0.0, atol=0.0, blocks=blocks,
-                               without_step=without_step)
+    lines += _pattern(actual, expected, mismatched, Tolerance(0.0, 0.0, "exact"), blocks,
+                      without_step)
     if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in _EPSILON:
         lines += _nan_where_finite_hint(actual.astype(np.float64), expected.astype(np.float64))
     return Comparison(False, math.inf, Tolerance(0.0, 0.0, "exact"), "\n".join(lines))
+
+
+def _pattern(actual: np.ndarray, expected: np.ndarray, mismatched: np.ndarray,
+             tolerance: Tolerance, blocks: mismatch.Blocks,
+             without_step: Mapping[str, Any] | None) -> list[str]:
+    """The mismatch pattern's lines; a failure of that analysis never hides the mismatch."""
+    try:
+        return mismatch.diagnose(actual, expected, mismatched, rtol=tolerance.rtol,
+                                 atol=tolerance.atol, blocks=blocks, without_step=without_step)
+    except Exception as error:  # the comparison's verdict stands without the pattern
+        return [f"(mismatch pattern not analysed: {type(error).__name__}: {error})"]
 
 
 def bitwise_differences(first: Any, second: Any) -> np.ndarray:

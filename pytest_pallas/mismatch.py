@@ -30,6 +30,7 @@ import numpy as np
 TILE = (8, 128)
 _MAX_BLOCKS_LISTED = 4
 _MAX_BLOCKS_SEARCHED = 256  # for "block b holds block s's values": pairs grow quadratically
+_QUICK_LOOK = 65536  # elements of the leading rows a pattern is tried on before the whole
 # The candidate patterns are judged with the comparator's tolerance, doubled: the kernel
 # that has the bug also has its ordinary rounding on top.
 _SLACK = 2.0
@@ -129,10 +130,16 @@ def diagnose(
     a = np.asarray(actual, np.float64)
     e = np.asarray(expected, np.float64)
 
-    def close(candidate: np.ndarray, where: np.ndarray | tuple | None = None) -> bool:
+    # A pattern that holds everywhere holds on the first rows: try them first, so that
+    # the patterns that do not hold cost little on a large output.
+    lead = (slice(0, max(1, _QUICK_LOOK // max(1, a[0].size))),)
+
+    def close(candidate: np.ndarray, where: np.ndarray | None = None) -> bool:
         if where is None:
-            return _close(a, candidate, rtol, atol)
-        return _close(a[where], candidate[where], rtol, atol)
+            return (_close(a[lead], candidate[lead], rtol, atol)
+                    and _close(a, candidate, rtol, atol))
+        return (_close(a[lead][where[lead]], candidate[lead][where[lead]], rtol, atol)
+                and _close(a[where], candidate[where], rtol, atol))
 
     def close_part(part: tuple[slice, ...], candidate: np.ndarray) -> bool:
         return _close(a[part], candidate, rtol, atol)
@@ -172,18 +179,30 @@ def _located(mismatched: np.ndarray, blocks: Blocks) -> list[str]:
     total = math.prod(counts)
     if total <= 1:
         return []
-    hit = _mismatched_blocks(mismatched, block)
+    per_block = _mismatches_per_block(mismatched, block)
+    hit = [tuple(int(i) for i in row) for row in np.argwhere(per_block)]
     if len(hit) == total:
         return []  # every block: the location says nothing
-    full = all(int(np.count_nonzero(mismatched[_region(index, block, shape)]))
-               == _region_size(index, block, shape) for index in hit)
-    listed = "; ".join(
-        f"{_format_block(index)}: {_describe_region(index, block, shape, counts)}"
-        for index in hit[:_MAX_BLOCKS_LISTED])
-    more = f"; and {len(hit) - _MAX_BLOCKS_LISTED} more" if len(hit) > _MAX_BLOCKS_LISTED else ""
+    full = all(int(per_block[index]) == _region_size(index, block, shape) for index in hit)
+    noun = blocks.noun
+    low = [min(index[axis] for index in hit) for axis in range(len(shape))]
+    high = [max(index[axis] for index in hit) for axis in range(len(shape))]
+    if len(hit) > 1 and len(hit) == math.prod(h - lo + 1 for lo, h in zip(low, high)):
+        # A box of blocks (a column of blocks, say): one range says it.
+        first = _region(low, block, shape)
+        last = _region(high, block, shape)
+        span = tuple(slice(f.start, t.stop) for f, t in zip(first, last))
+        listed = (f"({', '.join(str(lo) if lo == h else f'{lo}-{h}' for lo, h in zip(low, high))}"
+                  f"{',' if len(shape) == 1 else ''}): {_describe_span(span, shape, counts)}")
+        more = ""
+    else:
+        listed = "; ".join(
+            f"{_format_block(index)}: {_describe_region(index, block, shape, counts)}"
+            for index in hit[:_MAX_BLOCKS_LISTED])
+        more = (f"; and {len(hit) - _MAX_BLOCKS_LISTED} more"
+                if len(hit) > _MAX_BLOCKS_LISTED else "")
     plural = "s" if len(hit) > 1 else ""
     verb = "fill exactly" if full else "lie only in"
-    noun = blocks.noun
     lines = [f"errors {verb} {noun}{plural} {listed}{more} ({len(hit)} of {total} {noun}s)"
              if len(hit) > 1 else f"errors {verb} {noun} {listed}"]
     for axis, (size, b, count) in enumerate(zip(shape, block, counts)):
@@ -198,9 +217,22 @@ def _located(mismatched: np.ndarray, blocks: Blocks) -> list[str]:
     return lines
 
 
+def _mismatches_per_block(mismatched: np.ndarray, block: Sequence[int]) -> np.ndarray:
+    """How many elements mismatch in each block: an array of the block grid's shape.
+
+    Pads to whole blocks and sums within each, so the memory it takes is the mask's,
+    however many elements mismatch.
+    """
+    counts = [-(-size // b) for size, b in zip(mismatched.shape, block)]
+    padded = np.zeros([c * b for c, b in zip(counts, block)], bool)
+    padded[tuple(slice(0, size) for size in mismatched.shape)] = mismatched
+    split = padded.reshape([n for pair in zip(counts, block) for n in pair])
+    return split.sum(axis=tuple(range(1, 2 * len(counts), 2)), dtype=np.int64)
+
+
 def _mismatched_blocks(mismatched: np.ndarray, block: Sequence[int]) -> list[tuple[int, ...]]:
-    indices = np.unique(np.argwhere(mismatched) // np.asarray(block), axis=0)
-    return [tuple(int(i) for i in row) for row in indices]
+    return [tuple(int(i) for i in row)
+            for row in np.argwhere(_mismatches_per_block(mismatched, block))]
 
 
 def _region(index: Sequence[int], block: Sequence[int], shape: Sequence[int]) -> tuple[slice, ...]:
@@ -223,10 +255,14 @@ def _axis_name(axis: int, rank: int) -> str:
 
 def _describe_region(index: Sequence[int], block: Sequence[int], shape: Sequence[int],
                      counts: Sequence[int]) -> str:
+    return _describe_span(_region(index, block, shape), shape, counts)
+
+
+def _describe_span(span: Sequence[slice], shape: Sequence[int], counts: Sequence[int]) -> str:
     parts = []
-    for axis, piece in enumerate(_region(index, block, shape)):
-        if counts[axis] == 1:
-            continue  # one block spans the axis: nothing to say about it
+    for axis, piece in enumerate(span):
+        if counts[axis] == 1 or (piece.start == 0 and piece.stop == shape[axis]):
+            continue  # the whole axis: nothing to say about it
         span = (f"{piece.start}" if piece.stop - piece.start == 1
                 else f"{piece.start}-{piece.stop - 1}")
         parts.append(f"{_axis_name(axis, len(shape))} {span} of {shape[axis]}")
@@ -275,17 +311,27 @@ def _block_holds_other_block(e: np.ndarray, mismatched: np.ndarray, blocks: Bloc
 def _scaled(a: np.ndarray, e: np.ndarray, mismatched: np.ndarray,
             close: Callable[..., bool]) -> list[str]:
     """actual = c * expected at every mismatched element, for one constant c."""
-    both_finite = np.isfinite(a) & np.isfinite(e)
-    if not np.all(both_finite[mismatched]):
+    if not np.all(np.isfinite(a), where=mismatched) or not np.all(np.isfinite(e),
+                                                                   where=mismatched):
         return []
     nonzero = mismatched & (e != 0)
-    if np.count_nonzero(nonzero) < 2 or np.unique(e[nonzero]).size < 2:
+    if np.count_nonzero(nonzero) < 2 or (np.min(e, where=nonzero, initial=np.inf)
+                                         == np.max(e, where=nonzero, initial=-np.inf)):
         return []  # one value fits any factor
-    factor = float(np.median(a[nonzero] / e[nonzero]))
-    if not math.isfinite(factor) or not close(factor * e, mismatched):
+    # The factor from a sample (if it is one factor, any sample shows it); checked on all below.
+    sample = np.flatnonzero(nonzero[: max(1, _QUICK_LOOK // max(1, a[0].size))])
+    ratios = (a.reshape(-1)[sample] / e.reshape(-1)[sample] if sample.size >= 2
+              else a[nonzero] / e[nonzero])
+    factor = float(np.median(ratios))
+    if not math.isfinite(factor):
         return []
-    everywhere = close(factor * e)
-    where = "every element" if everywhere else "every mismatched element"
+    scaled = factor * e
+    if close(scaled):
+        where = "every element"
+    elif close(scaled, mismatched):
+        where = "every mismatched element"
+    else:
+        return []
     if factor == 0:
         return [f"actual is 0 at {where}: the output, or these elements of it, "
                 "never received a result"]

@@ -268,3 +268,13 @@ def test_the_suites_value_failure_locates_the_wrong_block(run_pytest, pytester):
                      r"BlockSpec of kernel '_kernel at mymm.py:\d+'\):", output), output
     assert "holds the values expected in output block (0, 0): an index map that points at " \
            "the wrong block" in output
+
+
+def test_a_box_of_wrong_blocks_is_one_range():
+    expected = np.random.default_rng(5).standard_normal((64, 512))
+    actual = expected.astype(np.float32)
+    actual[:, 128:256] += 1  # a column of tiles
+    with pytest.raises(AssertionError) as failure:
+        assert_allclose(actual, expected)
+    assert "errors fill exactly tiles (0-7, 1): columns 128-255 of 512 (8 of 32 tiles)" in str(
+        failure.value)
