@@ -105,8 +105,9 @@ def request_single_threaded_xla(config: pytest.Config, environ=os.environ) -> st
     """Make XLA's CPU code single-threaded for this run's benchmarks, if still possible.
 
     XLA reads ``XLA_FLAGS`` when JAX creates its CPU client, so this must run before
-    the first JAX computation; the plugin calls it at configure time under
-    ``--benchmark-only`` and at collection when a test uses ``pallas_benchmark``.
+    the first JAX computation; the plugin calls it at collection when a test uses
+    ``pallas_benchmark``, and at configure time under ``--benchmark-only`` when a
+    Pallas flag has it create the backend then.
     A user's XLA_FLAGS that sets ``intra_op_parallelism_threads`` is left alone.
     Returns (and records for ``extra_info``) how XLA runs.
     """

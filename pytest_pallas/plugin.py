@@ -62,8 +62,10 @@ def pytest_configure(config: pytest.Config) -> None:
     from .implementations import resolve_all
 
     user_callables = resolve_all(parsed.implementations)
-    if not parsed.tpu and config.getoption("--benchmark-only", default=False):
-        # Before the backend below creates JAX's CPU client, which reads XLA_FLAGS.
+    if (not parsed.tpu and parsed.session_opted_in
+            and config.getoption("--benchmark-only", default=False)):
+        # Before the backend below creates JAX's CPU client, which reads XLA_FLAGS (without
+        # a Pallas flag, the collection of a pallas_benchmark test does it in time).
         from .benchmarking import request_single_threaded_xla
 
         request_single_threaded_xla(config)

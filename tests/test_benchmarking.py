@@ -458,14 +458,31 @@ def test_softmax_speed(pallas_benchmark):
 '''
 
 
+PLAIN_BENCHMARK = '''
+import os
+
+
+def test_plain_speed(benchmark):
+    benchmark(sum, range(10))
+    print("XLA_FLAGS at the benchmark:", os.environ.get("XLA_FLAGS"))
+'''
+
+
 @pytest.mark.parametrize("case", ["collected", "benchmark-only with a Pallas flag",
-                                  "jax started at import"])
+                                  "jax started at import", "no pallas_benchmark"])
 def test_a_users_benchmarks_get_single_threaded_xla(pytester, outside_xdist, monkeypatch, case):
     """Without this repository's benchmarks/conftest.py: the plugin sets XLA_FLAGS itself."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)
-    pytester.makepyfile(test_user_bench=USER_BENCHMARK)
+    pytester.makepyfile(test_user_bench=USER_BENCHMARK if case != "no pallas_benchmark"
+                        else PLAIN_BENCHMARK)
     args = ["-p", "no:xdist", *NO_CACHE, "-s", "--benchmark-json=bench.json",
             "--benchmark-min-rounds=2", "--benchmark-max-time=0.01"]
+    if case == "no pallas_benchmark":
+        # A pytest-benchmark suite that knows nothing of Pallas: XLA is left alone.
+        result = pytester.runpytest_subprocess(*args, "--benchmark-only", timeout=240)
+        assert result.ret == 0, result.stdout.str()
+        result.stdout.fnmatch_lines(["*XLA_FLAGS at the benchmark: None*"])
+        return
     if case == "benchmark-only with a Pallas flag":
         # The flag makes the plugin start JAX's CPU client at configure time.
         args += ["--benchmark-only", "--pallas-interpret=tpu"]
