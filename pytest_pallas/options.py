@@ -68,7 +68,6 @@ class PallasOptions:
             or self.interpreter_given
             or self.detect_races
             or self.conformance
-            or bool(self.implementations)
         )
 
     @property
@@ -235,7 +234,10 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
             raise pytest.UsageError(f"--pallas-timeout={timeout_value} must be 0 or more seconds.")
 
     impls = implementations.parse_impl_flags(config.getoption("--pallas-impl"))
-    ops = implementations.parse_ops_flag(config.getoption("--pallas-ops"))
+    ops_value = config.getoption("--pallas-ops")
+    ops = implementations.parse_ops_flag(ops_value)
+    implementations.check_ops_have_implementations(ops, impls, ops_value)
+    report_path = _report_path(config.getoption("--pallas-report"))
 
     return PallasOptions(
         tpu=tpu,
@@ -251,11 +253,44 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         examples=examples,
         profile=profile,
         timeout_seconds=timeout_seconds,
-        conformance=bool(config.getoption("--pallas-conformance")),
+        # Every flag of the suite turns it on: naming ops to check or a report to write
+        # is asking for the suite, and a flag that silently does nothing is a trap.
+        conformance=bool(config.getoption("--pallas-conformance") or impls or ops
+                         or report_path is not None),
         implementations=impls,
         ops=ops,
-        report_path=config.getoption("--pallas-report"),
+        report_path=report_path,
     )
+
+
+def _report_path(path: str | None) -> str | None:
+    """``--pallas-report``'s PATH, checked before the run; missing directories are created
+    when the report is written (as ``--junitxml`` does), and the summary says so."""
+    if path is None:
+        return None
+    if not path.strip():
+        raise pytest.UsageError("--pallas-report is empty; give a file, e.g. "
+                                "--pallas-report=conformance.json.")
+    if os.path.isdir(path):
+        raise pytest.UsageError(
+            f"--pallas-report={path!r} is a directory; give a file in it, e.g. "
+            f"--pallas-report={os.path.join(path, 'conformance.json')}.")
+    ancestor = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise pytest.UsageError(
+            f"--pallas-report={path!r}: {ancestor} is a file, so the report's directory cannot "
+            "be created; choose another path.")
+    return path
+
+
+def report_directory_to_create(path: str) -> str | None:
+    """The report's directory, relative to the cwd, if it does not exist yet (it will be made)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(directory):
+        return None
+    return os.path.relpath(directory)
 
 
 def device_count_from_xla_flags(environ=os.environ) -> int | None:

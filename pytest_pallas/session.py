@@ -123,6 +123,7 @@ class PallasSession:
         """Enter the test's backend and the TPU-fidelity checks (see ``tpu_checks``)."""
         from .compare import backend_matmul_precision, interpreted_kernels
         from .kernel_check import STATIC_CHECKS, checking_pallas_calls
+        from .mismatch import TracedOutput, traced_output_blocks
 
         backend = self.backend_for(item)
         stack = contextlib.ExitStack()
@@ -142,6 +143,10 @@ class PallasSession:
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
             stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports]))
+        # A value failure then locates its mismatches in the traced kernels' output blocks.
+        stack.enter_context(traced_output_blocks(lambda: [
+            TracedOutput(report.kernel, array_shape, block_shape)
+            for report in reports for array_shape, block_shape in report.output_blocks]))
         # assert_allclose in the test then allows for the backend's matmul rounding.
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
         stack.enter_context(backend.activate())

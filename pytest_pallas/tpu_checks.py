@@ -133,6 +133,9 @@ class KernelReport:
     checked: list[str] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
     violations: list[Violation] = dataclasses.field(default_factory=list)
+    # Each VMEM-blocked output's (array shape, block shape): where a value failure's
+    # mismatches are located (see mismatch.py).
+    output_blocks: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -733,6 +736,18 @@ def _order_by_dataflow(call, op, grid, parallel_axes) -> list[Violation]:
 ALL_CHECKS = (TILING, VMEM, "grid-order")
 
 
+def _output_blocks(call: PallasCallInfo) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """The outputs whose BlockSpec tiles them into VMEM blocks (not pl.ANY, not element
+    offsets), as (array shape, block shape)."""
+    return tuple(
+        (operand.array_shape, operand.block_shape)
+        for operand in call.operands
+        if operand.role == "output" and operand.memory_space == "vmem"
+        and all(kind in ("blocked", "squeezed") for kind, _ in operand.block_dims)
+        and len(operand.block_dims) == len(operand.array_shape)
+    )
+
+
 def check_pallas_call_info(
     call: PallasCallInfo,
     info: Any,
@@ -743,7 +758,8 @@ def check_pallas_call_info(
     max_grid_points: int = MAX_GRID_POINTS,
 ) -> KernelReport:
     """Run the static checks on a described pallas_call; the report lists what they found."""
-    report = KernelReport(call.title, call.grid, call.dimension_semantics)
+    report = KernelReport(call.title, call.grid, call.dimension_semantics,
+                          output_blocks=_output_blocks(call))
     if not call.for_tensor_core:
         report.skipped.append("not a TensorCore kernel (GPU compiler params or a SparseCore mesh)")
         return report
