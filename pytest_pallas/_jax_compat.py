@@ -329,6 +329,83 @@ def pallas_call_params_in(jaxpr: Any) -> Iterator[dict[str, Any]]:
                 yield from pallas_call_params_in(sub)
 
 
+def pallas_call_uses_in(jaxpr: Any) -> Iterator[tuple[dict[str, Any], tuple[bool, ...]]]:
+    """Each ``pallas_call`` of a (closed) jaxpr with which of its outputs the program uses.
+
+    An output counts as used when a later equation reads it or the enclosing
+    jaxpr returns it (so an output handed back out of a nested ``jit`` is
+    used, conservatively). Same traversal as :func:`pallas_call_params_in`.
+    """
+    inner = getattr(jaxpr, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns"):
+        jaxpr = inner
+    equations = list(getattr(jaxpr, "eqns", ()))
+    read = {id(v) for v in getattr(jaxpr, "outvars", ())}
+    for equation in equations:
+        read.update(id(v) for v in equation.invars)
+    for equation in equations:
+        if equation.primitive is pallas_call_primitive():
+            yield equation.params, tuple(id(v) in read for v in equation.outvars)
+            continue
+        for value in equation.params.values():
+            for sub in _sub_jaxprs(value):
+                yield from pallas_call_uses_in(sub)
+
+
+_use_observers: list[Callable[[dict[str, Any], tuple[bool, ...]], None]] = []
+_unobserve_uses: Callable[[], None] | None = None
+
+
+@contextlib.contextmanager
+def observe_pallas_call_uses(
+    observer: Callable[[dict[str, Any], tuple[bool, ...]], None],
+) -> Iterator[bool]:
+    """Inside the block, ``observer(params, used_outputs)`` is called for each pallas_call that a
+    jit lowering keeps, with which of its outputs the program uses.
+
+    JAX removes unused values (dead-code elimination) before it lowers a
+    program, and asks each equation which inputs it needs given the outputs
+    used; this hooks that question for ``pallas_call``. Yields False (and
+    observes nothing) when this JAX has no such rule to hook.
+    """
+    global _unobserve_uses
+    try:
+        rules = _private(_PARTIAL_EVAL, "dce_rules")
+        primitive = pallas_call_primitive()
+    except JaxInternalsChanged:
+        yield False
+        return
+    with _observer_lock:
+        if not _use_observers:
+            original = rules.get(primitive)
+
+            def observed_dce_rule(used_outs: Any, equation: Any) -> Any:
+                for each in tuple(_use_observers):
+                    each(equation.params, tuple(bool(u) for u in used_outs))
+                if original is None:
+                    return [True] * len(equation.invars), equation
+                return original(used_outs, equation)
+
+            rules[primitive] = observed_dce_rule
+
+            def restore() -> None:
+                if original is None:
+                    rules.pop(primitive, None)
+                else:
+                    rules[primitive] = original
+
+            _unobserve_uses = restore
+        _use_observers.append(observer)
+    try:
+        yield True
+    finally:
+        with _observer_lock:
+            _use_observers[:] = [o for o in _use_observers if o is not observer]
+            if not _use_observers and _unobserve_uses is not None:
+                _unobserve_uses()
+                _unobserve_uses = None
+
+
 def _sub_jaxprs(value: Any) -> Iterator[Any]:
     if hasattr(value, "eqns"):
         yield value

@@ -391,6 +391,9 @@ def assert_allclose(
     matmul_precision: str | None = None,
     dtype: Any = None,
     exact: bool | None = None,
+    op: str | None = None,
+    inputs: Sequence[Any] | None = None,
+    op_params: dict[str, Any] | None = None,
 ) -> float:
     """Assert that ``actual`` matches ``expected`` within the dtype-aware default tolerance.
 
@@ -400,6 +403,11 @@ def assert_allclose(
     ``matmul_precision`` (which widens the allowance of a reduction) defaults to
     the precision of the backend the test runs on: ``"bfloat16"`` on a TPU,
     ``"float32"`` interpreted on the CPU or outside a Pallas test.
+    ``op`` and ``inputs`` add the error model the conformance suite applies to
+    that op (``pytest_pallas.error_models``): ``op="attention", inputs=(q, k, v)``
+    allows for the rounding of the logits (pass ``q * sm_scale`` for a scaled
+    kernel); ``op="matmul_activation", inputs=(x, y),
+    op_params={"activation": "gelu"}`` for the activation's.
 
     >>> import numpy as np
     >>> assert_allclose(np.float32([1.0, 2.0]), np.array([1.0, 2.0])) <= 1.0
@@ -408,6 +416,15 @@ def assert_allclose(
     __tracebackhide__ = True
     if matmul_precision is None:
         matmul_precision = _BACKEND_MATMUL_PRECISION.get()
+    extra, reason = 0.0, ""
+    if op is not None:
+        from .error_models import op_allowance
+
+        if inputs is None:
+            raise ValueError(f"assert_allclose(op={op!r}) needs inputs=(...), the op's "
+                             "arguments, to size its error model")
+        extra, reason = op_allowance(op, inputs, matmul_precision=matmul_precision,
+                                     params=op_params)
     actual_leaves, actual_tree = _leaves(actual)
     expected_leaves, expected_tree = _leaves(expected)
     if actual_tree != expected_tree:
@@ -420,6 +437,7 @@ def assert_allclose(
         result = compare_arrays(
             a, e, rtol=rtol, atol=atol, reduction_length=reduction_length,
             matmul_precision=matmul_precision, dtype=dtype, exact=exact, name=path,
+            additional_atol=extra, additional_reason=reason,
         )
         worst = max(worst, result.worst_error)
         if not result.passed:

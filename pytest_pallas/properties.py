@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import error_models
 from .compare import compare_arrays
 from .op_inputs import Case
 from .ops import get_operation
@@ -132,62 +133,12 @@ def matmul_precision_for(case: Case, backend_precision: str) -> str:
     return backend_precision
 
 
-def logit_rounding_allowance(case: Case, backend_precision: str) -> tuple[float, str]:
-    """The error attention inherits from rounding its logits, as an absolute tolerance.
-
-    Each logit q.k is a d-term sum rounded to the accumulator's precision;
-    softmax turns an absolute logit error e into a relative weight error of
-    about e, so the output may move by e * max|v|. A correct float32 kernel
-    (and plain XLA) reaches a few times the default tolerance at d = 128
-    without this term; a missing rescale or max-subtraction is still off by
-    far more.
-    """
-    if case.op not in ("attention", "mha", "mqa"):
+def op_allowance(case: Case, backend_precision: str) -> tuple[float, str]:
+    """The error a correct kernel of ``case.op`` cannot avoid (``error_models``), as an atol."""
+    if case.op not in error_models.KNOWN_OPS:
         return 0.0, ""
-    from .compare import epsilon
-
-    q, k, v = (np.asarray(a, np.float64) for a in case.args)
-    if case.op == "mqa":
-        k, v = k[:, None], v[:, None]
-    logit_bound = float(np.max(np.abs(q) @ np.swapaxes(np.abs(k), -1, -2), initial=0.0))
-    # bfloat16 inputs multiply exactly into float32 sums; only float32 inputs
-    # on a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
-    accumulator = (
-        "bfloat16" if backend_precision == "bfloat16" and case.dtype == "float32" else "float32"
-    )
-    extra = epsilon(accumulator) * logit_bound * float(np.max(np.abs(v), initial=0.0))
-    return extra, (f"logits rounded in {accumulator} (max sum |q||k| = {logit_bound:.3g}) "
-                   f"add {extra:.3g}")
-
-
-# How far a correct evaluation of the activation in the output dtype may be from the float64
-# oracle, in units of eps(dtype) * max|x @ y|. jax.nn.gelu in float32 is off by up to 1.4 ulp
-# of |z| (at z = 4.14) and jax.nn.silu by 1.2 (z = 8.69), measured over z in [-30, 30];
-# near z = -4 the 1 + tanh of gelu cancels, and a result of -7e-5 is off by 1.5e-7.
-_ACTIVATION_ULPS = {"gelu": 2.0, "silu": 2.0}
-
-
-def activation_rounding_allowance(case: Case) -> tuple[float, str]:
-    """The error a correct kernel's activation adds, as an absolute tolerance.
-
-    The default tolerance scales with max|output|; an activation's rounding
-    scales with its input z = x @ y instead, and gelu and silu shrink large
-    negative z to tiny outputs whose absolute error stays about eps * |z|.
-    Without this term plain XLA's ``jax.nn.gelu`` fails the float32 tolerance
-    (1.27 times it, for z = -4); a wrong or missing activation is still off
-    by far more than 2 ulp of |z|.
-    """
-    activation = case.kwargs.get("activation") if case.op == "matmul_activation" else None
-    ulps = _ACTIVATION_ULPS.get(activation or "")
-    if not ulps:
-        return 0.0, ""
-    from .compare import epsilon
-
-    x, y = (np.asarray(a, np.float64) for a in case.args)
-    bound = float(np.max(np.abs(x @ y), initial=0.0))
-    extra = ulps * epsilon(case.dtype) * bound
-    return extra, (f"{activation} evaluated in {case.dtype} (max |x @ y| = {bound:.3g}) "
-                   f"adds {extra:.3g}")
+    return error_models.op_allowance(case.op, case.args, matmul_precision=backend_precision,
+                                     params=case.kwargs)
 
 
 def introduced_nonfinite(actual: Any, expected: np.ndarray) -> np.ndarray:
@@ -210,9 +161,7 @@ def judge_value(case: Case, result: Any, expected: np.ndarray, *,
         if np.any(introduced):
             verdicts["finite"] = False
     precision = matmul_precision_for(case, matmul_precision)
-    extra, reason = logit_rounding_allowance(case, matmul_precision)
-    if not extra:
-        extra, reason = activation_rounding_allowance(case)
+    extra, reason = op_allowance(case, matmul_precision)
     comparison = compare_arrays(
         actual, expected, reduction_length=case.reduction_length,
         matmul_precision=precision,

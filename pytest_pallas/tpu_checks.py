@@ -109,6 +109,9 @@ class Violation:
     operand: str | None  # "input 0 (args[0], kernel parameter x_ref)", ...
     problem: str
     fix: str
+    # For a race on an output: which output (its flat index), so the verdict can
+    # wait for what the program does with that output (settle_output_races).
+    output_index: int | None = None
 
     def __str__(self) -> str:
         where = f" {self.operand}:" if self.operand else ""
@@ -657,6 +660,7 @@ def _parallel_race(call, op, grid, parallel_axes, ids, blocks, points) -> Violat
         f'mark axis {", ".join(map(str, differing))} "arbitrary" in '
         "pltpu.CompilerParams(dimension_semantics=...) and move it after the parallel axes "
         "(a reduction belongs on the last grid axes), or make the output's index map depend on it.",
+        output_index=op.index,
     )
 
 
@@ -713,6 +717,7 @@ def _order_by_dataflow(call, op, grid, parallel_axes) -> list[Violation]:
                 "on it.",
                 f'mark axis {", ".join(map(str, missing_parallel))} "arbitrary" and move it '
                 "after the parallel axes, or make the output's index map depend on it.",
+                output_index=op.index,
             )
         ]
     if op.revisit_any:
@@ -769,6 +774,43 @@ def check_pallas_call_info(
         report.violations.extend(found)
         report.skipped.extend(notes)
         report.checked.extend((PARALLEL_RACE, REVISIT, OUT_OF_BOUNDS))
+    return report
+
+
+def is_output_race(violation: Violation) -> bool:
+    """A race on an output, whose verdict depends on whether the program uses that output."""
+    return violation.rule == PARALLEL_RACE and violation.output_index is not None
+
+
+def settle_output_races(report: KernelReport, used_outputs: Sequence[bool]) -> KernelReport:
+    """Judge the races on outputs of ``report`` by what the program does with each output.
+
+    Cores racing on an output block leave a value that depends on which
+    writes last. That is a bug only if the program uses the output: a kernel
+    may keep running state (splash attention's m, l and o) in extra outputs
+    that its caller throws away, and those may race harmlessly. A race on a
+    dropped output becomes a note in ``report.skipped``; a race on a kept one
+    stays, and its message says that the output is kept.
+    """
+    kept: list[Violation] = []
+    for violation in report.violations:
+        if not is_output_race(violation):
+            kept.append(violation)
+            continue
+        index = violation.output_index
+        used = index >= len(used_outputs) or used_outputs[index]
+        if used:
+            kept.append(dataclasses.replace(
+                violation,
+                problem=violation.problem + " The program uses this output after the call, so "
+                "the value it reads depends on which core wrote the block last.",
+            ))
+        else:
+            report.skipped.append(
+                f"{PARALLEL_RACE}: {violation.operand} races, but the program never uses this "
+                "output (its value is thrown away), so the race cannot change a result"
+            )
+    report.violations = kept
     return report
 
 
