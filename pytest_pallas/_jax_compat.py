@@ -924,3 +924,59 @@ def _dma_unfinished(task: Any) -> bool:
     if getattr(task, "__name__", None) == "execute_read":
         return state == "STARTED"
     return state != "COMPLETED"
+
+
+# --- crashes inside JAX's own interpreters ------------------------------------------------
+#
+# Some kernels make JAX's Pallas interpreters fail with an error of their own
+# (ragged paged attention: "'ReshapeTransform' object has no attribute
+# 'indices'" in the TPU interpreter; "MLIR translation rule for primitive
+# 'program_id' not found" in the plain one). Such an error says nothing about
+# the kernel, and must not read as the user's bug.
+
+_INTERPRETER_SOURCES = (
+    "jax/_src/pallas/mosaic/interpret/",  # the TPU interpreter
+    "jax/_src/pallas/hlo_interpreter.py",  # the plain interpreter (interpret=True)
+    "jax/_src/state/discharge.py",  # the plain interpreter's discharge of kernel state
+)
+_INTERNAL_ERROR_TYPES = ("AttributeError", "TypeError", "KeyError", "IndexError",
+                         "NotImplementedError", "UnboundLocalError", "NameError")
+_NO_CPU_RULE = "MLIR translation rule for primitive"
+
+
+def interpreter_crash(error: BaseException) -> str | None:
+    """One line naming the failure if ``error`` is a crash inside one of JAX's Pallas
+    interpreters (not a check of theirs, not the kernel's own error); else None."""
+    import re
+    import traceback
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        if name in _INTERNAL_ERROR_TYPES or _NO_CPU_RULE in str(current):
+            frames = traceback.extract_tb(current.__traceback__)
+            where = next((f.filename for f in reversed(frames)
+                          if any(s in f.filename.replace("\\", "/") for s in _INTERPRETER_SOURCES)
+                          ), None)
+            if where is not None or _NO_CPU_RULE in str(current):
+                first = str(current).strip().splitlines()[0] if str(current).strip() else ""
+                return f"{name}: {first}" + (f" (in {_short_jax_path(where)})" if where else "")
+        # The TPU interpreter runs in a host callback: its traceback arrives as text.
+        text = str(current)
+        if "callback" in text.lower() and any(s in text for s in _INTERPRETER_SOURCES):
+            lines = [line for line in text.splitlines() if line.strip()]
+            files = [m.group(1) for line in lines
+                     if (m := re.match(r'\s*File "([^"]+)"', line))]
+            internal = re.compile(r"\s*(" + "|".join(_INTERNAL_ERROR_TYPES) + r"): ")
+            last = next((line.strip() for line in reversed(lines) if internal.match(line)), None)
+            if last and files and any(s in files[-1] for s in _INTERPRETER_SOURCES):
+                return f"{last} (in {_short_jax_path(files[-1])})"
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _short_jax_path(path: str) -> str:
+    path = path.replace("\\", "/")
+    return path[path.index("jax/_src/"):] if "jax/_src/" in path else path

@@ -7,6 +7,7 @@ so it imports nothing heavy: JAX is imported only when a test uses Pallas.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 
@@ -226,11 +227,42 @@ def pytest_runtest_call(item: pytest.Item):
             )
             if exit_failure is not None:
                 raise exit_failure from error  # the race behind the wrong values, say
-            raise
+            fallback = (pallas.interpreter_fallback(item, error)
+                        if isinstance(error, Exception) else None)
+            if fallback is None:
+                raise
+            return _run_in_other_interpreter(item, *fallback)
     if watchdog.fired:
         raise KernelTimeout(watchdog.message)
     pallas.check_kernel_exits(item)
     return result
+
+
+def _run_in_other_interpreter(item: pytest.Item, params: Any, paragraph: str) -> None:
+    """Run the test again with ``params`` after JAX's interpreter crashed inside JAX."""
+    __tracebackhide__ = True
+    import warnings
+
+    from jax.experimental.pallas import tpu as pltpu
+
+    from ._jax_compat import reset_interpreter_state
+
+    reset_interpreter_state()
+    pallas = _session(item.config)
+    try:
+        with pltpu.force_tpu_interpret_mode(params):
+            item.runtest()
+    except Exception as second:
+        reason = pallas.cannot_interpret(paragraph, second)
+        if reason is not None:
+            pytest.skip(reason)
+        second.add_note(paragraph)
+        raise
+    warnings.warn(PallasInterpreterFallback(paragraph), stacklevel=1)
+
+
+class PallasInterpreterFallback(UserWarning):
+    """A test ran in the other interpreter because JAX's first choice crashed inside JAX."""
 
 
 def _running_kernels_text(item: pytest.Item) -> str:
