@@ -139,6 +139,45 @@ def _clear_tpu_info_caches() -> None:
 # --- Interpreter fixes ------------------------------------------------------------
 
 
+def with_tile_padded_bounds(params: Any) -> Any:
+    """``params`` (a ``pltpu.InterpretParams``) with reads inside a buffer's tile padding legal.
+
+    On the chip, VMEM and HBM arrays are stored in whole (8, 128) tiles (16 or 32
+    sublanes for packed types), so a read past an array's logical end that stays
+    inside its last tile reads padding, not another buffer; kernels (tokamax's
+    grouped matmul with k = 200) read it and mask it. JAX's TPU interpreter models
+    that with ``buffer_bounds="padded"`` (padding filled like uninitialised memory,
+    SMEM unpadded); a read past the padding still raises. Unchanged on a JAX
+    without that field.
+    """
+    import dataclasses as _dataclasses
+
+    fields = ({f.name for f in _dataclasses.fields(params)}
+              if _dataclasses.is_dataclass(params) else set())
+    if "buffer_bounds" not in fields:
+        return params
+    return _dataclasses.replace(params, buffer_bounds="padded")
+
+
+@contextlib.contextmanager
+def chip_answering_on_this_device(tpu_info_factory: Callable[[], Any]) -> Iterator[None]:
+    """Make ``pltpu.get_tpu_info()`` answer on this (CPU) device unless something already does.
+
+    The TPU interpreter's tile padding asks the chip for its tiling.
+    """
+    from jax.experimental.pallas import tpu as pltpu
+
+    try:
+        pltpu.get_tpu_info()
+    except Exception:  # noqa: BLE001  # no chip answers here: stand in for one
+        import jax
+
+        with device_kind_answers_as(jax.devices()[0].device_kind, tpu_info_factory):
+            yield
+        return
+    yield
+
+
 @contextlib.contextmanager
 def vmapped_grid_semantics_fixed() -> Iterator[None]:
     """Let the TPU interpreter run a vmapped ``pallas_call`` that has ``dimension_semantics``.

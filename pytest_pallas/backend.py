@@ -104,7 +104,7 @@ def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
         return True
     from jax.experimental.pallas import tpu as pltpu
 
-    return pltpu.InterpretParams(
+    return _jax_compat.with_tile_padded_bounds(pltpu.InterpretParams(
         detect_races=options.detect_races,
         # NaN-poisoned scratch and outputs: an accumulator that is read before
         # it is initialised turns the result into NaN instead of passing by luck.
@@ -113,7 +113,7 @@ def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
         num_cores_or_threads=tpu_info.num_cores,
         # Visit "parallel" grid axes in a seeded random order, as the chip may.
         random_seed=options.seed,
-    )
+    ))
 
 
 def visible_tpu_devices() -> list:

@@ -890,6 +890,40 @@ _REVISIT_ERROR = re.compile(
     r"Revisited block (?P<block>.+?) of output (?P<output>\d+) in iteration (?P<at>\(.*?\))\. "
     r"The block was previously visited in iterations (?P<first>\(.*?\)) through (?P<last>\(.*?\))"
 )
+_OOB_READ = re.compile(
+    r"reading \[\((?P<slices>.*)\)\] but buffer has shape \((?P<shape>[\d, ]*)\)")
+_SLICE = re.compile(r"slice\((\d+), (\d+)(?:, \d+)?\)|(?<![\w(])(\d+)(?![\d)])")
+
+
+def _beyond_padding_text(message: str) -> str:
+    """Whether an out-of-bounds read stays inside the array's (8, 128) tile padding.
+
+    On the chip a 32-bit array's last two dimensions are stored in whole
+    (8, 128) tiles, so a read past the logical end but inside the last tile reads
+    padding (legal; the kernel must mask it). The plugin runs the TPU interpreter
+    with tile-padded bounds, so what it stops is past the padding: outside the
+    buffer on the chip too.
+    """
+    match = _OOB_READ.search(message)
+    if match is None or "smem" in message.lower():  # SMEM is not tiled: no padding to read
+        return "On the TPU this reads or writes memory outside the buffer."
+    shape = [int(d) for d in match["shape"].replace(" ", "").split(",") if d]
+    ends = []
+    for m in _SLICE.finditer(match["slices"]):
+        ends.append(int(m.group(2)) if m.group(2) else int(m.group(3)) + 1)
+    if len(ends) != len(shape) or len(shape) < 2:
+        return "On the TPU this reads or writes memory outside the buffer."
+    tiles = [1] * (len(shape) - 2) + [8, 128]
+    padded = [-(-d // t) * t for d, t in zip(shape, tiles)]
+    if all(e <= p for e, p in zip(ends, padded)):
+        return (f"The read stays inside the array's (8, 128) tile padding (padded shape "
+                f"{tuple(padded)}), which the TPU allows: this interpreter ran with logical "
+                "bounds (pltpu.InterpretParams(buffer_bounds='padded') models the chip), so "
+                "this is not a bug on the chip as long as the kernel masks what it reads there.")
+    return (f"The read goes past the array's tile padding too (padded shape {tuple(padded)}): "
+            "on the TPU it reads memory outside the buffer.")
+
+
 _OOB_ERROR = re.compile(
     r"(Out-of-bounds (read|block index)[^\n]*|Range [^\n]* out of bounds[^\n]*)"
 )
@@ -937,8 +971,7 @@ def translate_interpreter_error(
                     title,
                     None,
                     "the TPU interpreter stopped an out-of-bounds access: "
-                    f"{match.group(0).strip()} On the TPU this reads or writes memory outside "
-                    "the buffer.",
+                    f"{match.group(0).strip()} {_beyond_padding_text(match.group(0))}",
                     "clamp the copy's pl.ds(start, size) so start + size stays within the array, "
                     "or handle the ragged tail with a smaller final copy.",
                 )

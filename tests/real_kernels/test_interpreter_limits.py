@@ -31,7 +31,8 @@ RESHAPED_REF_TEST = textwrap.dedent(
 
     def _kernel(x_ref, o_ref, buf):
         buf[...] = x_ref[...]
-        o_ref[...] = buf.reshape(2, 8, 128)[1] + 1.0   # a reshaped VMEM ref, as ragged paged attention reads
+        # a reshaped VMEM ref, as ragged paged attention reads
+        o_ref[...] = buf.reshape(2, 8, 128)[1] + 1.0
 
 
     def second_half_plus_one(x):
