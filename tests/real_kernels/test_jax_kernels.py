@@ -18,23 +18,28 @@ from .corpus import CASES
 pytestmark = pytest.mark.pallas
 
 
-def _case_params():
-    return [pytest.param(case, id=case.name, marks=pytest.mark.devices(case.devices))
-            for case in CASES]
+def _case_params(check: str):
+    params = []
+    for case in CASES:
+        marks = [pytest.mark.devices(case.devices)]
+        if check in case.defect_fails:
+            marks.append(pytest.mark.xfail(strict=True, reason=case.defect))
+        params.append(pytest.param(case, id=case.name, marks=marks))
+    return params
 
 
-@pytest.mark.parametrize("case", _case_params())
+@pytest.mark.parametrize("case", _case_params("values"))
 def test_values(case):
     args = case.args()
     assert_allclose(case.kernel(*args), case.reference(*args), **case.comparison(args))
 
 
-@pytest.mark.parametrize("case", _case_params())
+@pytest.mark.parametrize("case", _case_params("check_kernel"))
 def test_check_kernel(case):
     check_kernel(case.kernel, *case.args())
 
 
-@pytest.mark.parametrize("case", _case_params())
+@pytest.mark.parametrize("case", _case_params("uninitialized_reads"))
 def test_uninitialized_reads(case):
     args = case.args()
     out = check_uninitialized_reads(case.kernel, *args)
