@@ -126,6 +126,81 @@ def _dtypes_for(op: str, domain: Domain) -> tuple[str, ...]:
     return names
 
 
+# --- the size budget of one example ------------------------------------------------------
+#
+# A declared restriction can push every size of a bucket up: @supports(multiple_of=
+# {"shape": 256}) on the rank-free add made every axis 256, 512 or 768, and a rank-3
+# example 768^3 float32 values (1.8 GB per argument; one run sat 25 minutes at 5 GB).
+# So the sizes a property may draw are trimmed, largest first, until the largest
+# example they allow fits the budget; the restriction still holds (only sizes that
+# honour it remain), and a restriction whose smallest example is over the budget is
+# an error naming it.
+
+# All arguments of one example, counted as 4-byte values: five times the largest example of
+# any op's whole contract domain (batched_matmul, 3.1 MiB), a few seconds interpreted.
+EXAMPLE_BUDGET_BYTES = 16 * 2**20
+
+
+def fit_size_budget(op: str, candidates: dict[str, tuple[int, ...]],
+                    budget_bytes: int = EXAMPLE_BUDGET_BYTES) -> dict[str, tuple[int, ...]]:
+    """``candidates`` (sizes each dimension may take) without the sizes that let an example
+    of ``op`` go over ``budget_bytes``: the largest size of the dimension with the largest
+    one goes first, until the example of every dimension's largest size fits.
+
+    For ``add`` the dimensions are its axes by position (``"shape0"``, ``"shape1"``, ...).
+    """
+    sizes = {dim: tuple(sorted(values)) for dim, values in candidates.items()}
+
+    def largest_bytes() -> int:
+        biggest = {dim: values[-1] for dim, values in sizes.items()}
+        return 4 * sum(math.prod(shape) for shape in argument_shapes(op, _as_dims(op, biggest)))
+
+    while largest_bytes() > budget_bytes:
+        trimmable = [dim for dim, values in sizes.items() if len(values) > 1]
+        if not trimmable:
+            raise ValueError(
+                f"{op}: the smallest example the declared domain allows "
+                f"({', '.join(f'{d}={v[0]}' for d, v in sizes.items())}) takes "
+                f"{largest_bytes() / 2**20:.0f} MiB, over the suite's budget of "
+                f"{budget_bytes / 2**20:.0f} MiB per example; declare smaller multiples or a "
+                "max_size in @supports")
+        widest = max(trimmable, key=lambda dim: sizes[dim][-1])
+        sizes[widest] = sizes[widest][:-1]
+    return sizes
+
+
+def _add_ranks(domain: Domain) -> tuple[int, ...]:
+    """The ranks of ``add`` whose smallest example inside ``domain`` fits the budget."""
+    ranks = []
+    for rank in (1, 2, 3):
+        kinds = ("leading", "second_minor", "minor")[3 - rank:]
+        try:
+            _budgeted_sizes("add", {f"shape{i}": k for i, k in enumerate(kinds)}, domain,
+                            restriction="shape")
+        except ValueError:
+            break  # a higher rank is larger still
+        ranks.append(rank)
+    if not ranks:
+        _budgeted_sizes("add", {"shape0": "minor"}, domain, restriction="shape")  # raises
+    return tuple(ranks)
+
+
+def _as_dims(op: str, sizes: dict[str, int]) -> dict[str, Any]:
+    if op == "add":
+        return {"shape": tuple(sizes[f"shape{i}"] for i in range(len(sizes)))}
+    return dict(sizes)
+
+
+def _budgeted_sizes(op: str, kinds: dict[str, str], domain: Domain,
+                    restriction: str | None = None) -> dict[str, tuple[int, ...]]:
+    """The sizes of each dimension (name -> bucket kind) inside ``domain`` and the budget.
+
+    ``restriction`` names the domain key that restricts them all (``"shape"`` for add).
+    """
+    return fit_size_budget(op, {dim: _sizes_for(kind, restriction or dim, domain)
+                                for dim, kind in kinds.items()})
+
+
 def _offset_logits(args: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     q, k, *rest = (np.array(arg, copy=True) for arg in args)
     q[..., 0] = _LOGIT_OFFSET_FACTORS[0]
@@ -151,13 +226,15 @@ def cases(draw, op: str, domain: Domain = Domain()) -> Case:
     profile = draw(st.sampled_from(_profiles_for(op, dtype)))
     seed = draw(st.integers(0, 2**31 - 1))
     if op == "add":
-        rank = draw(st.integers(1, 3))
+        rank = draw(st.sampled_from(_add_ranks(domain)))
         kinds = ("leading", "second_minor", "minor")[3 - rank:]
-        shape = tuple(draw(st.sampled_from(_sizes_for(k, "shape", domain))) for k in kinds)
+        sizes = _budgeted_sizes(op, {f"shape{i}": kind for i, kind in enumerate(kinds)},
+                                domain, restriction="shape")
+        shape = tuple(draw(st.sampled_from(sizes[f"shape{i}"])) for i in range(rank))
         dims: dict[str, Any] = {"shape": shape}
     else:
-        dims = {dim: draw(st.sampled_from(_sizes_for(kind, dim, domain)))
-                for dim, kind in _DIMENSION_KIND[op].items()}
+        sizes = _budgeted_sizes(op, _DIMENSION_KIND[op], domain)
+        dims = {dim: draw(st.sampled_from(sizes[dim])) for dim in _DIMENSION_KIND[op]}
     kwargs: dict[str, Any] = {}
     if op == "matmul_activation":
         kwargs["activation"] = draw(st.sampled_from(ACTIVATIONS))
@@ -214,8 +291,7 @@ def sweep(op: str, domain: Domain = Domain()) -> list[tuple[str, str]]:
     return pairs
 
 
-def _sweep_size(kind: str, dim: str, domain: Domain) -> int:
-    sizes = _sizes_for(kind, dim, domain)
+def _sweep_size(kind: str, sizes: tuple[int, ...]) -> int:
     if kind == "devices":
         return sizes[0]  # the fewest: a run may have no more devices than that
     # A ragged size past one tile where the bucket has one (200 lanes, 24 sublanes, k=300);
@@ -230,11 +306,13 @@ def sweep_case(op: str, domain: Domain, index: int) -> Case | None:
         return None
     dtype, profile = pairs[index]
     if op == "add":
+        kinds = {"shape0": "second_minor", "shape1": "minor"}
+        sizes = _budgeted_sizes(op, kinds, domain, restriction="shape")
         dims: dict[str, Any] = {"shape": tuple(
-            _sweep_size(kind, "shape", domain) for kind in ("second_minor", "minor"))}
+            _sweep_size(kind, sizes[dim]) for dim, kind in kinds.items())}
     else:
-        dims = {dim: _sweep_size(kind, dim, domain)
-                for dim, kind in _DIMENSION_KIND[op].items()}
+        sizes = _budgeted_sizes(op, _DIMENSION_KIND[op], domain)
+        dims = {dim: _sweep_size(kind, sizes[dim]) for dim, kind in _DIMENSION_KIND[op].items()}
     kwargs: dict[str, Any] = {}
     if op == "matmul_activation":
         kwargs["activation"] = ACTIVATIONS[(index + 2) % len(ACTIVATIONS)]  # gelu first
