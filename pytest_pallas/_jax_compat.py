@@ -978,6 +978,53 @@ def _dma_unfinished(task: Any) -> bool:
     return state != "COMPLETED"
 
 
+# --- a kernel's own interpreter parameters -------------------------------------------------
+#
+# pltpu.force_tpu_interpret_mode replaces the interpret= of every pallas_call traced
+# under it; a kernel (or a foreign test suite) that passes its own
+# pltpu.InterpretParams(...) would silently lose them. This keeps them, merged with
+# what the run must add, and records what changed.
+
+
+@contextlib.contextmanager
+def own_interpret_params_kept(
+    merge: Callable[[Any, Any], tuple[Any, list[str]]],
+    changed: Callable[[str, list[str]], None],
+) -> Iterator[bool]:
+    """Inside the block, a pallas_call that passes its own ``pltpu.InterpretParams`` under a
+    forced TPU interpret mode runs with ``merge(own, forced)[0]``; ``changed(kernel name,
+    changes)`` hears what the merge changed. Yields False (and keeps JAX's behaviour:
+    forced parameters win) when this JAX's pallas_call cannot be wrapped."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    try:
+        module = _private(_PALLAS_CALL)
+        original = module._pallas_call
+        context = _private("jax._src.config", "pallas_tpu_interpret_mode_context_manager")
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+
+    @functools.wraps(original)
+    def keeping_own_params(kernel: Any, out_shape: Any, **kwargs: Any) -> Any:
+        own = kwargs.get("interpret")
+        forced = context.value
+        if not (isinstance(own, pltpu.InterpretParams)
+                and isinstance(forced, pltpu.InterpretParams)):
+            return original(kernel, out_shape, **kwargs)
+        merged, changes = merge(own, forced)
+        if changes:
+            changed(kwargs.get("name") or getattr(kernel, "__name__", "kernel"), changes)
+        with pltpu.force_tpu_interpret_mode(None):
+            return original(kernel, out_shape, **{**kwargs, "interpret": merged})
+
+    module._pallas_call = keeping_own_params
+    try:
+        yield True
+    finally:
+        module._pallas_call = original
+
+
 # --- crashes inside JAX's own interpreters ------------------------------------------------
 #
 # Some kernels make JAX's Pallas interpreters fail with an error of their own

@@ -316,6 +316,8 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         text = (f"seed {pallas.options.seed}; reproduce with:\n"
                 f"  {pallas.reproduce_command(item.nodeid)}")
         note = pallas.uninitialized_read_note(item, call.excinfo.value) if call.excinfo else None
+        kept = "\n".join(pallas.item_backend(item).own_params_changed)
+        text = f"{kept}\n{text}" if kept else text
         report.sections.append(("pallas", f"{note}\n\n{text}" if note else text))
     return report
 

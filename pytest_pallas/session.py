@@ -287,8 +287,16 @@ class PallasSession:
         seed = f"seed {options.seed}"
         if not options.seed_given and options.profile == "ci":
             seed += ", the ci profile's fixed seed"
+        devices = ""
+        if not options.tpu:
+            # A suite written for one device skips itself under more ("requires 1 device,
+            # found 8") and the run looks green: say how many there are and why.
+            self.ensure_devices()
+            devices = (f"; {self.devices_note} simulated, for multi-device kernels "
+                       "(--pallas-devices=N to change; tests that need an exact count skip "
+                       "under another)")
         return (
-            f"pallas: {backend}; {seed} (reproduce with "
+            f"pallas: {backend}{devices}; {seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
         )
 
