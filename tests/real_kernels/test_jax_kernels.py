@@ -39,6 +39,7 @@ def test_check_kernel(case):
     check_kernel(case.kernel, *case.args())
 
 
+@pytest.mark.full_corpus
 @pytest.mark.parametrize("case", _case_params("uninitialized_reads"))
 def test_uninitialized_reads(case):
     args = case.args()

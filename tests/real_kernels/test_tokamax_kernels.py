@@ -27,6 +27,7 @@ def test_check_kernel(case):
     check_kernel(case.kernel, *case.args())
 
 
+@pytest.mark.full_corpus
 @pytest.mark.parametrize("case", CASES)
 def test_uninitialized_reads(case):
     args = case.args()
