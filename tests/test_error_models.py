@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from seeded_bugs import kernels as wrong
 
 from pytest_pallas import assert_allclose, error_models
 from pytest_pallas.domains import Domain
 from pytest_pallas.op_inputs import sweep, sweep_case
 from pytest_pallas.properties import expected_output, judge_value
-from seeded_bugs import kernels as wrong
 
 LOG2_E = 1.4426950408889634
 
