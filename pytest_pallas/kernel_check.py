@@ -421,7 +421,7 @@ def _kernel_titles(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str
     try:
         target, traced = _traced_arguments(fn, args, kwargs)
         with _jax_compat.suspend_pallas_call_observers():
-            titles = [call.title for call in _pallas_calls_in(target, traced)]
+            titles = [call.title for call, _ in _pallas_calls_in(target, traced)]
     except Exception:  # naming is best effort; running the function reports real errors
         titles = []
     titles = list(dict.fromkeys(titles))
