@@ -257,6 +257,8 @@ def pallas_call_checker(
         if len(now) < len(report.violations):
             with lock:
                 pending[id(params.get("jaxpr"))] = (params.get("jaxpr"), report)
+                while len(pending) > 512:  # traced but never lowered (make_jaxpr, say)
+                    del pending[next(iter(pending))]
 
     def settle(params: dict[str, Any], used_outputs: tuple[bool, ...]) -> None:
         jaxpr = params.get("jaxpr")
