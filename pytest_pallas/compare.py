@@ -418,6 +418,9 @@ def assert_allclose(
     exact: bool | None = None,
     block_shape: Sequence[int | None] | None = None,
     without_step: Mapping[str, Any] | None = None,
+    op: str | None = None,
+    inputs: Sequence[Any] | None = None,
+    op_params: dict[str, Any] | None = None,
 ) -> float:
     """Assert that ``actual`` matches ``expected`` within the dtype-aware default tolerance.
 
@@ -427,6 +430,11 @@ def assert_allclose(
     ``matmul_precision`` (which widens the allowance of a reduction) defaults to
     the precision of the backend the test runs on: ``"bfloat16"`` on a TPU,
     ``"float32"`` interpreted on the CPU or outside a Pallas test.
+    ``op`` and ``inputs`` add the error model the conformance suite applies to
+    that op (``pytest_pallas.error_models``): ``op="attention", inputs=(q, k, v)``
+    allows for the rounding of the logits (pass ``q * sm_scale`` for a scaled
+    kernel); ``op="matmul_activation", inputs=(x, y),
+    op_params={"activation": "gelu"}`` for the activation's.
 
     A failure ends with the pattern of the mismatches, each line only when it holds
     for every mismatched element: which output blocks hold them, whether only the
@@ -444,6 +452,15 @@ def assert_allclose(
     __tracebackhide__ = True
     if matmul_precision is None:
         matmul_precision = _BACKEND_MATMUL_PRECISION.get()
+    extra, reason = 0.0, ""
+    if op is not None:
+        from .error_models import op_allowance
+
+        if inputs is None:
+            raise ValueError(f"assert_allclose(op={op!r}) needs inputs=(...), the op's "
+                             "arguments, to size its error model")
+        extra, reason = op_allowance(op, inputs, matmul_precision=matmul_precision,
+                                     params=op_params)
     actual_leaves, actual_tree = _leaves(actual)
     expected_leaves, expected_tree = _leaves(expected)
     if actual_tree != expected_tree:
@@ -465,6 +482,7 @@ def assert_allclose(
             matmul_precision=matmul_precision, dtype=dtype, exact=exact, name=path,
             block_shape=block_shape,
             without_step={step: leaves[position] for step, leaves in step_leaves.items()},
+            additional_atol=extra, additional_reason=reason,
         )
         worst = max(worst, result.worst_error)
         if not result.passed:

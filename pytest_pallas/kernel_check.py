@@ -33,8 +33,10 @@ from pytest_pallas.tpu_checks import (
     TpuRuleViolation,
     Violation,
     check_pallas_call_info,
+    is_output_race,
     kernel_exit_violations,
     raise_for,
+    settle_output_races,
     tpu_info_for,
 )
 
@@ -122,8 +124,9 @@ def check_kernel(
         _jax_compat.suspend_pallas_call_observers(),
     ):
         reports = [
-            check_pallas_call_info(call, info, **options.static_options())
-            for call in _pallas_calls_in(target, args)
+            settle_output_races(check_pallas_call_info(call, info, **options.static_options()),
+                                used)
+            for call, used in _pallas_calls_in(target, args)
         ]
         raise_for(reports)
         if options.lower_for_tpu and reports:
@@ -131,13 +134,14 @@ def check_kernel(
     return reports
 
 
-def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[Any]:
-    """Every pallas_call tracing ``target(*args)`` makes, as ``PallasCallInfo``s, in order."""
+def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """Every pallas_call tracing ``target(*args)`` makes, as ``PallasCallInfo``s, in order,
+    each with which of its outputs the program uses."""
     import jax
 
     closed = jax.make_jaxpr(target)(*args)
-    return [_jax_compat.describe_pallas_call(params)
-            for params in _jax_compat.pallas_call_params_in(closed)]
+    return [(_jax_compat.describe_pallas_call(params), used)
+            for params, used in _jax_compat.pallas_call_uses_in(closed)]
 
 
 def _traced_arguments(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]):
@@ -205,6 +209,8 @@ def pallas_call_checker(
     chip: Any = "v5e",
     check_options: CheckOptions | None = None,
     reports: list[KernelReport] | None = None,
+    *,
+    defer_output_races: bool = False,
 ) -> Callable[[dict[str, Any]], None]:
     """An observer for ``_jax_compat.observe_pallas_calls``: checks each pallas_call as traced.
 
@@ -212,6 +218,11 @@ def pallas_call_checker(
     (so the broken kernel is never cached and fails again on the next call).
     Appends each report to ``reports`` if given. A pallas_call traced again
     with the same params (vmap, re-tracing) is checked once.
+
+    With ``defer_output_races``, a race on an output is not raised at trace
+    time: the returned observer's ``settle(params, used_outputs)`` (an
+    observer for ``_jax_compat.observe_pallas_call_uses``) raises it once the
+    program shows that it uses that output, and drops it if it does not.
     """
     options = check_options or CheckOptions()
     info = tpu_info_for(chip)
@@ -219,6 +230,7 @@ def pallas_call_checker(
     seen: collections.OrderedDict[tuple[int, ...], tuple[Any, KernelReport]] = (
         collections.OrderedDict()
     )
+    pending: dict[int, tuple[Any, KernelReport]] = {}
     lock = threading.Lock()
 
     def observe(params: dict[str, Any]) -> None:
@@ -242,8 +254,33 @@ def pallas_call_checker(
                     seen.popitem(last=False)
         if reports is not None:
             reports.append(report)
-        raise_for([report])
+        if not defer_output_races:
+            raise_for([report])
+            return
+        now = [v for v in report.violations if not is_output_race(v)]
+        if now:
+            raise TpuRuleViolation(now)
+        if len(now) < len(report.violations):
+            with lock:
+                pending[id(params.get("jaxpr"))] = (params.get("jaxpr"), report)
+                while len(pending) > 512:  # traced but never lowered (make_jaxpr, say)
+                    del pending[next(iter(pending))]
 
+    def settle(params: dict[str, Any], used_outputs: tuple[bool, ...]) -> None:
+        jaxpr = params.get("jaxpr")
+        with lock:
+            entry = pending.get(id(jaxpr))
+            if entry is None or entry[0] is not jaxpr:
+                return
+            del pending[id(jaxpr)]
+        report = entry[1]
+        settled = settle_output_races(
+            dataclasses.replace(report, violations=list(report.violations),
+                                skipped=list(report.skipped)),
+            used_outputs)
+        raise_for([settled])
+
+    observe.settle = settle  # type: ignore[attr-defined]
     return observe
 
 
@@ -255,9 +292,17 @@ def checking_pallas_calls(
 
         with checking_pallas_calls(chip="v5e") as reports:
             my_kernel(x)  # raises TpuRuleViolation at trace time if broken
+
+    A race on an output is judged when JAX lowers the program, by whether the
+    program uses that output (``tpu_checks.settle_output_races``); on a JAX
+    whose dead-code elimination cannot be observed it is raised at trace time.
     """
     reports: list[KernelReport] = []
-    with _jax_compat.observe_pallas_calls(pallas_call_checker(chip, check_options, reports)):
+    with contextlib.ExitStack() as stack:
+        checker = pallas_call_checker(chip, check_options, reports, defer_output_races=True)
+        if not stack.enter_context(_jax_compat.observe_pallas_call_uses(checker.settle)):
+            checker = pallas_call_checker(chip, check_options, reports)
+        stack.enter_context(_jax_compat.observe_pallas_calls(checker))
         yield reports
 
 
@@ -328,13 +373,15 @@ def run_on_poisoned_and_zeroed_memory(call: Callable[[], Any],
     from jax.experimental.pallas import tpu as pltpu
 
     if not isinstance(interpret_params, pltpu.InterpretParams):
-        interpret_params = pltpu.InterpretParams()
+        # Reads inside an array's tile padding are legal on the chip (see backend).
+        interpret_params = _jax_compat.with_tile_padded_bounds(pltpu.InterpretParams())
     results = []
-    for memory in ("nan", "zero"):
-        params = dataclasses.replace(interpret_params, uninitialized_memory=memory,
-                                     detect_races=False)
-        with pltpu.force_tpu_interpret_mode(params):
-            results.append(call())
+    with _jax_compat.chip_answering_on_this_device(lambda: tpu_info_for("v5e")):
+        for memory in ("nan", "zero"):
+            params = dataclasses.replace(interpret_params, uninitialized_memory=memory,
+                                         detect_races=False)
+            with pltpu.force_tpu_interpret_mode(params):
+                results.append(call())
     return results[0], results[1]
 
 
@@ -382,7 +429,7 @@ def _kernel_titles(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str
     try:
         target, traced = _traced_arguments(fn, args, kwargs)
         with _jax_compat.suspend_pallas_call_observers():
-            titles = [call.title for call in _pallas_calls_in(target, traced)]
+            titles = [call.title for call, _ in _pallas_calls_in(target, traced)]
     except Exception:  # naming is best effort; running the function reports real errors
         titles = []
     titles = list(dict.fromkeys(titles))

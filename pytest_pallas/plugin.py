@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -288,7 +289,11 @@ def pytest_runtest_call(item: pytest.Item):
             )
             if exit_failure is not None:
                 raise exit_failure from error  # the race behind the wrong values, say
-            raise
+            fallback = (pallas.interpreter_fallback(item, error)
+                        if isinstance(error, Exception) else None)
+            if fallback is None:
+                raise
+            return _run_in_other_interpreter(item, *fallback)
     if watchdog.fired:
         raise KernelTimeout(watchdog.message)
     pallas.check_kernel_exits(item)
@@ -305,6 +310,33 @@ def _restate_hypothesis_notes(item: pytest.Item, error: BaseException) -> None:
         restate_notes(error, examples="sweep cases", reproduce="")
     else:
         restate_notes(error)
+
+
+def _run_in_other_interpreter(item: pytest.Item, params: Any, paragraph: str) -> None:
+    """Run the test again with ``params`` after JAX's interpreter crashed inside JAX."""
+    __tracebackhide__ = True
+    import warnings
+
+    from jax.experimental.pallas import tpu as pltpu
+
+    from ._jax_compat import reset_interpreter_state
+
+    reset_interpreter_state()
+    pallas = _session(item.config)
+    try:
+        with pltpu.force_tpu_interpret_mode(params):
+            item.runtest()
+    except Exception as second:
+        reason = pallas.cannot_interpret(paragraph, second)
+        if reason is not None:
+            pytest.skip(reason)
+        second.add_note(paragraph)
+        raise
+    warnings.warn(PallasInterpreterFallback(paragraph), stacklevel=1)
+
+
+class PallasInterpreterFallback(UserWarning):
+    """A test ran in the other interpreter because JAX's first choice crashed inside JAX."""
 
 
 def _running_kernels_text(item: pytest.Item) -> str:
@@ -358,6 +390,8 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         text = (f"seed {pallas.options.seed}; reproduce with:\n"
                 f"  {pallas.reproduce_command(item.nodeid)}")
         note = pallas.uninitialized_read_note(item, call.excinfo.value) if call.excinfo else None
+        kept = "\n".join(pallas.item_backend(item).own_params_changed)
+        text = f"{kept}\n{text}" if kept else text
         report.sections.append(("pallas", f"{note}\n\n{text}" if note else text))
     return report
 

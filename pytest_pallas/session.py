@@ -197,6 +197,47 @@ class PallasSession:
             return TpuRuleViolation(violations)
         return None
 
+    def interpreter_fallback(self, item: pytest.Item, error: BaseException):
+        """After JAX's interpreter crashed inside JAX: ``(interpret params, paragraph)`` to run
+        the test again with, or None (a TPU run, a conformance test, not such a crash).
+
+        The TPU interpreter falls back to the plain one (values, not DMAs, semaphores,
+        races or poisoned memory), the plain one to the TPU one.
+        """
+        backend = self.item_backend(item)
+        if backend.is_tpu or is_conformance_item(item):
+            return None
+        crash = _jax_compat.interpreter_crash(error)
+        if crash is None:
+            return None
+        kernels = [report.kernel for report in item.stash.get(_KERNEL_REPORTS, ())]
+        which = f"kernel {kernels[-1]}" if kernels else "a kernel of this test"
+        if backend.interpreter == "tpu":
+            failed, other, params = "TPU interpreter", "plain interpreter (interpret=True)", True
+            lost = ("which checks its values but not its DMAs, semaphores, races or "
+                    "NaN-poisoned memory")
+        else:
+            failed, other = "plain interpreter", "TPU interpreter"
+            params = make_interpret_params(
+                dataclasses.replace(self.options, interpreter="tpu"), backend.tpu_info)
+            lost = "which checks everything the plain one does"
+        paragraph = (
+            f"pallas: JAX's {failed} crashed inside JAX while running {which} ({crash}). "
+            f"That is a limitation of JAX's {failed}, not a bug of the kernel (the TPU "
+            f"compiler may well accept it). The test was run again in the {other}, {lost}; "
+            "the static TPU rules ran as usual."
+        )
+        return params, paragraph
+
+    def cannot_interpret(self, paragraph: str, second: BaseException) -> str | None:
+        """The skip reason when the fallback interpreter crashed inside JAX too, else None."""
+        crash = _jax_compat.interpreter_crash(second)
+        if crash is None:
+            return None
+        return (paragraph.replace("The test was run again", "It was tried again")
+                + f" That run crashed inside JAX too ({crash}): neither of JAX's interpreters "
+                "can run this kernel, so its run-time behaviour is not checked on the CPU.")
+
     def uninitialized_read_note(self, item: pytest.Item, error: BaseException) -> str | None:
         """For a failure that shows a NaN in interpret mode (any comparator): the likely rule.
 
@@ -259,8 +300,16 @@ class PallasSession:
         seed = f"seed {options.seed}"
         if not options.seed_given and options.profile == "ci":
             seed += ", the ci profile's fixed seed"
+        devices = ""
+        if not options.tpu:
+            # A suite written for one device skips itself under more ("requires 1 device,
+            # found 8") and the run looks green: say how many there are and why.
+            self.ensure_devices()
+            devices = (f"; {self.devices_note} simulated, for multi-device kernels "
+                       "(--pallas-devices=N to change; tests that need an exact count skip "
+                       "under another)")
         return (
-            f"pallas: {backend}; {seed} (reproduce with "
+            f"pallas: {backend}{devices}; {seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
         )
 

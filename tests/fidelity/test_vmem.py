@@ -157,13 +157,13 @@ def test_run_scoped_counts_its_peak_not_its_sum():
     (report,) = check_kernel(
         scoped, jax.ShapeDtypeStruct((8, 128), jnp.float32), check_options=STATIC_ONLY
     )
-    blocks = 2 * 2 * 8 * 128 * 4
+    blocks = 2 * 8 * 128 * 4  # no grid: one copy of each block (test_vmem_single_step.py)
     assert report.vmem_bytes == blocks + 5 * MIB
 
 
 def test_interpret_mode_runs_what_the_chip_rejects():
-    x = jnp.ones((1280, 1024), jnp.float32)
-    kernel = lambda x: tiled_copy(x, (1280, 1024))  # 4 x 5 MiB of blocks
+    x = jnp.ones((2560, 1024), jnp.float32)
+    kernel = lambda x: tiled_copy(x, (1280, 1024))  # two steps: 4 x 5 MiB of blocks
     with _jax_compat.suspend_pallas_call_observers():  # a harness's own static checks
         np.testing.assert_array_equal(jax.jit(kernel)(x), x)  # no VMEM limit when interpreted
     with pytest.raises(TpuRuleViolation, match="needs at least 20.0 MiB"):
