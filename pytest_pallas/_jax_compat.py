@@ -936,3 +936,27 @@ def outside_current_trace() -> Iterator[None]:
             yield
         finally:
             context.set_axis_env(saved_axis_env)
+
+
+def pallas_call_equations_in(
+        jaxpr: Any, mesh_axes: tuple[tuple[str, int], ...] = ()
+) -> Iterator[tuple[dict[str, Any], tuple[Any, ...], tuple[tuple[str, int], ...]]]:
+    """Each ``pallas_call`` of a (closed) jaxpr: its params, operand avals and enclosing mesh.
+
+    As :func:`pallas_call_params_in`, with the abstract values of the call's
+    operands and the axes (name, size) of the ``shard_map`` it sits in, if any.
+    """
+    inner = getattr(jaxpr, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns"):
+        jaxpr = inner
+    for equation in getattr(jaxpr, "eqns", ()):
+        if equation.primitive is pallas_call_primitive():
+            yield equation.params, tuple(v.aval for v in equation.invars), mesh_axes
+            continue
+        axes = mesh_axes
+        mesh = equation.params.get("mesh") if equation.primitive.name == "shard_map" else None
+        if mesh is not None and hasattr(mesh, "axis_names"):
+            axes = tuple((str(n), int(s)) for n, s in zip(mesh.axis_names, mesh.axis_sizes))
+        for value in equation.params.values():
+            for sub in _sub_jaxprs(value):
+                yield from pallas_call_equations_in(sub, axes)

@@ -27,6 +27,8 @@ from pytest_pallas import _jax_compat
 from pytest_pallas.tpu_checks import (
     ALL_CHECKS,
     MAX_GRID_POINTS,
+    TILING,
+    VMEM,
     UNINITIALIZED_READ,
     UNINITIALIZED_READ_FIX,
     KernelReport,
@@ -86,17 +88,27 @@ def check_kernel(
     *args: Any,
     chip: Any = "v5e",
     check_options: CheckOptions | None = None,
+    use_compiler: bool | None = None,
     **kwargs: Any,
 ) -> list[KernelReport]:
     """Check every Pallas kernel ``fn(*args, **kwargs)`` would run against the TPU's rules.
 
     ``args`` may be arrays or ``jax.ShapeDtypeStruct``s: nothing runs, the
-    function is only traced (and lowered for the TPU). ``chip`` is a chip
-    name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a ``pltpu.TpuInfo``.
+    function is only traced (and compiled or lowered for the TPU). ``chip`` is
+    a chip name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a ``pltpu.TpuInfo``.
+
+    With libtpu installed (the ``tpu`` extra) and a chip it knows, the TPU
+    compiler judges each ``pallas_call`` (tiling, VMEM, what Mosaic lowers:
+    :mod:`pytest_pallas.compile_check`) and the static rules judge only the
+    grid order (races on parallel axes, revisits), which no compiler checks;
+    without it, the static rules judge everything and the function is lowered
+    for the TPU. ``use_compiler`` forces one or the other (True without libtpu
+    is an error). Each report's ``judged_by`` says which judged.
+
     Raises :class:`TpuRuleViolation` naming the kernel, the rule, the
-    operand and the fix; otherwise returns one :class:`KernelReport` per
-    ``pallas_call`` (its VMEM footprint and limit, what was checked and
-    what could not be).
+    operand (or the compiler's message) and the fix; otherwise returns one
+    :class:`KernelReport` per ``pallas_call`` (its VMEM footprint and limit,
+    what was checked and what could not be).
 
         from jax.experimental.pallas.ops.tpu.matmul import matmul
         x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
@@ -107,6 +119,10 @@ def check_kernel(
 
     options = check_options or CheckOptions()
     info = tpu_info_for(chip)
+    compiler_chip = _compiler_chip(info, use_compiler)
+    static = options.static_options()
+    if compiler_chip is not None:
+        static["checks"] = tuple(c for c in options.checks if c not in (TILING, VMEM))
     target, args = _traced_arguments(fn, args, kwargs)
     # Trace and lower as the TPU would compile: pallas_call records at trace
     # time whatever interpreter a surrounding test forces, and would lower it
@@ -119,14 +135,54 @@ def check_kernel(
         _jax_compat.device_kind_answers_as(device_kind, lambda: info),
         _jax_compat.suspend_pallas_call_observers(),
     ):
+        closed = jax.make_jaxpr(target)(*args)
+        calls = list(_jax_compat.pallas_call_equations_in(closed))
         reports = [
-            check_pallas_call_info(call, info, **options.static_options())
-            for call in _pallas_calls_in(target, args)
+            check_pallas_call_info(_jax_compat.describe_pallas_call(params), info, **static)
+            for params, _, _ in calls
         ]
         raise_for(reports)
-        if options.lower_for_tpu and reports:
+        if compiler_chip is not None:
+            _compile_each(calls, reports, compiler_chip)
+        elif options.lower_for_tpu and reports:
             _lower_for_tpu(target, args, info, _function_name(fn))
     return reports
+
+
+def _compiler_chip(info: Any, use_compiler: bool | None) -> str | None:
+    """The chip name to compile for, or None when the static rules judge alone."""
+    from . import compile_check
+
+    if use_compiler is False:
+        return None
+    name = str(getattr(info.chip_version, "value", info.chip_version))
+    available = compile_check.libtpu_version() is not None
+    if use_compiler and not available:
+        raise RuntimeError("check_kernel(use_compiler=True) needs libtpu: "
+                           "pip install 'pytest-pallas[tpu]' (or jax[tpu]).")
+    if use_compiler and name not in compile_check.COMPILER_CHIPS:
+        raise ValueError(f"the TPU compiler knows no {name}; use one of "
+                         f"{', '.join(compile_check.COMPILER_CHIPS)} or use_compiler=False.")
+    if not available or name not in compile_check.COMPILER_CHIPS:
+        return None
+    return name
+
+
+def _compile_each(calls: Sequence[Any], reports: list[KernelReport], chip: str) -> None:
+    from . import compile_check
+
+    rejected = []
+    for (params, avals, mesh_axes), report in zip(calls, reports):
+        verdict = compile_check.verdict_for(params, avals, chip, mesh_axes)
+        report.judged_by = f"TPU compiler (libtpu {compile_check.libtpu_version()}) for {chip}"
+        report.compile_verdict = verdict
+        report.checked.append(f"compiled for {chip}")
+        if not verdict.compiled:
+            violation = verdict.violation()
+            report.violations.append(violation)
+            rejected.append(violation)
+    if rejected:
+        raise TpuRuleViolation(rejected)
 
 
 def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[Any]:

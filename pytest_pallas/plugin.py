@@ -41,6 +41,11 @@ def pytest_configure(config: pytest.Config) -> None:
     for spec, description in MARKERS.items():
         config.addinivalue_line("markers", f"{spec}: {description}")
     parsed = options_module.parse_options(config)
+    if not parsed.tpu:
+        from .compile_check import quiet_libtpu_environment
+
+        # Before anything starts JAX: libtpu's start-up warnings never reach the user.
+        quiet_libtpu_environment()
     scope = config.getini("pallas_scope") or "marked"
     if scope not in ("marked", "all"):
         raise pytest.UsageError(f"ini option pallas_scope={scope!r} must be 'marked' or 'all'.")
@@ -90,7 +95,8 @@ def _configure_conformance(config: pytest.Config, session: PallasSession) -> Non
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = _session(config)
     if session.options.session_opted_in or session.scope_all:
-        return [session.header()]
+        compile_line = session.compile_header()
+        return [session.header()] + ([compile_line] if compile_line else [])
     return None
 
 

@@ -131,6 +131,10 @@ class KernelReport:
     checked: list[str] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
     violations: list[Violation] = dataclasses.field(default_factory=list)
+    # Who judged tiling, VMEM and lowering: "static rules", or "TPU compiler (libtpu ...)"
+    # when check_kernel compiled the call (compile_check.CompileVerdict in compile_verdict).
+    judged_by: str = "static rules"
+    compile_verdict: Any = None
 
     @property
     def ok(self) -> bool:
