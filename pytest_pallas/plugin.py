@@ -94,7 +94,7 @@ def _configure_conformance(config: pytest.Config, session: PallasSession) -> Non
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = _session(config)
-    if session.options.session_opted_in or session.scope_all:
+    if session.options.session_opted_in or session.scope_all or session.options.compile_given:
         compile_line = session.compile_header()
         return [session.header()] + ([compile_line] if compile_line else [])
     return None
@@ -395,6 +395,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
     benchmark_summary(terminalreporter, config)
     pallas = _session(config)
+    compile_line = _compile_summary(pallas)
+    if compile_line:
+        terminalreporter.write_line(compile_line)
     if pallas.recorder is None or not pallas.recorder.ops:
         return
     terminalreporter.write_sep("=", "pallas conformance")
@@ -407,6 +410,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(f"incomplete: {reason}", yellow=True)
     if pallas.options.report_path:
         terminalreporter.write_line(f"report written to {pallas.options.report_path}")
+
+
+def _compile_summary(pallas: PallasSession) -> str | None:
+    """What the TPU compiler check cost in this process (pytest-xdist workers count apart)."""
+    if not pallas.options.compile_chips or "pytest_pallas.compile_check" not in sys.modules:
+        return None
+    stats = sys.modules["pytest_pallas.compile_check"].STATS
+    if not stats.compiles:
+        return None
+    return (f"pallas: TPU compiler check: {stats.compiles} kernel compiles in "
+            f"{stats.seconds:.1f} s, {stats.cached} verdicts from the cache")
 
 
 # --- fixtures -----------------------------------------------------------------
