@@ -282,7 +282,10 @@ def _tiling_violation(
                 f"{info.num_lanes} or the full {full_minor}"
             )
             fixes.append(_suggest(op, -1, info.num_lanes))
-        rows = info.num_sublanes * (32 // bits if packed and bits < 32 else 1)
+        # 8- and 4-bit blocks: the TPU compiler tiles them packed, whatever the option
+        # (E2002 for 8 or 16 rows of int8); 16-bit ones in 8 rows unless asked.
+        narrow = bits < 16
+        rows = info.num_sublanes * (32 // bits if narrow or (packed and bits < 32) else 1)
         second, full_second = sizes[-2], shape[-2]
         if not (second == full_second or second % rows == 0):
             reason = f"a multiple of {rows}" + (
@@ -303,7 +306,10 @@ def _tiling_violation(
         )
         if rows != info.num_sublanes:
             rule_text = (
-                f"with packed sublanes (packed_sublanes=True) the last two block dimensions "
+                f"the TPU compiler tiles {_dtype_name(op.dtype)} in ({rows}, {info.num_lanes}): "
+                if narrow else "with packed sublanes (packed_sublanes=True) "
+            ) + (
+                f"the last two block dimensions "
                 f"must be divisible by {rows} and {info.num_lanes} or equal to the array's"
             )
         return Violation(
@@ -402,12 +408,15 @@ def _round_up(n: int, multiple: int) -> int:
 def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
     """Everything ``call`` keeps in VMEM at once: buffered blocks, scratch, the run_scoped peak."""
     items = []
+    # A call of one grid step (or none) has nothing to overlap: the TPU compiler
+    # gives each block a single buffer (the whole-array call without a grid).
+    single_step = all(g == 1 for g in call.grid)
     for op in call.operands:
         if op.memory_space == "vmem":
             items.append(
                 VmemItem(
                     f"{describe_operand(op)} block {op.ref_shape} {_dtype_name(op.dtype)}",
-                    op.buffer_count or 2,
+                    op.buffer_count or (1 if single_step else 2),
                     padded_vmem_bytes(op.ref_shape, op.dtype, info),
                 )
             )

@@ -347,3 +347,27 @@ def test_classification_reads_the_compilers_vmem_numbers():
         "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: ... Scoped allocation with size "
         "28.00M and limit 16.00M exceeded scoped vmem limit by 12.00M.")
     assert (rule, size, limit) == (compile_check.VMEM, 28 * 2**20, 16 * 2**20)
+
+
+def _whole_copy(x):
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+@pytest.mark.parametrize("rows, fits", [(1024, True), (1536, False)])
+def test_a_whole_array_call_without_a_grid_is_single_buffered_as_the_compiler_says(rows, fits):
+    # In and out of (1024, 2048) float32: 8 MiB each, 16 MiB in all, at v5e's default
+    # limit; double-buffered (the static rule's old count) it would be 32 MiB.
+    x = jax.ShapeDtypeStruct((rows, 2048), jnp.float32)
+    verdicts = {}
+    for use_compiler in (False, True):
+        try:
+            check_kernel(_whole_copy, x, chip="v5e", use_compiler=use_compiler)
+            verdicts[use_compiler] = True
+        except TpuRuleViolation:
+            verdicts[use_compiler] = False
+    assert verdicts == {False: fits, True: fits}
