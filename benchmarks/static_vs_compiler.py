@@ -194,7 +194,8 @@ def summarize(rows) -> None:
                 continue
             seen.add(key)
             said = f"static {fired}" if fired else "static: ok"
-            compiler = "compiles" if verdict.compiled else f"{verdict.rule}: {verdict.message[:160]}"
+            compiler = ("compiles" if verdict.compiled
+                        else f"{verdict.rule}: {verdict.message[:160]}")
             print(f"  [{chip}] {label} / {kernel}: {said}; compiler {compiler}")
 
 

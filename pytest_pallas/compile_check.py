@@ -47,14 +47,15 @@ LAYOUT = "compiler-layout"
 OTHER = "compiler-other"
 RULES = (UNIMPLEMENTED, TILING, VMEM, LAYOUT, OTHER)
 
-#: The plugin's chip names the TPU compiler knows, mapped to libtpu's topology name.
-COMPILER_CHIPS = {"v2": "v2", "v3": "v3", "v4": "v4", "v5e": "v5e", "v5p": "v5p",
-                  "v6e": "v6e", "7x": "tpu7x"}
+#: The plugin's chip names the check compiles for, mapped to libtpu's topology name.
+#: Not v2 and v3: libtpu 0.0.42.1 aborts the process compiling some Pallas kernels
+#: for them ("jellyfish_dma_descriptor_state.cc: Check failed"), and Pallas TPU
+#: targets v4 and later.
+COMPILER_CHIPS = {"v4": "v4", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "7x": "tpu7x"}
 
 # Topologies to try, smallest first; the first with enough devices for the
 # kernel's mesh is used (a single-device kernel compiles on its first device).
 _TOPOLOGY_SHAPES = {
-    "v2": ("2x2", "4x4"), "v3": ("2x2", "4x4"),
     "v4": ("2x2x1", "2x2x2", "2x2x4"), "v5p": ("2x2x1", "2x2x2", "2x2x4"),
     "v5e": ("2x2", "2x4", "4x4"), "v6e": ("2x2", "2x4", "4x4"),
     "tpu7x": ("2x2x1", "2x2x2", "2x2x4"),

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from . import _jax_compat
-from .compile_check import quiet_libtpu_environment
 from .backend import Backend, chip_info, make_interpret_params, request_cpu_devices, select_backend
+from .compile_check import quiet_libtpu_environment
 from .options import PallasOptions
 
 MARKERS = {
@@ -269,7 +269,7 @@ class PallasSession:
         )
 
     def compile_header(self) -> str | None:
-        """Which chips the TPU compiler check compiles for, or why it is off and how to turn it on."""
+        """The chips the TPU compiler check compiles for, or why it is off and how to turn it on."""
         options = self.options
         if options.tpu:
             return None
@@ -282,7 +282,7 @@ class PallasSession:
         if options.compile_given:
             return (f"pallas: TPU compiler check off (--pallas-compile=none); "
                     f"--pallas-compile={options.chip} turns it on")
-        return (f"pallas: TPU compiler check off: the TPU compiler has no {options.chip}; "
+        return (f"pallas: TPU compiler check off: it does not compile for {options.chip}; "
                 "--pallas-compile=CHIP turns it on for another chip")
 
 

@@ -48,7 +48,7 @@ def _verdict(options, shape, block, dtype, chip="v5e"):
             block,
             chip=chip,
             check_options=options,
-            use_compiler=False,  # Mosaic's lowering is the oracle here (test_compile_check: the compiler)
+            use_compiler=False,  # Mosaic's lowering is the oracle here
         )
     except TpuRuleViolation as error:
         return error.rule
