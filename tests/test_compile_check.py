@@ -373,3 +373,90 @@ def test_a_whole_array_call_without_a_grid_is_single_buffered_as_the_compiler_sa
         except TpuRuleViolation:
             verdicts[use_compiler] = False
     assert verdicts == {False: fits, True: fits}
+
+
+def test_the_report_records_per_op_and_chip_whether_it_compiled():
+    from pytest_pallas.report import ConformanceRecorder
+
+    worker = ConformanceRecorder()
+    worker.register("matmul", "mine", {}, "none")
+    worker.compiled("matmul", compile_check.CompileVerdict("v5e", "'k'", True))
+    worker.compiled("matmul", compile_check.CompileVerdict(
+        "v6e", "'k'", False, compile_check.VMEM, "Scoped allocation ...", 1.0,
+        40 * 2**20, 32 * 2**20))
+    controller = ConformanceRecorder()
+    controller.merge(worker.take())  # as a pytest-xdist worker's records arrive
+    document = controller.document(complete=True, environment={})
+    compiled = document["ops"]["matmul"]["compile"]
+    assert compiled["v5e"]["compiled"] is True
+    assert compiled["v6e"]["compiled"] is False
+    assert compiled["v6e"]["vmem_bytes"] == 40 * 2**20
+    assert compiled["v6e"]["first_rejection"].startswith("[compiler-vmem]")
+    assert "v5e,v6e:NO" in "\n".join(controller.summary_lines())
+
+
+# --- the JAX internals the check relies on (pytest_pallas._jax_compat) ----------------
+
+
+def _kernel_params(function, *args):
+    from pytest_pallas import _jax_compat
+
+    closed = jax.make_jaxpr(function)(*args)
+    return list(_jax_compat.pallas_call_equations_in(closed))
+
+
+def test_a_kernel_traced_again_has_the_same_fingerprint_and_another_shape_another():
+    from pytest_pallas import _jax_compat
+
+    x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    first = _kernel_params(lambda v: _whole_copy(v), x)[0][0]
+    again = _kernel_params(lambda v: _whole_copy(v), x)[0][0]
+    other = _kernel_params(lambda v: _whole_copy(v), jax.ShapeDtypeStruct((16, 128), jnp.float32))
+    assert first is not again
+    assert _jax_compat.pallas_call_fingerprint(first) == _jax_compat.pallas_call_fingerprint(again)
+    assert _jax_compat.pallas_call_fingerprint(first) != _jax_compat.pallas_call_fingerprint(
+        other[0][0])
+
+
+def test_equations_carry_avals_and_the_shard_map_mesh_of_a_communicating_kernel():
+    import functools
+
+    import numpy as np
+    from jax.sharding import Mesh, PartitionSpec
+
+    from pytest_pallas import _jax_compat
+    from reference_kernels.collectives import ppermute
+
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 CPU devices")
+    mesh = Mesh(np.array(jax.devices()[:2]), ("ring",))
+    sharded = jax.shard_map(functools.partial(ppermute, axis_name="ring", shift=1), mesh=mesh,
+                            in_specs=PartitionSpec("ring"), out_specs=PartitionSpec("ring"),
+                            check_vma=False)
+    ((params, avals, axes),) = _kernel_params(sharded, jax.ShapeDtypeStruct((16, 128),
+                                                                              jnp.float32))
+    assert axes == (("ring", 2),)
+    assert any(tuple(a.shape) == (8, 128) for a in avals)  # per device
+    assert _jax_compat.pallas_call_communicates(params)
+    x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    assert not _jax_compat.pallas_call_communicates(_kernel_params(_whole_copy, x)[0][0])
+    verdict = compile_check.verdict_for(params, avals, "v5e", axes)
+    assert verdict.compiled, verdict.message
+
+
+def test_observers_with_avals_see_each_call_and_compiles_step_out_of_the_trace():
+    from pytest_pallas import _jax_compat
+
+    seen = []
+    with _jax_compat.observe_pallas_calls(lambda params, avals: seen.append(avals),
+                                          with_avals=True):
+        jax.make_jaxpr(lambda v: _whole_copy(v))(jax.ShapeDtypeStruct((40, 128), jnp.float32))
+    assert [tuple(a.shape) for a in seen[0]] == [(40, 128)]
+
+    def traced(x):
+        with _jax_compat.outside_current_trace():
+            # A computation of its own, inside another function's trace.
+            assert int(jax.jit(lambda: jnp.int32(3))()) == 3
+        return x
+
+    jax.make_jaxpr(traced)(1.0)
