@@ -95,8 +95,7 @@ def _configure_conformance(config: pytest.Config, session: PallasSession) -> Non
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = _session(config)
     if session.options.session_opted_in or session.scope_all or session.options.compile_given:
-        compile_line = session.compile_header()
-        return [session.header()] + ([compile_line] if compile_line else [])
+        return [session.header()]
     return None
 
 

@@ -263,9 +263,11 @@ class PallasSession:
         seed = f"seed {options.seed}"
         if not options.seed_given and options.profile == "ci":
             seed += ", the ci profile's fixed seed"
+        compile_text = self.compile_header()
         return (
             f"pallas: {backend}; {seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
+            + (f"; {compile_text}" if compile_text else "")
         )
 
     def compile_header(self) -> str | None:
@@ -274,15 +276,15 @@ class PallasSession:
         if options.tpu:
             return None
         if options.compile_chips:
-            return (f"pallas: TPU compiler check for {', '.join(options.compile_chips)} "
+            return (f"TPU compiler check for {', '.join(options.compile_chips)} "
                     f"(libtpu {options.libtpu}); --pallas-compile=none turns it off")
         if options.libtpu is None:
-            return ("pallas: TPU compiler check off: libtpu is not installed; "
+            return ("TPU compiler check off: libtpu is not installed; "
                     "pip install 'pytest-pallas[tpu]' to compile every kernel for the chip")
         if options.compile_given:
-            return (f"pallas: TPU compiler check off (--pallas-compile=none); "
+            return (f"TPU compiler check off (--pallas-compile=none); "
                     f"--pallas-compile={options.chip} turns it on")
-        return (f"pallas: TPU compiler check off: it does not compile for {options.chip}; "
+        return (f"TPU compiler check off: it does not compile for {options.chip}; "
                 "--pallas-compile=CHIP turns it on for another chip")
 
 

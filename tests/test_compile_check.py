@@ -142,7 +142,7 @@ def test_the_compile_check_fails_each_with_the_compilers_reason(run_pytest, pyte
     assert "Unimplemented primitive in Pallas TPU lowering for tc: cumsum" in text
     assert "cannot statically prove that index in dimension 1 is a multiple of 128" in text
     assert "the limit is 16.00 MiB" in text  # the compiler's own VMEM numbers
-    assert "pallas: TPU compiler check for v5e (libtpu" in text  # the header
+    assert "; TPU compiler check for v5e (libtpu" in text  # the header
 
 
 def test_a_rejection_names_every_chip_that_rejects(run_pytest, pytester):
@@ -294,7 +294,7 @@ def test_without_libtpu_the_header_says_off_and_the_static_rules_judge(
     pytester.makepyfile(test_rejected=REJECTED_KERNELS)
     result = run_pytest("--pallas-chip=v5e", "-k", "cumsum or sort")
     result.assert_outcomes(passed=2)  # only the compiler knows these are not TPU kernels
-    assert ("pallas: TPU compiler check off: libtpu is not installed; "
+    assert ("; TPU compiler check off: libtpu is not installed; "
             "pip install 'pytest-pallas[tpu]'") in result.stdout.str()
 
 
@@ -325,7 +325,7 @@ def test_a_bad_chip_is_a_one_line_usage_error(run_pytest, pytester, value, messa
 def test_the_default_is_the_runs_chip_and_none_turns_it_off(run_pytest, pytester):
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
     result = run_pytest("--pallas-chip=v6e")
-    assert "pallas: TPU compiler check for v6e (libtpu" in result.stdout.str()
+    assert "; TPU compiler check for v6e (libtpu" in result.stdout.str()
     result = run_pytest("--pallas-chip=v6e", "--pallas-compile=none")
     assert "TPU compiler check off (--pallas-compile=none)" in result.stdout.str()
 
