@@ -15,11 +15,13 @@ internal) and name the rule a kernel breaks, the operand, and the fix:
     squeezed (``None``/``pl.Squeezed``) dimension counts as 1. Rank-1 blocks:
     the full dimension, a multiple of 1024 (8 x 128), or a power of two of at
     least 128 x (32 / bitwidth). Blocks in ``pl.ANY``/HBM: the whole array with
-    an index map of zeros. The stricter packed tiling (16 rows for 16-bit, 32
-    for 8-bit dtypes) is what XLA's layouts use, but Mosaic lowers 8-row
-    blocks of bfloat16; ask for it with ``packed_sublanes=True``.
+    an index map of zeros. 8- and 4-bit blocks need 32 and 64 rows: the TPU
+    compiler tiles them packed and rejects fewer (E2002). The packed tiling of
+    16-bit dtypes (16 rows) is what XLA's layouts use, but the compiler
+    accepts 8-row blocks of bfloat16; ask for it with ``packed_sublanes=True``.
 ``vmem-footprint``
-    Every VMEM block buffered (twice unless ``pipeline_mode=pl.Buffered(n)``),
+    Every VMEM block buffered (twice unless ``pipeline_mode=pl.Buffered(n)``,
+    once in a call of a single grid step or none, as the TPU compiler does),
     plus VMEM scratch, plus the peak of ``pl.run_scoped`` allocations, padded
     to (8, 128) tiles, against the scoped-VMEM limit the kernel compiles under:
     ``CompilerParams(vmem_limit_bytes=...)`` if given, else the default limit
