@@ -55,6 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
         invocation=tuple(config.invocation_params.args),
     )
     config.stash[_SESSION] = session
+    from .compile_check import STATS
+
+    # The compile summary counts this session's compiles (an in-process run shares STATS).
+    _COMPILES_BEFORE[id(session)] = (STATS.compiles, STATS.cached, STATS.seconds)
     if not parsed.tpu and (parsed.session_opted_in or parsed.devices_requested):
         # The device count must be fixed before JAX creates its CPU client.
         session.ensure_devices()
@@ -411,15 +415,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(f"report written to {pallas.options.report_path}")
 
 
+_COMPILES_BEFORE: dict[int, tuple[int, int, float]] = {}
+
+
 def _compile_summary(pallas: PallasSession) -> str | None:
-    """What the TPU compiler check cost in this process (pytest-xdist workers count apart)."""
-    if not pallas.options.compile_chips or "pytest_pallas.compile_check" not in sys.modules:
+    """What the TPU compiler check cost in this session (pytest-xdist workers count apart)."""
+    if not pallas.options.compile_chips:
         return None
-    stats = sys.modules["pytest_pallas.compile_check"].STATS
-    if not stats.compiles:
+    from .compile_check import STATS
+
+    compiles, cached, seconds = _COMPILES_BEFORE.get(id(pallas), (0, 0, 0.0))
+    compiles, cached, seconds = (STATS.compiles - compiles, STATS.cached - cached,
+                                 STATS.seconds - seconds)
+    if not compiles:
         return None
-    return (f"pallas: TPU compiler check: {stats.compiles} kernel compiles in "
-            f"{stats.seconds:.1f} s, {stats.cached} verdicts from the cache")
+    return (f"pallas: TPU compiler check: {compiles} kernel compiles in "
+            f"{seconds:.1f} s, {cached} verdicts from the cache")
 
 
 # --- fixtures -----------------------------------------------------------------
