@@ -374,6 +374,8 @@ def pallas_call_compiler(
     cached and fails again on the next call).
     """
     def observe(params: dict[str, Any], avals: tuple[Any, ...]) -> None:
+        if not _jax_compat.describe_pallas_call(params).for_tensor_core:
+            return  # GPU compiler params or a SparseCore mesh: not the TensorCore's compiler
         mesh_axes = (_jax_compat.manual_mesh_axes()
                      if _jax_compat.pallas_call_communicates(params) else ())
         rejected = []

@@ -182,6 +182,8 @@ def _compile_each(calls: Sequence[Any], reports: list[KernelReport], chip: str) 
 
     rejected = []
     for (params, avals, mesh_axes), report in zip(calls, reports):
+        if not _jax_compat.describe_pallas_call(params).for_tensor_core:
+            continue  # the static report already says why it was skipped
         verdict = compile_check.verdict_for(params, avals, chip, mesh_axes)
         report.judged_by = f"TPU compiler (libtpu {compile_check.libtpu_version()}) for {chip}"
         report.compile_verdict = verdict
