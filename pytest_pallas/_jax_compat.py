@@ -353,15 +353,21 @@ _SOURCE_INFO = "jax._src.source_info_util"
 
 _PARTIAL_EVAL = "jax._src.interpreters.partial_eval"
 
-_observers: list[Callable[[dict[str, Any]], None]] = []
+# (observer, whether it also takes the call's input avals)
+_observers: list[tuple[Callable[..., None], bool]] = []
 _observer_lock = threading.RLock()
 _live_observations = 0
 _unobserve: Callable[[], None] | None = None
 
 
 @contextlib.contextmanager
-def observe_pallas_calls(observer: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+def observe_pallas_calls(observer: Callable[..., None], *,
+                         with_avals: bool = False) -> Iterator[None]:
     """Call ``observer(params)`` with each ``pallas_call`` equation's params as it is traced.
+
+    With ``with_avals=True`` the observer is called ``observer(params, avals)``,
+    ``avals`` being the abstract values of the call's operands (shapes and dtypes
+    as traced, per device inside ``shard_map``).
 
     Every ``pallas_call`` is staged into a jaxpr, even an eager one (it binds
     through an inner ``jit``), under ``jit``, ``vmap`` (the batching rule binds
@@ -381,21 +387,25 @@ def observe_pallas_calls(observer: Callable[[dict[str, Any]], None]) -> Iterator
         if _live_observations == 0:
             _unobserve = _install_observation()
         _live_observations += 1
-        _observers.append(observer)
+        entry = (observer, with_avals)
+        _observers.append(entry)
     try:
         yield
     finally:
         with _observer_lock:
-            _observers[:] = [o for o in _observers if o is not observer]
+            _observers[:] = [o for o in _observers if o is not entry]
             _live_observations -= 1
             if _live_observations == 0 and _unobserve is not None:
                 _unobserve()
                 _unobserve = None
 
 
-def _notify_observers(params: dict[str, Any]) -> None:
-    for each in tuple(_observers):
-        each(params)
+def _notify_observers(params: dict[str, Any], avals: tuple[Any, ...]) -> None:
+    for each, with_avals in tuple(_observers):
+        if with_avals:
+            each(params, avals)
+        else:
+            each(params)
 
 
 def _install_observation() -> Callable[[], None]:
@@ -406,7 +416,7 @@ def _install_observation() -> Callable[[], None]:
         # DynamicJaxprTrace looks this up on every bind it stages.
         def observed_cached_abstract_eval(prim: Any, *avals: Any, **params: Any) -> Any:
             if prim is primitive:
-                _notify_observers(params)
+                _notify_observers(params, avals)
             return cached(prim, *avals, **params)
 
         staging._cached_abstract_eval = observed_cached_abstract_eval
@@ -420,7 +430,7 @@ def _install_observation() -> Callable[[], None]:
         )
 
     def observed_abstract_eval(*avals: Any, **params: Any) -> Any:
-        _notify_observers(params)
+        _notify_observers(params, avals)
         return original(*avals, **params)
 
     primitive.abstract_eval = observed_abstract_eval
@@ -1167,3 +1177,106 @@ def interpreter_crash(error: BaseException) -> str | None:
 def _short_jax_path(path: str) -> str:
     path = path.replace("\\", "/")
     return path[path.index("jax/_src/"):] if "jax/_src/" in path else path
+
+
+# --- Compiling one traced pallas_call on its own ---------------------------------
+
+
+def bind_pallas_call(params: dict[str, Any], *args: Any) -> Any:
+    """Bind the ``pallas_call`` primitive with a traced call's params, for the TPU compiler.
+
+    ``interpret`` is dropped: a call traced under a forced interpreter records it
+    in its params, and the compiler must see the kernel Mosaic would lower.
+    """
+    return pallas_call_primitive().bind(*args, **{**params, "interpret": False})
+
+
+def pallas_call_fingerprint(params: dict[str, Any]) -> str:
+    """Text that is equal for two traces of the same kernel with the same grid and params.
+
+    The kernel jaxpr, grid mapping (block shapes, index maps) and compiler params
+    print without source locations, so a kernel traced again for another example
+    of the same shapes prints the same. The interpreter choice is left out.
+    """
+    return "\n".join(f"{name}={params[name]!r}" if name != "jaxpr" else f"jaxpr={params[name]}"
+                     for name in sorted(params) if name not in ("interpret", "debug"))
+
+
+def manual_mesh_axes() -> tuple[tuple[str, int], ...]:
+    """The mesh axes (name, size) of the ``shard_map`` being traced now; () outside one."""
+    import jax
+
+    get_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+    if get_mesh is None:
+        return ()
+    mesh = get_mesh()
+    if mesh is None or getattr(mesh, "empty", True):
+        return ()
+    manual = set(getattr(mesh, "manual_axes", ()) or ())
+    return tuple((str(name), int(size)) for name, size in zip(mesh.axis_names, mesh.axis_sizes)
+                 if not manual or name in manual)
+
+
+def pallas_call_communicates(params: dict[str, Any]) -> bool:
+    """Whether a pallas_call's kernel names mesh axes or talks to other devices.
+
+    Mosaic's own test (``MosaicGridMapping.has_communication``): such a kernel
+    lowers only inside ``shard_map``, with the mesh.
+    """
+    names = {"NamedAxisEffect", "CommsEffect"}
+    jaxprs = [params.get("jaxpr")]
+    grid_mapping = params.get("grid_mapping")
+    for mapping in getattr(grid_mapping, "block_mappings", ()):
+        jaxprs.append(getattr(getattr(mapping, "index_map_jaxpr", None), "jaxpr", None))
+    return any(type(effect).__name__ in names
+               for jaxpr in jaxprs for effect in getattr(jaxpr, "effects", ()))
+
+
+@contextlib.contextmanager
+def outside_current_trace() -> Iterator[None]:
+    """Run the block as at top level: no enclosing trace, axis environment or shard_map mesh.
+
+    The compile check compiles a kernel while the test's function is being
+    traced (inside ``shard_map``, say); that compile is a computation of its
+    own and must not see the enclosing trace's state.
+    """
+    import jax
+
+    core = _private(_CORE)
+    context = getattr(core, "trace_ctx", None)
+    top_axis_env = getattr(core, "top_axis_env", None)
+    if context is None or top_axis_env is None or not hasattr(core, "eval_context"):
+        raise JaxInternalsChanged(
+            f"{_CORE} no longer has trace_ctx/top_axis_env/eval_context; the TPU compile "
+            "check cannot step out of a trace on this JAX.")
+    saved_axis_env = context.axis_env
+    with core.eval_context(), jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+        context.set_axis_env(top_axis_env)
+        try:
+            yield
+        finally:
+            context.set_axis_env(saved_axis_env)
+
+
+def pallas_call_equations_in(
+        jaxpr: Any, mesh_axes: tuple[tuple[str, int], ...] = ()
+) -> Iterator[tuple[dict[str, Any], tuple[Any, ...], tuple[tuple[str, int], ...]]]:
+    """Each ``pallas_call`` of a (closed) jaxpr: its params, operand avals and enclosing mesh.
+
+    As :func:`pallas_call_params_in`, with the abstract values of the call's
+    operands and the axes (name, size) of the ``shard_map`` it sits in, if any.
+    """
+    inner = getattr(jaxpr, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns"):
+        jaxpr = inner
+    for equation in getattr(jaxpr, "eqns", ()):
+        if equation.primitive is pallas_call_primitive():
+            yield equation.params, tuple(v.aval for v in equation.invars), mesh_axes
+            continue
+        axes = mesh_axes
+        mesh = equation.params.get("mesh") if equation.primitive.name == "shard_map" else None
+        if mesh is not None and hasattr(mesh, "axis_names"):
+            axes = tuple((str(n), int(s)) for n, s in zip(mesh.axis_names, mesh.axis_sizes))
+        for value in equation.params.values():
+            for sub in _sub_jaxprs(value):
+                yield from pallas_call_equations_in(sub, axes)

@@ -27,8 +27,10 @@ from pytest_pallas import _jax_compat
 from pytest_pallas.tpu_checks import (
     ALL_CHECKS,
     MAX_GRID_POINTS,
+    TILING,
     UNINITIALIZED_READ,
     UNINITIALIZED_READ_FIX,
+    VMEM,
     KernelReport,
     TpuRuleViolation,
     Violation,
@@ -90,17 +92,28 @@ def check_kernel(
     *args: Any,
     chip: Any = "v5e",
     check_options: CheckOptions | None = None,
+    use_compiler: bool | None = None,
     **kwargs: Any,
 ) -> list[KernelReport]:
     """Check every Pallas kernel ``fn(*args, **kwargs)`` would run against the TPU's rules.
 
     ``args`` may be arrays or ``jax.ShapeDtypeStruct``s: nothing runs, the
-    function is only traced (and lowered for the TPU). ``chip`` is a chip
-    name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a ``pltpu.TpuInfo``.
+    function is only traced (and compiled or lowered for the TPU). ``chip`` is
+    a chip name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a ``pltpu.TpuInfo``.
+
+    With libtpu installed (the ``tpu`` extra) and a chip it knows, the TPU
+    compiler judges each ``pallas_call`` (tiling, VMEM, what Mosaic lowers:
+    :mod:`pytest_pallas.compile_check`) and the static rules judge only the
+    grid order (races on parallel axes, revisits), which no compiler checks;
+    without it, the static rules judge everything and the function is lowered
+    for the TPU. ``use_compiler`` forces one or the other (True without libtpu
+    is an error); ``CheckOptions(lower_for_tpu=False)`` alone means the static
+    rules alone. Each report's ``judged_by`` says which judged.
+
     Raises :class:`TpuRuleViolation` naming the kernel, the rule, the
-    operand and the fix; otherwise returns one :class:`KernelReport` per
-    ``pallas_call`` (its VMEM footprint and limit, what was checked and
-    what could not be).
+    operand (or the compiler's message) and the fix; otherwise returns one
+    :class:`KernelReport` per ``pallas_call`` (its VMEM footprint and limit,
+    what was checked and what could not be).
 
         from jax.experimental.pallas.ops.tpu.matmul import matmul
         x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
@@ -111,6 +124,10 @@ def check_kernel(
 
     options = check_options or CheckOptions()
     info = tpu_info_for(chip)
+    # lower_for_tpu=False asks for the static rules alone, unless use_compiler says otherwise.
+    compiler_chip = _compiler_chip(
+        info, use_compiler if use_compiler is not None or options.lower_for_tpu else False)
+    static = options.static_options()
     target, args = _traced_arguments(fn, args, kwargs)
     # Trace and lower as the TPU would compile: pallas_call records at trace
     # time whatever interpreter a surrounding test forces, and would lower it
@@ -123,15 +140,68 @@ def check_kernel(
         _jax_compat.device_kind_answers_as(device_kind, lambda: info),
         _jax_compat.suspend_pallas_call_observers(),
     ):
+        closed = jax.make_jaxpr(target)(*args)
+        calls = list(_jax_compat.pallas_call_equations_in(closed))
+        # Which outputs the program keeps: a race on an output it drops is no bug.
+        uses = [used for _, used in _jax_compat.pallas_call_uses_in(closed)]
         reports = [
-            settle_output_races(check_pallas_call_info(call, info, **options.static_options()),
-                                used)
-            for call, used in _pallas_calls_in(target, args)
+            settle_output_races(
+                check_pallas_call_info(_jax_compat.describe_pallas_call(params), info, **static),
+                used)
+            for (params, _, _), used in zip(calls, uses)
         ]
+        if compiler_chip is not None:
+            # Tiling and VMEM are the compiler's to judge: the static rules' findings stay
+            # in the report as notes (their footprint too), and do not fail the kernel.
+            for report in reports:
+                judged = [v for v in report.violations if v.rule in (TILING, VMEM)]
+                report.violations = [v for v in report.violations if v not in judged]
+                report.skipped += [f"static rule [{v.rule}] said: {v.problem} (the TPU "
+                                   "compiler judged instead)" for v in judged]
         raise_for(reports)
-        if options.lower_for_tpu and reports:
+        if compiler_chip is not None:
+            _compile_each(calls, reports, compiler_chip)
+        elif options.lower_for_tpu and reports:
             _lower_for_tpu(target, args, info, _function_name(fn))
     return reports
+
+
+def _compiler_chip(info: Any, use_compiler: bool | None) -> str | None:
+    """The chip name to compile for, or None when the static rules judge alone."""
+    from . import compile_check
+
+    if use_compiler is False:
+        return None
+    name = str(getattr(info.chip_version, "value", info.chip_version))
+    available = compile_check.libtpu_version() is not None
+    if use_compiler and not available:
+        raise RuntimeError("check_kernel(use_compiler=True) needs libtpu: "
+                           "pip install 'pytest-pallas[tpu]' (or jax[tpu]).")
+    if use_compiler and name not in compile_check.COMPILER_CHIPS:
+        raise ValueError(f"the TPU compiler knows no {name}; use one of "
+                         f"{', '.join(compile_check.COMPILER_CHIPS)} or use_compiler=False.")
+    if not available or name not in compile_check.COMPILER_CHIPS:
+        return None
+    return name
+
+
+def _compile_each(calls: Sequence[Any], reports: list[KernelReport], chip: str) -> None:
+    from . import compile_check
+
+    rejected = []
+    for (params, avals, mesh_axes), report in zip(calls, reports):
+        if not _jax_compat.describe_pallas_call(params).for_tensor_core:
+            continue  # the static report already says why it was skipped
+        verdict = compile_check.verdict_for(params, avals, chip, mesh_axes)
+        report.judged_by = f"TPU compiler (libtpu {compile_check.libtpu_version()}) for {chip}"
+        report.compile_verdict = verdict
+        report.checked.append(f"compiled for {chip}")
+        if not verdict.compiled:
+            violation = verdict.violation()
+            report.violations.append(violation)
+            rejected.append(violation)
+    if rejected:
+        raise TpuRuleViolation(rejected)
 
 
 def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[tuple[Any, Any]]:

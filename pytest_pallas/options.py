@@ -31,6 +31,13 @@ CI_SEED = 0  # the seed of a run under the ci profile that gives no --pallas-see
 # (versions.CHIPS_SINCE_JAX lists the chips an older JAX lacks).
 KNOWN_CHIPS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i", "8t")
 
+# The chips the TPU compile check compiles for (the plugin's names; "tpu7x" is
+# accepted for "7x"). libtpu also describes v2 and v3, but aborts the whole
+# process compiling some Pallas kernels for them (a failed check in its DMA
+# descriptors, libtpu 0.0.42.1), so they are left out. compile_check.COMPILER_CHIPS
+# maps these to libtpu's names; tests/test_compile_check.py checks the two agree.
+COMPILER_CHIPS = ("v4", "v5e", "v5p", "v6e", "7x")
+
 _DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 
@@ -55,6 +62,10 @@ class PallasOptions:
     implementations: tuple[tuple[str, str], ...] = ()
     ops: tuple[str, ...] = ()
     report_path: str | None = None
+    # --pallas-compile: the chips every traced pallas_call is compiled for (empty: off).
+    compile_chips: tuple[str, ...] = ()
+    compile_given: bool = False
+    libtpu: str | None = None  # the installed libtpu's version, None when it cannot be imported
 
     @property
     def session_opted_in(self) -> bool:
@@ -130,6 +141,12 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--pallas-ops", metavar="OP[,OP...]", default=None,
         help="restrict the conformance suite to these ops.",
+    )
+    group.addoption(
+        "--pallas-compile", metavar="CHIP[,CHIP...]", default=None,
+        help="also compile every pallas_call a Pallas test traces with the TPU compiler "
+        f"(libtpu, no TPU needed) for these chips ({', '.join(COMPILER_CHIPS)}), 'all', or "
+        "'none'. Default: the run's chip when libtpu is installed, else none.",
     )
     group.addoption(
         "--pallas-report", metavar="PATH", default=None,
@@ -233,6 +250,10 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         if timeout_seconds < 0:
             raise pytest.UsageError(f"--pallas-timeout={timeout_value} must be 0 or more seconds.")
 
+    compile_value = config.getoption("--pallas-compile")
+    libtpu = installed_libtpu()
+    compile_chips = parse_compile_flag(compile_value, chip=chip, tpu=tpu, libtpu=libtpu)
+
     impls = implementations.parse_impl_flags(config.getoption("--pallas-impl"))
     ops_value = config.getoption("--pallas-ops")
     ops = implementations.parse_ops_flag(ops_value)
@@ -260,6 +281,9 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         implementations=impls,
         ops=ops,
         report_path=report_path,
+        compile_chips=compile_chips,
+        compile_given=compile_value is not None,
+        libtpu=libtpu,
     )
 
 
@@ -291,6 +315,61 @@ def report_directory_to_create(path: str) -> str | None:
     if os.path.isdir(directory):
         return None
     return os.path.relpath(directory)
+
+
+
+
+def installed_libtpu() -> str | None:
+    """The version of libtpu if it can be imported (the ``tpu`` extra), else None.
+
+    Importing the ``libtpu`` package only locates its shared library: cheap, and
+    JAX is not imported.
+    """
+    try:
+        import libtpu
+    except ImportError:
+        return None
+    return str(getattr(libtpu, "__version__", "") or "unknown")
+
+
+def parse_compile_flag(value: str | None, *, chip: str, tpu: bool,
+                       libtpu: str | None) -> tuple[str, ...]:
+    """The chips of ``--pallas-compile`` (none when off); the default when ``value`` is None."""
+    if value is None:
+        if tpu or libtpu is None or chip not in COMPILER_CHIPS:
+            return ()
+        return (chip,)
+    words = [w.strip() for w in value.split(",") if w.strip()]
+    if words == ["none"]:
+        return ()
+    if tpu:
+        raise pytest.UsageError(
+            f"--pallas-compile={value} compiles for a TPU on a host without one; with "
+            "--pallas-tpu every kernel is compiled for the real chip already: drop one of them."
+        )
+    if not words:
+        raise pytest.UsageError(
+            f"--pallas-compile={value!r} names no chip; give e.g. --pallas-compile=v5e, "
+            "'all' or 'none'."
+        )
+    if libtpu is None:
+        raise pytest.UsageError(
+            f"--pallas-compile={value} needs the TPU compiler, libtpu, which is not installed: "
+            "pip install 'pytest-pallas[tpu]' (or jax[tpu]), or drop the flag."
+        )
+    if words == ["all"]:
+        return COMPILER_CHIPS
+    chips = []
+    for word in words:
+        name = word[3:].lstrip(" _-") if word.lower().startswith("tpu") else word
+        if name not in COMPILER_CHIPS:
+            raise pytest.UsageError(
+                f"--pallas-compile={value}: {word!r} is not a chip the compile check supports; use "
+                f"{', '.join(COMPILER_CHIPS)}, 'all' or 'none'."
+            )
+        if name not in chips:
+            chips.append(name)
+    return tuple(chips)
 
 
 def device_count_from_xla_flags(environ=os.environ) -> int | None:

@@ -55,6 +55,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # The ops of conftests first: --pallas-impl and --pallas-ops may name them.
     _register_operations(config)
     parsed = options_module.parse_options(config)
+    if not parsed.tpu:
+        from .compile_check import quiet_libtpu_environment
+
+        # Before anything starts JAX: libtpu's start-up warnings never reach the user.
+        quiet_libtpu_environment()
     scope = config.getini("pallas_scope") or "marked"
     if scope not in ("marked", "all"):
         raise pytest.UsageError(f"ini option pallas_scope={scope!r} must be 'marked' or 'all'.")
@@ -64,6 +69,10 @@ def pytest_configure(config: pytest.Config) -> None:
         invocation=tuple(config.invocation_params.args),
     )
     config.stash[_SESSION] = session
+    from .compile_check import STATS
+
+    # The compile summary counts this session's compiles (an in-process run shares STATS).
+    _COMPILES_BEFORE[id(session)] = (STATS.compiles, STATS.cached, STATS.seconds)
     if not parsed.tpu and (parsed.session_opted_in or parsed.devices_requested):
         # The device count must be fixed before JAX creates its CPU client (and before
         # the user's modules below are imported: they may make arrays at import).
@@ -147,7 +156,7 @@ def pytest_make_collect_report(collector: pytest.Collector):
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = _session(config)
-    if session.options.session_opted_in or session.scope_all:
+    if session.options.session_opted_in or session.scope_all or session.options.compile_given:
         untested = versions.untested_jax_note()
         return [session.header()] + ([untested] if untested else [])
     return None
@@ -498,6 +507,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
     benchmark_summary(terminalreporter, config)
     pallas = _session(config)
+    compile_line = _compile_summary(pallas)
+    if compile_line:
+        terminalreporter.write_line(compile_line)
     if pallas.recorder is None or not pallas.recorder.ops:
         return
     terminalreporter.write_sep("=", "pallas conformance")
@@ -515,6 +527,24 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         created = config.stash.get(_REPORT_DIRECTORY_CREATED, None)
         terminalreporter.write_line(f"report written to {pallas.options.report_path}" + (
             f" (directory {created} created)" if created else ""))
+
+
+_COMPILES_BEFORE: dict[int, tuple[int, int, float]] = {}
+
+
+def _compile_summary(pallas: PallasSession) -> str | None:
+    """What the TPU compiler check cost in this session (pytest-xdist workers count apart)."""
+    if not pallas.options.compile_chips:
+        return None
+    from .compile_check import STATS
+
+    compiles, cached, seconds = _COMPILES_BEFORE.get(id(pallas), (0, 0, 0.0))
+    compiles, cached, seconds = (STATS.compiles - compiles, STATS.cached - cached,
+                                 STATS.seconds - seconds)
+    if not compiles:
+        return None
+    return (f"pallas: TPU compiler check: {compiles} kernel compiles in "
+            f"{seconds:.1f} s, {cached} verdicts from the cache")
 
 
 # --- fixtures -----------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 
 from . import _jax_compat
 from .backend import Backend, chip_info, make_interpret_params, request_cpu_devices, select_backend
+from .compile_check import quiet_libtpu_environment
 from .options import PallasOptions
 
 MARKERS = {
@@ -74,6 +75,8 @@ class PallasSession:
 
     def ensure_devices(self) -> None:
         if self.devices_note is None:
+            # Before JAX starts: libtpu, when installed, loads with JAX's backends.
+            quiet_libtpu_environment(os.environ)
             self.devices_note = request_cpu_devices(self.options.devices, os.environ)
 
     @property
@@ -140,6 +143,12 @@ class PallasSession:
         # each pallas_call is traced (on a TPU too: the chip does not complain).
         reports = item.stash[_KERNEL_REPORTS] = _list_or_empty(stack.enter_context(optional(
             STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip))))
+        if not backend.is_tpu and self.options.compile_chips:
+            # Then the TPU compiler's verdict on each kernel, for each chip asked for.
+            from .compile_check import compiling_pallas_calls
+
+            stack.enter_context(compiling_pallas_calls(
+                self.options.compile_chips, on_verdict=self._compile_recorder(item)))
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
             stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports]))
@@ -152,6 +161,14 @@ class PallasSession:
         stack.enter_context(backend.activate())
         item.stash[_ACTIVE] = stack
         item.stash[_BACKEND] = backend
+
+    def _compile_recorder(self, item: pytest.Item):
+        """For a conformance test: records in the report whether its op's kernels compiled."""
+        op = conformance_op(item) if is_conformance_item(item) else None
+        recorder = self.recorder
+        if op is None or recorder is None:
+            return None
+        return lambda verdict: recorder.compiled(op, verdict)
 
     def deactivate(self, item: pytest.Item) -> None:
         stack = item.stash.get(_ACTIVE, None)
@@ -308,10 +325,29 @@ class PallasSession:
             devices = (f"; {self.devices_note} simulated, for multi-device kernels "
                        "(--pallas-devices=N to change; tests that need an exact count skip "
                        "under another)")
+        compile_text = self.compile_header()
         return (
             f"pallas: {backend}{devices}; {seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
+            + (f"; {compile_text}" if compile_text else "")
         )
+
+    def compile_header(self) -> str | None:
+        """The chips the TPU compiler check compiles for, or why it is off and how to turn it on."""
+        options = self.options
+        if options.tpu:
+            return None
+        if options.compile_chips:
+            return (f"TPU compiler check for {', '.join(options.compile_chips)} "
+                    f"(libtpu {options.libtpu}); --pallas-compile=none turns it off")
+        if options.libtpu is None:
+            return ("TPU compiler check off: libtpu is not installed; "
+                    "pip install 'pytest-pallas[tpu]' to compile every kernel for the chip")
+        if options.compile_given:
+            return (f"TPU compiler check off (--pallas-compile=none); "
+                    f"--pallas-compile={options.chip} turns it on")
+        return (f"TPU compiler check off: it does not compile for {options.chip}; "
+                "--pallas-compile=CHIP turns it on for another chip")
 
 
 def _conformance_directory() -> str:

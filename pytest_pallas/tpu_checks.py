@@ -15,11 +15,13 @@ internal) and name the rule a kernel breaks, the operand, and the fix:
     squeezed (``None``/``pl.Squeezed``) dimension counts as 1. Rank-1 blocks:
     the full dimension, a multiple of 1024 (8 x 128), or a power of two of at
     least 128 x (32 / bitwidth). Blocks in ``pl.ANY``/HBM: the whole array with
-    an index map of zeros. The stricter packed tiling (16 rows for 16-bit, 32
-    for 8-bit dtypes) is what XLA's layouts use, but Mosaic lowers 8-row
-    blocks of bfloat16; ask for it with ``packed_sublanes=True``.
+    an index map of zeros. 8- and 4-bit blocks need 32 and 64 rows: the TPU
+    compiler tiles them packed and rejects fewer (E2002). The packed tiling of
+    16-bit dtypes (16 rows) is what XLA's layouts use, but the compiler
+    accepts 8-row blocks of bfloat16; ask for it with ``packed_sublanes=True``.
 ``vmem-footprint``
-    Every VMEM block buffered (twice unless ``pipeline_mode=pl.Buffered(n)``),
+    Every VMEM block buffered (twice unless ``pipeline_mode=pl.Buffered(n)``,
+    once in a call of a single grid step or none, as the TPU compiler does),
     plus VMEM scratch, plus the peak of ``pl.run_scoped`` allocations, padded
     to (8, 128) tiles, against the scoped-VMEM limit the kernel compiles under:
     ``CompilerParams(vmem_limit_bytes=...)`` if given, else the default limit
@@ -139,6 +141,10 @@ class KernelReport:
     # Each VMEM-blocked output's (array shape, block shape): where a value failure's
     # mismatches are located (see mismatch.py).
     output_blocks: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    # Who judged tiling, VMEM and lowering: "static rules", or "TPU compiler (libtpu ...)"
+    # when check_kernel compiled the call (compile_check.CompileVerdict in compile_verdict).
+    judged_by: str = "static rules"
+    compile_verdict: Any = None
 
     @property
     def ok(self) -> bool:
@@ -275,6 +281,9 @@ def _tiling_violation(
                 f"{info.num_lanes} or the full {full_minor}"
             )
             fixes.append(_suggest(op, -1, info.num_lanes))
+        # 8- and 4-bit blocks: the TPU compiler tiles them packed, whatever the option
+        # (E2002 for 8 or 16 rows of int8); 16-bit ones in 8 rows unless asked.
+        narrow = bits < 16
         rows = tiling.required_sublanes(op.dtype, packed=packed, sublanes=info.num_sublanes)
         second, full_second = sizes[-2], shape[-2]
         if not tiling.second_minor_ok(second, full_second, rows):
@@ -296,7 +305,10 @@ def _tiling_violation(
         )
         if rows != info.num_sublanes:
             rule_text = (
-                f"with packed sublanes (packed_sublanes=True) the last two block dimensions "
+                f"the TPU compiler tiles {_dtype_name(op.dtype)} in ({rows}, {info.num_lanes}): "
+                if narrow else "with packed sublanes (packed_sublanes=True) "
+            ) + (
+                f"the last two block dimensions "
                 f"must be divisible by {rows} and {info.num_lanes} or equal to the array's"
             )
         return Violation(
