@@ -274,10 +274,10 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         examples=examples,
         profile=profile,
         timeout_seconds=timeout_seconds,
-        # Every flag of the suite turns it on: naming ops to check or a report to write
-        # is asking for the suite, and a flag that silently does nothing is a trap.
-        conformance=bool(config.getoption("--pallas-conformance") or impls or ops
-                         or report_path is not None),
+        # Naming ops to check is asking for the suite, and a flag that silently does
+        # nothing is a trap. --pallas-report reports the conformance tests the run has
+        # (the suite's, or a test module's conformance_tests classes): it adds none.
+        conformance=bool(config.getoption("--pallas-conformance") or impls or ops),
         implementations=impls,
         ops=ops,
         report_path=report_path,

@@ -86,8 +86,7 @@ def test_failing_test_prints_its_seed_and_a_reproduce_command(pytester):
         ("pytest test_fails.py::test_fails --pallas-seed=1234 --pallas-examples 3 "
          "--pallas-timeout=60")
     ]
-    # The report path is not part of reproducing (--pallas-report turns the suite on,
-    # which the path and -k leave out here).
+    # The report path is not part of reproducing.
     result = pytester.runpytest(*NO_CACHE, "--pallas-seed=1234", "--pallas-report",
                                 "report.json", "test_fails.py",
                                 "-k", "test_fails and not not_pallas")
