@@ -439,19 +439,23 @@ def _install_observation() -> Callable[[], None]:
 
 @contextlib.contextmanager
 def suspend_pallas_call_observers() -> Iterator[None]:
-    """Inside the block, no observer of :func:`observe_pallas_calls` is called.
+    """Inside the block, no observer of :func:`observe_pallas_calls` (nor of
+    :func:`observe_pallas_call_uses`) is called.
 
     For tests that run a kernel known to break a static rule in order to see
-    what the interpreter does with it.
+    what the interpreter does with it, and for the compile check, which binds
+    a traced call again on its own (every output of it then counts as used).
     """
     with _observer_lock:
-        saved = list(_observers)
+        saved, saved_uses = list(_observers), list(_use_observers)
         _observers.clear()
+        _use_observers.clear()
     try:
         yield
     finally:
         with _observer_lock:
             _observers[:0] = saved
+            _use_observers[:0] = saved_uses
 
 
 def pallas_call_params_in(jaxpr: Any) -> Iterator[dict[str, Any]]:
@@ -524,12 +528,14 @@ def observe_pallas_call_uses(
         if not _use_observers:
             original = rules.get(primitive)
 
-            def observed_dce_rule(used_outs: Any, equation: Any) -> Any:
+            # (used_outs, eqn) up to jax 0.10; (used_outs, live_ins, eqn) from 0.11.
+            def observed_dce_rule(used_outs: Any, *rest: Any) -> Any:
+                equation = rest[-1]
                 for each in tuple(_use_observers):
                     each(equation.params, tuple(bool(u) for u in used_outs))
                 if original is None:
                     return [True] * len(equation.invars), equation
-                return original(used_outs, equation)
+                return original(used_outs, *rest)
 
             rules[primitive] = observed_dce_rule
 

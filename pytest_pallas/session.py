@@ -40,6 +40,7 @@ _SWITCHES = ("--pallas-tpu", "--pallas-detect-races", "--pallas-conformance")
 
 # A feature built on private JAX internals, by the name a run reports when it is off.
 KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"
+TPU_COMPILER_CHECK = "the TPU compiler check"
 
 _ACTIVE = pytest.StashKey[contextlib.ExitStack]()
 _BACKEND = pytest.StashKey[Backend]()
@@ -147,8 +148,8 @@ class PallasSession:
             # Then the TPU compiler's verdict on each kernel, for each chip asked for.
             from .compile_check import compiling_pallas_calls
 
-            stack.enter_context(compiling_pallas_calls(
-                self.options.compile_chips, on_verdict=self._compile_recorder(item)))
+            stack.enter_context(optional(TPU_COMPILER_CHECK, lambda: compiling_pallas_calls(
+                self.options.compile_chips, on_verdict=self._compile_recorder(item))))
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
             stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports]))

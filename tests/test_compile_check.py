@@ -121,6 +121,22 @@ EXPECTED_RULES = {
     "reshape_kernel": compile_check.LAYOUT,
     "mlp_kernel": compile_check.VMEM,
 }
+# The compiler is the judge, and newer ones accept more: libtpu 0.0.50 (jax 0.12) lays the
+# reshape across tiles out and keeps the MLP's intermediates within 16 MiB, which 0.0.42
+# (jax 0.10) rejects. On a newer libtpu those two compile, and the check passes them.
+ACCEPTED_SINCE_LIBTPU_0_0_50 = ("reshape_kernel", "mlp_kernel")
+
+
+def _libtpu_release() -> tuple[int, ...]:
+    version = compile_check.libtpu_version() or "0"
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def rejected_rules() -> dict[str, str]:
+    """The kernels this libtpu rejects, with the rule of each."""
+    newer = _libtpu_release() >= (0, 0, 50)
+    return {kernel: rule for kernel, rule in EXPECTED_RULES.items()
+            if not (newer and kernel in ACCEPTED_SINCE_LIBTPU_0_0_50)}
 
 
 @pytest.mark.parametrize("interpreter", ["tpu", "plain"])
@@ -133,15 +149,17 @@ def test_the_rejected_kernels_are_right_in_both_interpreters(run_pytest, pyteste
 def test_the_compile_check_fails_each_with_the_compilers_reason(run_pytest, pytester):
     pytester.makepyfile(test_rejected=REJECTED_KERNELS)
     result = run_pytest("--pallas-compile=v5e", "-rf")
-    result.assert_outcomes(failed=len(EXPECTED_RULES))
+    rejected = rejected_rules()
+    result.assert_outcomes(failed=len(rejected), passed=len(EXPECTED_RULES) - len(rejected))
     text = result.stdout.str()
-    for kernel, rule in EXPECTED_RULES.items():
+    for kernel, rule in rejected.items():
         # The rule, the kernel with its source line, the chip.
         assert (f"TPU rule [{rule}] broken by kernel '{kernel} at test_rejected.py:" in text
                 and "rejects it for v5e" in text), (kernel, rule)
     assert "Unimplemented primitive in Pallas TPU lowering for tc: cumsum" in text
     assert "cannot statically prove that index in dimension 1 is a multiple of 128" in text
-    assert "the limit is 16.00 MiB" in text  # the compiler's own VMEM numbers
+    if "mlp_kernel" in rejected:
+        assert "the limit is 16.00 MiB" in text  # the compiler's own VMEM numbers
     assert "; TPU compiler check for v5e (libtpu" in text  # the header
 
 
