@@ -1,4 +1,4 @@
-"""Block-size helpers shared by the reference kernels, on the one tiling rule of
+"""Block-size and operand helpers shared by the reference kernels, on the one tiling rule of
 ``pytest_pallas.tiling`` (the rule the static check and the strategies apply).
 
 The kernels choose their default blocks in whole native tiles
@@ -14,7 +14,8 @@ from typing import Any
 
 from pytest_pallas.tiling import LANES, native_sublanes, round_up, spread
 
-__all__ = ["LANES", "check_block", "native_sublanes", "round_up", "spread"]
+__all__ = ["LANES", "check_block", "native_sublanes", "output_struct", "pad_to", "round_up",
+           "spread"]
 
 
 def check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, why: str, *,
@@ -35,3 +36,27 @@ def check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, w
             f"or {whole} the full dimension {dim_name}={dim}"
         )
     return block
+
+
+def pad_to(array: Any, shape: tuple[int, ...]) -> Any:
+    """``array`` zero-padded at the end of each axis to ``shape`` (whole blocks)."""
+    import jax.numpy as jnp
+
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, target - size) for size, target in zip(array.shape, shape)])
+
+
+def output_struct(shape: tuple[int, ...], dtype: Any, *operands: Any) -> Any:
+    """The ``out_shape`` of a kernel whose output varies over mesh axes as its operands do.
+
+    Inside ``jax.shard_map(check_vma=True)`` a kernel must say how its output
+    varies across the mesh axes: as its operands do, together. Outside
+    shard_map this is the empty set and is ignored.
+    """
+    import jax
+
+    varying = frozenset().union(*(jax.typeof(x).manual_axis_type.varying for x in operands))
+    return jax.ShapeDtypeStruct(
+        shape, dtype, manual_axis_type=jax.sharding.ManualAxisType(varying=varying)
+    )

@@ -46,7 +46,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec
 
-from ._tiling import LANES, check_block, native_sublanes, round_up, spread
+from ._tiling import LANES, check_block, native_sublanes, output_struct, pad_to, round_up, spread
 
 __all__ = [
     "DEFAULT_BLOCK_KV",
@@ -97,22 +97,6 @@ def _check_attention_operands(q: Any, k: Any, v: Any) -> None:
             f"{q.shape}, {k.shape}, {v.shape}"
         )
     _check_dtypes(q, k, v)
-
-
-def _pad_to(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, target - size) for size, target in zip(array.shape, shape)])
-
-
-def _output_struct(shape: tuple[int, ...], dtype: Any, *operands: Any) -> jax.ShapeDtypeStruct:
-    # Inside jax.shard_map(check_vma=True) a kernel must say how its output
-    # varies across the mesh axes: as its operands do, together. Outside
-    # shard_map this is the empty set and is ignored.
-    varying = frozenset().union(*(jax.typeof(x).manual_axis_type.varying for x in operands))
-    return jax.ShapeDtypeStruct(
-        shape, dtype, manual_axis_type=jax.sharding.ManualAxisType(varying=varying)
-    )
 
 
 def _batch_index(batch_shape: tuple[int, ...], grid_indices: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -277,7 +261,7 @@ def _attention_pallas_call(q, k, v, *, block_q: int, block_kv: int, kv_len: int)
     )
     return pl.pallas_call(
         kernel,
-        out_shape=_output_struct((*batch, s, dv), q.dtype, q, k, v),
+        out_shape=output_struct((*batch, s, dv), q.dtype, q, k, v),
         grid=grid,
         in_specs=[
             pl.BlockSpec((*squeezed, block_q, d), q_index),
@@ -332,9 +316,9 @@ def _flash_attention(q, k, v, *, block_q: int, block_kv: int):
     (s, d), (t, dv) = q.shape, v.shape
     s_pad, t_pad = round_up(s, block_q), round_up(t, block_kv)
     # d is never split: every block spans it whole, which is legal for any d.
-    q = _pad_to(q, (s_pad, d))
-    k = _pad_to(k, (t_pad, d))
-    v = _pad_to(v, (t_pad, dv))
+    q = pad_to(q, (s_pad, d))
+    k = pad_to(k, (t_pad, d))
+    v = pad_to(v, (t_pad, dv))
     out = _attention_kernel_call(block_q, block_kv, t)(q, k, v)
     return out[:s, :dv]
 
@@ -428,7 +412,7 @@ def _sharded_mha(mesh: jax.sharding.Mesh, axis_name: str):
     # check_vma=False: JAX 0.10's plain interpreter (interpret=True) evaluates
     # the kernel body with the shard_map's varying-axis checks on, and rejects
     # a dot of a per-device block with a device-invariant constant. The kernel
-    # itself declares its output's variance (_output_struct), so it also runs
+    # itself declares its output's variance (output_struct), so it also runs
     # under a user's shard_map with the default check_vma=True.
     return jax.jit(jax.shard_map(mha, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
                                  check_vma=False))
@@ -456,5 +440,5 @@ def sharded_mha(
     b = q.shape[0]
     b_pad = round_up(b, devices)
     if b_pad != b:
-        q, k, v = (_pad_to(x, (b_pad, *x.shape[1:])) for x in (q, k, v))
+        q, k, v = (pad_to(x, (b_pad, *x.shape[1:])) for x in (q, k, v))
     return _sharded_mha(mesh, axis_name)(q, k, v)[:b]

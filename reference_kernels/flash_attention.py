@@ -66,12 +66,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ._tiling import LANES, check_block, native_sublanes, round_up, spread
-from .attention import (
-    _check_dtypes,
-    _output_struct,
-    _pad_to,
-)
+from ._tiling import output_struct, pad_to, round_up
+from .attention import DEFAULT_BLOCK_KV, DEFAULT_BLOCK_Q, _check_dtypes, _resolve_blocks
 
 __all__ = [
     "DEFAULT_BLOCK_KV",
@@ -83,13 +79,6 @@ __all__ = [
     "flash_attention_inputs",
     "flash_attention_reference",
 ]
-
-# As in attention.py: a (256, 512) float32 logits tile plus double-buffered q, k
-# and v blocks is a few MiB of VMEM at d=128, and each k/v block fetched serves
-# 256 queries. Small problems get one block per axis.
-DEFAULT_BLOCK_Q = 256
-DEFAULT_BLOCK_KV = 512
-
 
 # --- operands ----------------------------------------------------------------------------
 
@@ -335,7 +324,7 @@ def _flash_attention_call(q, k, v, *, causal: bool, sm_scale: float, block_q: in
     )
     return pl.pallas_call(
         kernel,
-        out_shape=_output_struct((b, h, s, dv), q.dtype, q, k, v),
+        out_shape=output_struct((b, h, s, dv), q.dtype, q, k, v),
         grid=(b, h, num_q, num_kv),
         in_specs=[
             pl.BlockSpec((None, None, block_q, d), q_index),
@@ -362,29 +351,12 @@ def _flash_attention(q, k, v, *, causal: bool, sm_scale: float, block_q: int, bl
     b, h, s, d = q.shape
     _, g, t, dv = v.shape
     s_pad, t_pad = round_up(s, block_q), round_up(t, block_kv)
-    q = _pad_to(q, (b, h, s_pad, d))
-    k = _pad_to(k, (b, g, t_pad, d))
-    v = _pad_to(v, (b, g, t_pad, dv))
+    q = pad_to(q, (b, h, s_pad, d))
+    k = pad_to(k, (b, g, t_pad, d))
+    v = pad_to(v, (b, g, t_pad, dv))
     out = _flash_attention_call(q, k, v, causal=causal, sm_scale=sm_scale, block_q=block_q,
                                 block_kv=block_kv, kv_len=t)
     return out[:, :, :s]
-
-
-def _resolve_blocks(s: int, t: int, dtype: Any, block_q: int | None, block_kv: int | None
-                    ) -> tuple[int, int]:
-    sublanes = native_sublanes(dtype)
-    if block_q is None:
-        block_q = spread(s, sublanes, DEFAULT_BLOCK_Q)
-    else:
-        check_block("block_q", block_q, "s", s, sublanes,
-                     f"TPU sublane tiling of {jnp.dtype(dtype).name}, the second-minor "
-                     "dimension of q's block")
-    if block_kv is None:
-        block_kv = spread(t, LANES, DEFAULT_BLOCK_KV)
-    else:
-        check_block("block_kv", block_kv, "t", t, LANES,
-                     "TPU lane tiling, the minor dimension of the (block_q, block_kv) logits")
-    return block_q, block_kv
 
 
 def flash_attention_blocked(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,

@@ -56,12 +56,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ._tiling import LANES, check_block, native_sublanes, round_up, spread
-from .matmul import (
-    _SUPPORTED_DTYPES,
-    _output_struct,
-    _pad_to,
-)
+from ._tiling import LANES, check_block, native_sublanes, output_struct, pad_to, round_up, spread
+from .matmul import _SUPPORTED_DTYPES
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -245,8 +241,8 @@ def _grouped_matmul(lhs, rhs, group_sizes, *, block_m: int, block_k: int, block_
     m, k = lhs.shape
     g, _, n = rhs.shape
     m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
-    lhs = _pad_to(lhs, (m_pad, k_pad))
-    rhs = _pad_to(rhs, (g, k_pad, n_pad))
+    lhs = pad_to(lhs, (m_pad, k_pad))
+    rhs = pad_to(rhs, (g, k_pad, n_pad))
     num_tiles, num_k = m_pad // block_m, k_pad // block_k
     schedule = _schedule(group_sizes, block_m=block_m, num_tiles=num_tiles)
     grid = (n_pad // block_n, num_tiles + g - 1, num_k)
@@ -262,7 +258,7 @@ def _grouped_matmul(lhs, rhs, group_sizes, *, block_m: int, block_k: int, block_
 
     out = pl.pallas_call(
         functools.partial(_grouped_matmul_kernel, block_m=block_m, num_k_blocks=num_k),
-        out_shape=_output_struct((m_pad, n_pad), lhs.dtype, lhs, rhs, group_sizes),
+        out_shape=output_struct((m_pad, n_pad), lhs.dtype, lhs, rhs, group_sizes),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(schedule),
             grid=grid,

@@ -46,7 +46,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas import _jax_compat
 
-from ._tiling import LANES, check_block, native_sublanes, round_up, spread
+from ._tiling import LANES, check_block, native_sublanes, output_struct, pad_to, round_up, spread
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -121,22 +121,6 @@ def _resolve_blocks(
         check_block("block_n", block_n, "n", n, LANES,
                      "TPU lane tiling, the minor dimension of y's and the output's block")
     return block_m, block_k, block_n
-
-
-def _pad_to(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, target - size) for size, target in zip(array.shape, shape)])
-
-
-def _output_struct(shape: tuple[int, ...], dtype: Any, *operands: Any) -> jax.ShapeDtypeStruct:
-    # Inside jax.shard_map(check_vma=True) a kernel must say how its output
-    # varies across the mesh axes: as its operands do, together. Outside
-    # shard_map this is the empty set and is ignored.
-    varying = frozenset().union(*(jax.typeof(x).manual_axis_type.varying for x in operands))
-    return jax.ShapeDtypeStruct(
-        shape, dtype, manual_axis_type=jax.sharding.ManualAxisType(varying=varying)
-    )
 
 
 # --- activations: the kernel's epilogue and the oracle's float64 twin ----------------
@@ -328,7 +312,7 @@ def _matmul_pallas_call(x, y, *, block_m: int, block_k: int, block_n: int, activ
     return pl.pallas_call(
         functools.partial(_matmul_kernel, num_batch_axes=nb, num_k_blocks=grid[-1],
                           activation=activation),
-        out_shape=_output_struct((*batch, m, n), x.dtype, x, y),
+        out_shape=output_struct((*batch, m, n), x.dtype, x, y),
         grid=grid,
         in_specs=[
             pl.BlockSpec((*squeezed, block_m, block_k), x_index),
@@ -378,8 +362,8 @@ def _matmul_kernel_call(block_m: int, block_k: int, block_n: int, activation: An
 def _matmul_pallas(x, y, *, block_m: int, block_k: int, block_n: int, activation: Any):
     (m, k), n = x.shape, y.shape[1]
     m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
-    x = _pad_to(x, (m_pad, k_pad))
-    y = _pad_to(y, (k_pad, n_pad))
+    x = pad_to(x, (m_pad, k_pad))
+    y = pad_to(y, (k_pad, n_pad))
     out = _matmul_kernel_call(block_m, block_k, block_n, activation)(x, y)
     return out[:m, :n]
 
@@ -450,8 +434,8 @@ def batched_matmul(x: jax.Array, y: jax.Array) -> jax.Array:
 def _matmul_emit_pipeline(x, y, *, block_m: int, block_k: int, block_n: int, num_cores: int):
     (m, k), n = x.shape, y.shape[1]
     m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
-    x = _pad_to(x, (m_pad, k_pad))
-    y = _pad_to(y, (k_pad, n_pad))
+    x = pad_to(x, (m_pad, k_pad))
+    y = pad_to(y, (k_pad, n_pad))
     grid = (m_pad // block_m, n_pad // block_n, k_pad // block_k)
 
     def block_step(x_block, y_block, o_block, acc_ref):
@@ -490,7 +474,7 @@ def _matmul_emit_pipeline(x, y, *, block_m: int, block_k: int, block_n: int, num
 
     out = pl.kernel(
         kernel,
-        out_type=_output_struct((m_pad, n_pad), x.dtype, x, y),
+        out_type=output_struct((m_pad, n_pad), x.dtype, x, y),
         mesh=_jax_compat.tensorcore_mesh("core", num_cores),
         scratch_types=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         cost_estimate=matmul_cost(x, y, block_m=block_m, block_n=block_n),

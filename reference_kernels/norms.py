@@ -39,8 +39,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ._tiling import check_block, native_sublanes, round_up
-from .attention import _SUPPORTED_DTYPES, _output_struct
+from ._tiling import check_block, native_sublanes, output_struct, round_up
+from .attention import _SUPPORTED_DTYPES
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -118,7 +118,7 @@ def _rms_norm(x, w, *, eps: float, block_rows: int):
     rows, cols = x.shape
     return pl.pallas_call(
         functools.partial(_rms_norm_kernel, eps=eps),
-        out_shape=_output_struct(x.shape, x.dtype, x, w),
+        out_shape=output_struct(x.shape, x.dtype, x, w),
         grid=(pl.cdiv(rows, block_rows),),
         in_specs=[
             pl.BlockSpec((block_rows, cols), lambda i: (i, 0)),

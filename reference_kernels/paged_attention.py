@@ -58,7 +58,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .attention import _SUPPORTED_DTYPES, _output_struct
+from ._tiling import output_struct
+from .attention import _SUPPORTED_DTYPES
 
 __all__ = [
     "paged_attention",
@@ -260,7 +261,7 @@ def _paged_attention(q, k_pages, v_pages, lengths, page_indices):
     out = pl.pallas_call(
         functools.partial(_paged_attention_kernel, page_size=page_size,
                           pages_per_sequence=pages_per_sequence),
-        out_shape=_output_struct(q_grouped.shape, q.dtype, q, k_pages, v_pages),
+        out_shape=output_struct(q_grouped.shape, q.dtype, q, k_pages, v_pages),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
             grid=(b, g),

@@ -50,12 +50,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ._tiling import LANES, check_block, native_sublanes, round_up, spread
-from .matmul import (
-    _SUPPORTED_DTYPES,
-    _output_struct,
-    _pad_to,
-)
+from ._tiling import LANES, check_block, native_sublanes, output_struct, pad_to, round_up, spread
+from .matmul import _SUPPORTED_DTYPES
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -167,13 +163,13 @@ def _quantized_matmul(x, w, scale, *, block_m: int, block_k: int, block_n: int):
     m, k = x.shape
     n = w.shape[1]
     m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
-    x = _pad_to(x, (m_pad, k_pad))
-    w = _pad_to(w, (k_pad, n_pad))
-    scale = _pad_to(scale.reshape(1, n), (1, n_pad))
+    x = pad_to(x, (m_pad, k_pad))
+    w = pad_to(w, (k_pad, n_pad))
+    scale = pad_to(scale.reshape(1, n), (1, n_pad))
     num_k = k_pad // block_k
     out = pl.pallas_call(
         functools.partial(_quantized_matmul_kernel, num_k_blocks=num_k),
-        out_shape=_output_struct((m_pad, n_pad), x.dtype, x, w, scale),
+        out_shape=output_struct((m_pad, n_pad), x.dtype, x, w, scale),
         grid=(m_pad // block_m, n_pad // block_n, num_k),
         in_specs=[
             pl.BlockSpec((block_m, block_k), lambda i, j, kk: (i, kk)),
