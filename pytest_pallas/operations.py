@@ -248,16 +248,22 @@ paged_attention = _builtin(
     arg_dtypes={3: "int32", 4: "int32"}, inputs=f"{_FACTS}:paged_attention_inputs",
     vmap=False,  # lengths and page tables perturbed per batch slice leave their ranges
 )
+# The collectives' blocks stay at most 8 x 200 (6.4 KB): on 8 simulated devices a block of
+# 10 x 384 float32 (15 KB) or more makes the TPU interpreter hang in the reference kernels
+# (idle, and --pallas-timeout does not fire), while 8 x 384 and anything on 2 or 4 devices
+# completes in about a second.
+_SMALL_BLOCKS = {"rows": (1, 5, 8), "cols": (1, 128, 200)}
+
 all_gather = _builtin("all_gather", "(rows,cols)->(rows,cols)", "collectives",
                       oracle=f"{_FACTS}:all_gather_oracle", shapes=f"{_FACTS}:all_gather_shapes",
                       dtypes=FLOAT_DTYPES + ("int32",), exact=True, collective="axis_name",
-                      vmap=False, needs_tpu_interpreter=True)
+                      sizes=_SMALL_BLOCKS, vmap=False, needs_tpu_interpreter=True)
 reduce_scatter = _builtin("reduce_scatter", "(rows,cols)->(rows,cols)", "collectives",
                           oracle=f"{_FACTS}:reduce_scatter_oracle",
                           shapes=f"{_FACTS}:reduce_scatter_shapes",
                           dtypes=FLOAT_DTYPES + ("int32",), collective="axis_name",
                           reduction="devices", allowance=f"{_FACTS}:reduce_scatter_allowance",
-                          vmap=False, needs_tpu_interpreter=True)
+                          sizes=_SMALL_BLOCKS, vmap=False, needs_tpu_interpreter=True)
 
 BUILT_IN: tuple[Operation, ...] = (
     add, sum, matmul, matmul_activation, batched_matmul, softmax, attention, mha, mqa, copy,
