@@ -229,7 +229,6 @@ grouped_matmul = _builtin(
 quantized_matmul = _builtin(
     "quantized_matmul", "(m,k),(k,n),(n)->(m,n)", "quantized_matmul", reduction="k",
     arg_dtypes={1: "int8", 2: "float32"}, inputs=f"{_FACTS}:quantized_matmul_inputs",
-    vmap=False,  # int8 weights perturbed per batch slice leave int8's range
 )
 paged_attention = _builtin(
     "paged_attention",
