@@ -236,9 +236,11 @@ paged_attention = _builtin(
     "paged_attention",
     dimensions=("b", "h", "g", "d", "pages", "page_size", "pages_per_sequence"),
     # b = 4 draws the four special lengths (1, a page, a page and one, the capacity); pages
-    # = 16 shuffles every table (b * pages_per_sequence <= 16), pages = 3 shares pages.
-    sizes={"b": (1, 4), "h": (2, 4), "g": (1, 2), "d": _HEAD, "pages": (3, 16),
-           "page_size": (8, 16), "pages_per_sequence": (1, 3)},
+    # = 8 shuffles every table (b * pages_per_sequence <= 8), pages = 3 shares pages. Two
+    # pages per sequence already cross a page boundary and double-buffer; each more page is
+    # one more pair of interpreted DMAs per (sequence, kv head).
+    sizes={"b": (1, 4), "h": (2, 4), "g": (1, 2), "d": _HEAD, "pages": (3, 8),
+           "page_size": (8, 16), "pages_per_sequence": (1, 2)},
     constrain=f"{_FACTS}:grouped_heads_constrain",
     reduction=("pages_per_sequence", "page_size"),
     profiles=("normal", "ties", "small", "offset"),
