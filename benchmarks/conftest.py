@@ -11,8 +11,8 @@ the command line, never in the project's ``pytest`` run (``testpaths = tests``).
 With ``--pallas-impl OP=MODULE:ATTR`` only the benchmarks of those ops run,
 each twice: ``[reference]`` and ``[user]``.
 
-On the CPU, XLA runs single-threaded (``SINGLE_THREADED_XLA``, unless XLA_FLAGS
-already sets ``intra_op_parallelism_threads``), a run that includes a
+On the CPU, XLA runs single-threaded (the plugin does that for every run of
+``pallas_benchmark``; see the README's Benchmarks section), a run that includes a
 multi-device benchmark (marked ``devices(n)``) keeps to one core, and the fixture
 times in process CPU time unless ``--benchmark-timer`` is given: together they
 keep the kernel/XLA ratio of a run independent of the runner's cores and
@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from pytest_pallas.benchmarking import request_single_threaded_xla
 from pytest_pallas.ops import OP_NAMES, get_operation
 
 BENCHMARKS_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
@@ -45,22 +46,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# XLA's CPU code on one thread, as the interpreted kernels mostly run: otherwise the
-# kernel/XLA ratio that the gate judges would change with the runner's core count.
-SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "bench_op(name): the contract op a benchmark measures (see benchmarks/).")
     # Benchmarks are ``bench_*`` functions in ``bench_*.py`` files (see pytest_collect_file).
     config.addinivalue_line("python_functions", "bench_*")
     _slowdowns(config)  # a malformed flag is a usage error before collection
-    flags = os.environ.get("XLA_FLAGS", "")
-    if not config.getoption("--pallas-tpu", default=False) and (
-            "intra_op_parallelism" not in flags):
-        # Read when JAX creates its CPU client, at the first benchmark.
-        os.environ["XLA_FLAGS"] = f"{flags} {SINGLE_THREADED_XLA}".strip()
+    if not config.getoption("--pallas-tpu", default=False):
+        # The plugin does this at collection; every test here is a benchmark, so do it now,
+        # before a Pallas flag (--pallas-impl) has the plugin start JAX at configure time.
+        request_single_threaded_xla(config)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

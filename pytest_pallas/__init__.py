@@ -13,11 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _PUBLIC = {
     "assert_allclose": "pytest_pallas.compare",
     "default_tolerance": "pytest_pallas.compare",
+    "error_models": "pytest_pallas.error_models",
     "Tolerance": "pytest_pallas.compare",
     "supports": "pytest_pallas.domains",
     "check_kernel": "pytest_pallas.kernel_check",
@@ -37,7 +38,8 @@ def __getattr__(name: str) -> Any:
     if name not in _PUBLIC:
         raise AttributeError(f"module 'pytest_pallas' has no attribute {name!r}")
     module = importlib.import_module(_PUBLIC[name])
-    value = module if name in ("strategies", "operations") else getattr(module, name)
+    is_module = name in ("strategies", "operations", "error_models")
+    value = module if is_module else getattr(module, name)
     globals()[name] = value
     return value
 

@@ -128,6 +128,19 @@ def reset_interpreter_state() -> None:
     with _observer_lock:
         _running_kernels.clear()
         _kernel_entered.clear()
+    _drop_failed_effect_tokens()
+
+
+def _drop_failed_effect_tokens() -> None:
+    # Interpreted kernels are ordered effects (io_callback): each computation takes
+    # the previous one's token, so the token of a computation that failed inside the
+    # interpreter re-raises its error from every later kernel (a crash in one test
+    # showed up as the same crash in the next). Start the next test from no token.
+    try:
+        tokens = _private("jax._src.dispatch", "runtime_tokens")
+        tokens.clear()
+    except (JaxInternalsChanged, AttributeError):
+        pass
 
 
 def interpret_params(**fields: Any) -> Any:
@@ -222,6 +235,45 @@ def _clear_tpu_info_caches() -> None:
 # --- Interpreter fixes ------------------------------------------------------------
 
 
+def with_tile_padded_bounds(params: Any) -> Any:
+    """``params`` (a ``pltpu.InterpretParams``) with reads inside a buffer's tile padding legal.
+
+    On the chip, VMEM and HBM arrays are stored in whole (8, 128) tiles (16 or 32
+    sublanes for packed types), so a read past an array's logical end that stays
+    inside its last tile reads padding, not another buffer; kernels (tokamax's
+    grouped matmul with k = 200) read it and mask it. JAX's TPU interpreter models
+    that with ``buffer_bounds="padded"`` (padding filled like uninitialised memory,
+    SMEM unpadded); a read past the padding still raises. Unchanged on a JAX
+    without that field.
+    """
+    import dataclasses as _dataclasses
+
+    fields = ({f.name for f in _dataclasses.fields(params)}
+              if _dataclasses.is_dataclass(params) else set())
+    if "buffer_bounds" not in fields:
+        return params
+    return _dataclasses.replace(params, buffer_bounds="padded")
+
+
+@contextlib.contextmanager
+def chip_answering_on_this_device(tpu_info_factory: Callable[[], Any]) -> Iterator[None]:
+    """Make ``pltpu.get_tpu_info()`` answer on this (CPU) device unless something already does.
+
+    The TPU interpreter's tile padding asks the chip for its tiling.
+    """
+    from jax.experimental.pallas import tpu as pltpu
+
+    try:
+        pltpu.get_tpu_info()
+    except Exception:  # noqa: BLE001  # no chip answers here: stand in for one
+        import jax
+
+        with device_kind_answers_as(jax.devices()[0].device_kind, tpu_info_factory):
+            yield
+        return
+    yield
+
+
 @contextlib.contextmanager
 def vmapped_grid_semantics_fixed() -> Iterator[None]:
     """Let the TPU interpreter run a vmapped ``pallas_call`` that has ``dimension_semantics``.
@@ -301,15 +353,21 @@ _SOURCE_INFO = "jax._src.source_info_util"
 
 _PARTIAL_EVAL = "jax._src.interpreters.partial_eval"
 
-_observers: list[Callable[[dict[str, Any]], None]] = []
+# (observer, whether it also takes the call's input avals)
+_observers: list[tuple[Callable[..., None], bool]] = []
 _observer_lock = threading.RLock()
 _live_observations = 0
 _unobserve: Callable[[], None] | None = None
 
 
 @contextlib.contextmanager
-def observe_pallas_calls(observer: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+def observe_pallas_calls(observer: Callable[..., None], *,
+                         with_avals: bool = False) -> Iterator[None]:
     """Call ``observer(params)`` with each ``pallas_call`` equation's params as it is traced.
+
+    With ``with_avals=True`` the observer is called ``observer(params, avals)``,
+    ``avals`` being the abstract values of the call's operands (shapes and dtypes
+    as traced, per device inside ``shard_map``).
 
     Every ``pallas_call`` is staged into a jaxpr, even an eager one (it binds
     through an inner ``jit``), under ``jit``, ``vmap`` (the batching rule binds
@@ -329,21 +387,25 @@ def observe_pallas_calls(observer: Callable[[dict[str, Any]], None]) -> Iterator
         if _live_observations == 0:
             _unobserve = _install_observation()
         _live_observations += 1
-        _observers.append(observer)
+        entry = (observer, with_avals)
+        _observers.append(entry)
     try:
         yield
     finally:
         with _observer_lock:
-            _observers[:] = [o for o in _observers if o is not observer]
+            _observers[:] = [o for o in _observers if o is not entry]
             _live_observations -= 1
             if _live_observations == 0 and _unobserve is not None:
                 _unobserve()
                 _unobserve = None
 
 
-def _notify_observers(params: dict[str, Any]) -> None:
-    for each in tuple(_observers):
-        each(params)
+def _notify_observers(params: dict[str, Any], avals: tuple[Any, ...]) -> None:
+    for each, with_avals in tuple(_observers):
+        if with_avals:
+            each(params, avals)
+        else:
+            each(params)
 
 
 def _install_observation() -> Callable[[], None]:
@@ -354,7 +416,7 @@ def _install_observation() -> Callable[[], None]:
         # DynamicJaxprTrace looks this up on every bind it stages.
         def observed_cached_abstract_eval(prim: Any, *avals: Any, **params: Any) -> Any:
             if prim is primitive:
-                _notify_observers(params)
+                _notify_observers(params, avals)
             return cached(prim, *avals, **params)
 
         staging._cached_abstract_eval = observed_cached_abstract_eval
@@ -368,7 +430,7 @@ def _install_observation() -> Callable[[], None]:
         )
 
     def observed_abstract_eval(*avals: Any, **params: Any) -> Any:
-        _notify_observers(params)
+        _notify_observers(params, avals)
         return original(*avals, **params)
 
     primitive.abstract_eval = observed_abstract_eval
@@ -377,19 +439,23 @@ def _install_observation() -> Callable[[], None]:
 
 @contextlib.contextmanager
 def suspend_pallas_call_observers() -> Iterator[None]:
-    """Inside the block, no observer of :func:`observe_pallas_calls` is called.
+    """Inside the block, no observer of :func:`observe_pallas_calls` (nor of
+    :func:`observe_pallas_call_uses`) is called.
 
     For tests that run a kernel known to break a static rule in order to see
-    what the interpreter does with it.
+    what the interpreter does with it, and for the compile check, which binds
+    a traced call again on its own (every output of it then counts as used).
     """
     with _observer_lock:
-        saved = list(_observers)
+        saved, saved_uses = list(_observers), list(_use_observers)
         _observers.clear()
+        _use_observers.clear()
     try:
         yield
     finally:
         with _observer_lock:
             _observers[:0] = saved
+            _use_observers[:0] = saved_uses
 
 
 def pallas_call_params_in(jaxpr: Any) -> Iterator[dict[str, Any]]:
@@ -410,6 +476,85 @@ def pallas_call_params_in(jaxpr: Any) -> Iterator[dict[str, Any]]:
         for value in equation.params.values():
             for sub in _sub_jaxprs(value):
                 yield from pallas_call_params_in(sub)
+
+
+def pallas_call_uses_in(jaxpr: Any) -> Iterator[tuple[dict[str, Any], tuple[bool, ...]]]:
+    """Each ``pallas_call`` of a (closed) jaxpr with which of its outputs the program uses.
+
+    An output counts as used when a later equation reads it or the enclosing
+    jaxpr returns it (so an output handed back out of a nested ``jit`` is
+    used, conservatively). Same traversal as :func:`pallas_call_params_in`.
+    """
+    inner = getattr(jaxpr, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns"):
+        jaxpr = inner
+    equations = list(getattr(jaxpr, "eqns", ()))
+    read = {id(v) for v in getattr(jaxpr, "outvars", ())}
+    for equation in equations:
+        read.update(id(v) for v in equation.invars)
+    for equation in equations:
+        if equation.primitive is pallas_call_primitive():
+            yield equation.params, tuple(id(v) in read for v in equation.outvars)
+            continue
+        for value in equation.params.values():
+            for sub in _sub_jaxprs(value):
+                yield from pallas_call_uses_in(sub)
+
+
+_use_observers: list[Callable[[dict[str, Any], tuple[bool, ...]], None]] = []
+_unobserve_uses: Callable[[], None] | None = None
+
+
+@contextlib.contextmanager
+def observe_pallas_call_uses(
+    observer: Callable[[dict[str, Any], tuple[bool, ...]], None],
+) -> Iterator[bool]:
+    """Inside the block, ``observer(params, used_outputs)`` is called for each pallas_call that a
+    jit lowering keeps, with which of its outputs the program uses.
+
+    JAX removes unused values (dead-code elimination) before it lowers a
+    program, and asks each equation which inputs it needs given the outputs
+    used; this hooks that question for ``pallas_call``. Yields False (and
+    observes nothing) when this JAX has no such rule to hook.
+    """
+    global _unobserve_uses
+    try:
+        rules = _private(_PARTIAL_EVAL, "dce_rules")
+        primitive = pallas_call_primitive()
+    except JaxInternalsChanged:
+        yield False
+        return
+    with _observer_lock:
+        if not _use_observers:
+            original = rules.get(primitive)
+
+            # (used_outs, eqn) up to jax 0.10; (used_outs, live_ins, eqn) from 0.11.
+            def observed_dce_rule(used_outs: Any, *rest: Any) -> Any:
+                equation = rest[-1]
+                for each in tuple(_use_observers):
+                    each(equation.params, tuple(bool(u) for u in used_outs))
+                if original is None:
+                    return [True] * len(equation.invars), equation
+                return original(used_outs, *rest)
+
+            rules[primitive] = observed_dce_rule
+
+            def restore() -> None:
+                if original is None:
+                    rules.pop(primitive, None)
+                else:
+                    rules[primitive] = original
+
+            _unobserve_uses = restore
+        _use_observers.append(observer)
+    try:
+        yield True
+    finally:
+        with _observer_lock:
+            _use_observers[:] = [o for o in _use_observers if o is not observer]
+            if not _use_observers and _unobserve_uses is not None:
+                _unobserve_uses()
+                _unobserve_uses = None
 
 
 def _sub_jaxprs(value: Any) -> Iterator[Any]:
@@ -935,3 +1080,209 @@ def _dma_unfinished(task: Any) -> bool:
     if getattr(task, "__name__", None) == "execute_read":
         return state == "STARTED"
     return state != "COMPLETED"
+
+
+# --- a kernel's own interpreter parameters -------------------------------------------------
+#
+# pltpu.force_tpu_interpret_mode replaces the interpret= of every pallas_call traced
+# under it; a kernel (or a foreign test suite) that passes its own
+# pltpu.InterpretParams(...) would silently lose them. This keeps them, merged with
+# what the run must add, and records what changed.
+
+
+@contextlib.contextmanager
+def own_interpret_params_kept(
+    merge: Callable[[Any, Any], tuple[Any, list[str]]],
+    changed: Callable[[str, list[str]], None],
+) -> Iterator[bool]:
+    """Inside the block, a pallas_call that passes its own ``pltpu.InterpretParams`` under a
+    forced TPU interpret mode runs with ``merge(own, forced)[0]``; ``changed(kernel name,
+    changes)`` hears what the merge changed. Yields False (and keeps JAX's behaviour:
+    forced parameters win) when this JAX's pallas_call cannot be wrapped."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    try:
+        module = _private(_PALLAS_CALL)
+        original = module._pallas_call
+        context = _private("jax._src.config", "pallas_tpu_interpret_mode_context_manager")
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+
+    @functools.wraps(original)
+    def keeping_own_params(kernel: Any, out_shape: Any, **kwargs: Any) -> Any:
+        own = kwargs.get("interpret")
+        forced = context.value
+        if not (isinstance(own, pltpu.InterpretParams)
+                and isinstance(forced, pltpu.InterpretParams)):
+            return original(kernel, out_shape, **kwargs)
+        merged, changes = merge(own, forced)
+        if changes:
+            changed(kwargs.get("name") or getattr(kernel, "__name__", "kernel"), changes)
+        with pltpu.force_tpu_interpret_mode(None):
+            return original(kernel, out_shape, **{**kwargs, "interpret": merged})
+
+    module._pallas_call = keeping_own_params
+    try:
+        yield True
+    finally:
+        module._pallas_call = original
+
+
+# --- crashes inside JAX's own interpreters ------------------------------------------------
+#
+# Some kernels make JAX's Pallas interpreters fail with an error of their own
+# (ragged paged attention: "'ReshapeTransform' object has no attribute
+# 'indices'" in the TPU interpreter; "MLIR translation rule for primitive
+# 'program_id' not found" in the plain one). Such an error says nothing about
+# the kernel, and must not read as the user's bug.
+
+_INTERPRETER_SOURCES = (
+    "jax/_src/pallas/mosaic/interpret/",  # the TPU interpreter
+    "jax/_src/pallas/hlo_interpreter.py",  # the plain interpreter (interpret=True)
+    "jax/_src/state/discharge.py",  # the plain interpreter's discharge of kernel state
+)
+_INTERNAL_ERROR_TYPES = ("AttributeError", "TypeError", "KeyError", "IndexError",
+                         "NotImplementedError", "UnboundLocalError", "NameError")
+_NO_CPU_RULE = "MLIR translation rule for primitive"
+
+
+def interpreter_crash(error: BaseException) -> str | None:
+    """One line naming the failure if ``error`` is a crash inside one of JAX's Pallas
+    interpreters (not a check of theirs, not the kernel's own error); else None."""
+    import re
+    import traceback
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        if name in _INTERNAL_ERROR_TYPES or _NO_CPU_RULE in str(current):
+            frames = traceback.extract_tb(current.__traceback__)
+            where = next((f.filename for f in reversed(frames)
+                          if any(s in f.filename.replace("\\", "/") for s in _INTERPRETER_SOURCES)
+                          ), None)
+            if where is not None or _NO_CPU_RULE in str(current):
+                first = str(current).strip().splitlines()[0] if str(current).strip() else ""
+                return f"{name}: {first}" + (f" (in {_short_jax_path(where)})" if where else "")
+        # The TPU interpreter runs in a host callback: its traceback arrives as text.
+        text = str(current)
+        if "callback" in text.lower() and any(s in text for s in _INTERPRETER_SOURCES):
+            lines = [line for line in text.splitlines() if line.strip()]
+            files = [m.group(1) for line in lines
+                     if (m := re.match(r'\s*File "([^"]+)"', line))]
+            internal = re.compile(r"\s*(" + "|".join(_INTERNAL_ERROR_TYPES) + r"): ")
+            last = next((line.strip() for line in reversed(lines) if internal.match(line)), None)
+            if last and files and any(s in files[-1] for s in _INTERPRETER_SOURCES):
+                return f"{last} (in {_short_jax_path(files[-1])})"
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _short_jax_path(path: str) -> str:
+    path = path.replace("\\", "/")
+    return path[path.index("jax/_src/"):] if "jax/_src/" in path else path
+
+
+# --- Compiling one traced pallas_call on its own ---------------------------------
+
+
+def bind_pallas_call(params: dict[str, Any], *args: Any) -> Any:
+    """Bind the ``pallas_call`` primitive with a traced call's params, for the TPU compiler.
+
+    ``interpret`` is dropped: a call traced under a forced interpreter records it
+    in its params, and the compiler must see the kernel Mosaic would lower.
+    """
+    return pallas_call_primitive().bind(*args, **{**params, "interpret": False})
+
+
+def pallas_call_fingerprint(params: dict[str, Any]) -> str:
+    """Text that is equal for two traces of the same kernel with the same grid and params.
+
+    The kernel jaxpr, grid mapping (block shapes, index maps) and compiler params
+    print without source locations, so a kernel traced again for another example
+    of the same shapes prints the same. The interpreter choice is left out.
+    """
+    return "\n".join(f"{name}={params[name]!r}" if name != "jaxpr" else f"jaxpr={params[name]}"
+                     for name in sorted(params) if name not in ("interpret", "debug"))
+
+
+def manual_mesh_axes() -> tuple[tuple[str, int], ...]:
+    """The mesh axes (name, size) of the ``shard_map`` being traced now; () outside one."""
+    import jax
+
+    get_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+    if get_mesh is None:
+        return ()
+    mesh = get_mesh()
+    if mesh is None or getattr(mesh, "empty", True):
+        return ()
+    manual = set(getattr(mesh, "manual_axes", ()) or ())
+    return tuple((str(name), int(size)) for name, size in zip(mesh.axis_names, mesh.axis_sizes)
+                 if not manual or name in manual)
+
+
+def pallas_call_communicates(params: dict[str, Any]) -> bool:
+    """Whether a pallas_call's kernel names mesh axes or talks to other devices.
+
+    Mosaic's own test (``MosaicGridMapping.has_communication``): such a kernel
+    lowers only inside ``shard_map``, with the mesh.
+    """
+    names = {"NamedAxisEffect", "CommsEffect"}
+    jaxprs = [params.get("jaxpr")]
+    grid_mapping = params.get("grid_mapping")
+    for mapping in getattr(grid_mapping, "block_mappings", ()):
+        jaxprs.append(getattr(getattr(mapping, "index_map_jaxpr", None), "jaxpr", None))
+    return any(type(effect).__name__ in names
+               for jaxpr in jaxprs for effect in getattr(jaxpr, "effects", ()))
+
+
+@contextlib.contextmanager
+def outside_current_trace() -> Iterator[None]:
+    """Run the block as at top level: no enclosing trace, axis environment or shard_map mesh.
+
+    The compile check compiles a kernel while the test's function is being
+    traced (inside ``shard_map``, say); that compile is a computation of its
+    own and must not see the enclosing trace's state.
+    """
+    import jax
+
+    core = _private(_CORE)
+    context = getattr(core, "trace_ctx", None)
+    top_axis_env = getattr(core, "top_axis_env", None)
+    if context is None or top_axis_env is None or not hasattr(core, "eval_context"):
+        raise JaxInternalsChanged(
+            f"{_CORE} no longer has trace_ctx/top_axis_env/eval_context; the TPU compile "
+            "check cannot step out of a trace on this JAX.")
+    saved_axis_env = context.axis_env
+    with core.eval_context(), jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+        context.set_axis_env(top_axis_env)
+        try:
+            yield
+        finally:
+            context.set_axis_env(saved_axis_env)
+
+
+def pallas_call_equations_in(
+        jaxpr: Any, mesh_axes: tuple[tuple[str, int], ...] = ()
+) -> Iterator[tuple[dict[str, Any], tuple[Any, ...], tuple[tuple[str, int], ...]]]:
+    """Each ``pallas_call`` of a (closed) jaxpr: its params, operand avals and enclosing mesh.
+
+    As :func:`pallas_call_params_in`, with the abstract values of the call's
+    operands and the axes (name, size) of the ``shard_map`` it sits in, if any.
+    """
+    inner = getattr(jaxpr, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns"):
+        jaxpr = inner
+    for equation in getattr(jaxpr, "eqns", ()):
+        if equation.primitive is pallas_call_primitive():
+            yield equation.params, tuple(v.aval for v in equation.invars), mesh_axes
+            continue
+        axes = mesh_axes
+        mesh = equation.params.get("mesh") if equation.primitive.name == "shard_map" else None
+        if mesh is not None and hasattr(mesh, "axis_names"):
+            axes = tuple((str(n), int(s)) for n, s in zip(mesh.axis_names, mesh.axis_sizes))
+        for value in equation.params.values():
+            for sub in _sub_jaxprs(value):
+                yield from pallas_call_equations_in(sub, axes)

@@ -42,6 +42,9 @@ class Backend:
     interpret_params: Any
     device_kind: str
     device_count: int
+    # Kernels that passed their own pltpu.InterpretParams: what the run changed in them.
+    own_params_changed: ParamsChanges = dataclasses.field(
+        default_factory=lambda: ParamsChanges(), compare=False, repr=False)
 
     @property
     def is_tpu(self) -> bool:
@@ -86,7 +89,36 @@ class Backend:
             stack.enter_context(optional(
                 "the TPU interpreter's vmap fix", _jax_compat.vmapped_grid_semantics_fixed))
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
+            stack.enter_context(_jax_compat.own_interpret_params_kept(
+                merge_interpret_params, self.own_params_changed.append_change))
             yield self
+
+
+class ParamsChanges(list):
+    """What the run changed in kernels' own ``pltpu.InterpretParams`` (one line each)."""
+
+    def append_change(self, kernel: str, changes: list[str]) -> None:
+        line = f"kernel {kernel!r} kept its own pltpu.InterpretParams; the run changed " + (
+            ", ".join(changes))
+        if line not in self:
+            self.append(line)
+
+
+def merge_interpret_params(own: Any, forced: Any) -> tuple[Any, list[str]]:
+    """A kernel's own ``pltpu.InterpretParams`` with only what this run must add.
+
+    Everything the kernel chose is kept (out_of_bounds_reads, buffer_bounds,
+    random_seed, num_cores_or_threads, uninitialized_memory, ...); the one thing a
+    run adds is race detection when ``--pallas-detect-races`` asked for it.
+    Returns ``(params, changes)``.
+    """
+    import dataclasses
+
+    changes = []
+    if forced.detect_races and not own.detect_races:
+        own = dataclasses.replace(own, detect_races=True)
+        changes.append("detect_races=False -> True (--pallas-detect-races)")
+    return own, changes
 
 
 def chip_info(chip: str) -> Any:
@@ -103,7 +135,7 @@ def chip_info(chip: str) -> Any:
 def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
     if options.interpreter == "plain":
         return True
-    return _jax_compat.interpret_params(
+    return _jax_compat.with_tile_padded_bounds(_jax_compat.interpret_params(
         detect_races=options.detect_races,
         # NaN-poisoned scratch and outputs: an accumulator that is read before
         # it is initialised turns the result into NaN instead of passing by luck.
@@ -112,7 +144,7 @@ def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
         num_cores_or_threads=tpu_info.num_cores,
         # Visit "parallel" grid axes in a seeded random order, as the chip may.
         random_seed=options.seed,
-    )
+    ))
 
 
 def visible_tpu_devices() -> list:

@@ -68,13 +68,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from . import _jax_compat
 from . import ops as _ops
 from .operation import Operation
 
@@ -90,6 +93,37 @@ __all__ = [
 
 # What the terminal table reads: one record per benchmark of the session.
 RESULTS = pytest.StashKey[list]()
+
+# XLA's CPU code on one thread, as the interpreted kernels mostly run: otherwise the
+# kernel/XLA ratio that the gate judges would change with the runner's core count.
+SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# How XLA's CPU code runs in this session's benchmarks: "single-threaded", "as XLA_FLAGS
+# sets" or "multi-threaded" (JAX's CPU client existed before the benchmarks were known).
+XLA_THREADS = pytest.StashKey[str]()
+
+
+def request_single_threaded_xla(config: pytest.Config, environ=os.environ) -> str:
+    """Make XLA's CPU code single-threaded for this run's benchmarks, if still possible.
+
+    XLA reads ``XLA_FLAGS`` when JAX creates its CPU client, so this must run before
+    the first JAX computation; the plugin calls it at collection when a test uses
+    ``pallas_benchmark``, and at configure time under ``--benchmark-only`` when a
+    Pallas flag has it create the backend then.
+    A user's XLA_FLAGS that sets ``intra_op_parallelism_threads`` is left alone.
+    Returns (and records for ``extra_info``) how XLA runs.
+    """
+    if XLA_THREADS in config.stash:
+        return config.stash[XLA_THREADS]
+    flags = environ.get("XLA_FLAGS", "")
+    if "intra_op_parallelism" in flags:
+        state = "as XLA_FLAGS sets"
+    elif "jax" in sys.modules and _jax_compat.backends_are_initialized():
+        state = "multi-threaded"
+    else:
+        environ["XLA_FLAGS"] = f"{flags} {SINGLE_THREADED_XLA}".strip()
+        state = "single-threaded"
+    config.stash[XLA_THREADS] = state
+    return state
 
 _DEFAULT: Any = object()
 # Untimed rounds of the kernel and of the XLA version before the statistics start.
@@ -423,6 +457,9 @@ class PallasBenchmark:
             "platform": self.backend.platform,
             "interpreter": self.backend.interpreter,
             "roofline_meaningful": bool(self.backend.is_tpu),
+            # On the CPU: whether XLA's version ran on one thread (see request_single_threaded_xla).
+            "xla_threads": None if self.backend.is_tpu or self._config is None
+            else self._config.stash.get(XLA_THREADS, "multi-threaded"),
         }
         info.update(environment_facts(self.backend))
         return info
@@ -534,6 +571,11 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
             "compares with XLA's native CPU code; both mean something only with --pallas-tpu. "
             "Regressions are judged by the ratio to XLA (python -m pytest_pallas.benchmark_gate)."
         )
+    if any(record.get("xla_threads") == "multi-threaded" for record in records):
+        lines.append(
+            "XLA ran multi-threaded: JAX had started before the benchmarks were collected, so "
+            "the ratio to XLA depends on the core count; run them with --benchmark-only, or set "
+            f"XLA_FLAGS='{SINGLE_THREADED_XLA}'.")
     return lines
 
 

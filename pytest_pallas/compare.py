@@ -22,10 +22,12 @@ import contextlib
 import contextvars
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from . import mismatch
 
 # Machine epsilon (spacing at 1.0) of the floating dtypes the comparator knows.
 _EPSILON = {
@@ -162,6 +164,8 @@ def compare_arrays(
     name: str = "",
     additional_atol: float = 0.0,
     additional_reason: str = "",
+    block_shape: Sequence[int | None] | None = None,
+    without_step: Mapping[str, Any] | None = None,
 ) -> Comparison:
     """Compare one array leaf; never raises for a mismatch (see ``Comparison.message``).
 
@@ -169,6 +173,10 @@ def compare_arrays(
     float64 oracle can be the expectation); ``exact`` forces bit-for-bit equality
     (default: for integer and boolean outputs). ``additional_atol`` widens the
     default for an error source the op knows of, ``additional_reason`` says which.
+    A mismatch's message ends with its pattern (``mismatch.diagnose``), located in
+    blocks of ``block_shape`` (default: the output block of a kernel the test traced,
+    else (8, 128) tiles); ``without_step`` maps a reduction step to the expected
+    result without it, to recognise a skipped step.
     """
     actual_array = _to_numpy(actual, f"actual{name}")
     expected_array = _to_numpy(expected, f"expected{name}")
@@ -186,8 +194,9 @@ def compare_arrays(
         exact = not np.issubdtype(out_dtype, np.inexact) and out_dtype.name not in _EPSILON
     size = actual_array.size
     header = f"{label} ({out_dtype.name}, shape {actual_array.shape})"
+    blocks = mismatch.blocks_for(actual_array.shape, block_shape)
     if exact:
-        return _compare_exact(actual_array, expected_array, header)
+        return _compare_exact(actual_array, expected_array, header, blocks, without_step)
 
     a = actual_array.astype(np.float64)
     e = expected_array.astype(np.float64)
@@ -257,11 +266,14 @@ def compare_arrays(
         f"rtol={tolerance.rtol:.3g}, atol={tolerance.atol:.3g} ({tolerance.why})"
     )
     lines.append(f"Worst error: {worst_error:.3g} x tolerance")
+    lines += _pattern(a, e, mismatched, tolerance, blocks, without_step)
     lines += _nan_where_finite_hint(a, e)
     return Comparison(False, worst_error, tolerance, "\n".join(lines))
 
 
-def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str) -> Comparison:
+def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str,
+                   blocks: mismatch.Blocks,
+                   without_step: Mapping[str, Any] | None = None) -> Comparison:
     if actual.dtype != expected.dtype and actual.dtype.itemsize == expected.dtype.itemsize:
         expected = expected.astype(actual.dtype)
     if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in _EPSILON:
@@ -281,9 +293,22 @@ def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str) -> Com
         f"actual {actual.flat[first].item()!r}, expected {expected.flat[first].item()!r}",
         "Tolerance: exact (integer or bit-for-bit output)",
     ]
+    lines += _pattern(actual, expected, mismatched, Tolerance(0.0, 0.0, "exact"), blocks,
+                      without_step)
     if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in _EPSILON:
         lines += _nan_where_finite_hint(actual.astype(np.float64), expected.astype(np.float64))
     return Comparison(False, math.inf, Tolerance(0.0, 0.0, "exact"), "\n".join(lines))
+
+
+def _pattern(actual: np.ndarray, expected: np.ndarray, mismatched: np.ndarray,
+             tolerance: Tolerance, blocks: mismatch.Blocks,
+             without_step: Mapping[str, Any] | None) -> list[str]:
+    """The mismatch pattern's lines; a failure of that analysis never hides the mismatch."""
+    try:
+        return mismatch.diagnose(actual, expected, mismatched, rtol=tolerance.rtol,
+                                 atol=tolerance.atol, blocks=blocks, without_step=without_step)
+    except Exception as error:  # the comparison's verdict stands without the pattern
+        return [f"(mismatch pattern not analysed: {type(error).__name__}: {error})"]
 
 
 def bitwise_differences(first: Any, second: Any) -> np.ndarray:
@@ -391,6 +416,11 @@ def assert_allclose(
     matmul_precision: str | None = None,
     dtype: Any = None,
     exact: bool | None = None,
+    block_shape: Sequence[int | None] | None = None,
+    without_step: Mapping[str, Any] | None = None,
+    op: str | None = None,
+    inputs: Sequence[Any] | None = None,
+    op_params: dict[str, Any] | None = None,
 ) -> float:
     """Assert that ``actual`` matches ``expected`` within the dtype-aware default tolerance.
 
@@ -400,6 +430,20 @@ def assert_allclose(
     ``matmul_precision`` (which widens the allowance of a reduction) defaults to
     the precision of the backend the test runs on: ``"bfloat16"`` on a TPU,
     ``"float32"`` interpreted on the CPU or outside a Pallas test.
+    ``op`` and ``inputs`` add the error model the conformance suite applies to
+    that op (``pytest_pallas.error_models``): ``op="attention", inputs=(q, k, v)``
+    allows for the rounding of the logits (pass ``q * sm_scale`` for a scaled
+    kernel); ``op="matmul_activation", inputs=(x, y),
+    op_params={"activation": "gelu"}`` for the activation's.
+
+    A failure ends with the pattern of the mismatches, each line only when it holds
+    for every mismatched element: which output blocks hold them, whether only the
+    ragged last block, whether actual is a constant times expected, or its transpose.
+    Blocks are ``block_shape``'s (a ``pl.BlockSpec``'s block shape), else, in a Pallas
+    test, those of the output BlockSpec of the kernel the test traced with this output
+    shape, else (8, 128) tiles. ``without_step`` maps a step of a reduction to the
+    expected result without that step, e.g. ``{"the last k block": x[:, :-bk] @ y[:-bk]}``,
+    and the failure then says if exactly that step's contribution is missing.
 
     >>> import numpy as np
     >>> assert_allclose(np.float32([1.0, 2.0]), np.array([1.0, 2.0])) <= 1.0
@@ -408,18 +452,37 @@ def assert_allclose(
     __tracebackhide__ = True
     if matmul_precision is None:
         matmul_precision = _BACKEND_MATMUL_PRECISION.get()
+    extra, reason = 0.0, ""
+    if op is not None:
+        from .error_models import op_allowance
+
+        if inputs is None:
+            raise ValueError(f"assert_allclose(op={op!r}) needs inputs=(...), the op's "
+                             "arguments, to size its error model")
+        extra, reason = op_allowance(op, inputs, matmul_precision=matmul_precision,
+                                     params=op_params)
     actual_leaves, actual_tree = _leaves(actual)
     expected_leaves, expected_tree = _leaves(expected)
     if actual_tree != expected_tree:
         raise AssertionError(
             f"Structures differ: actual is {actual_tree}, expected {expected_tree}."
         )
+    step_leaves = {}
+    for step, tree in (without_step or {}).items():
+        leaves, tree_structure = _leaves(tree)
+        if tree_structure != expected_tree:
+            raise TypeError(f"without_step[{step!r}] is {tree_structure}, expected the structure "
+                            f"of expected, {expected_tree}")
+        step_leaves[step] = [leaf for _, leaf in leaves]
     worst = 0.0
     failures = []
-    for (path, a), (_, e) in zip(actual_leaves, expected_leaves):
+    for position, ((path, a), (_, e)) in enumerate(zip(actual_leaves, expected_leaves)):
         result = compare_arrays(
             a, e, rtol=rtol, atol=atol, reduction_length=reduction_length,
             matmul_precision=matmul_precision, dtype=dtype, exact=exact, name=path,
+            block_shape=block_shape,
+            without_step={step: leaves[position] for step, leaves in step_leaves.items()},
+            additional_atol=extra, additional_reason=reason,
         )
         worst = max(worst, result.worst_error)
         if not result.passed:

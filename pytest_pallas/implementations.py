@@ -60,6 +60,28 @@ def parse_ops_flag(value: str | None) -> tuple[str, ...]:
     return ops
 
 
+def check_ops_have_implementations(ops: tuple[str, ...], impls: tuple[tuple[str, str], ...],
+                                   ops_value: str | None) -> None:
+    """With ``--pallas-impl``, only its ops run: ``--pallas-ops`` naming another is a conflict.
+
+    ``--pallas-ops`` may pick some of the ``--pallas-impl`` ops (to run one of a set).
+    """
+    impl_ops = [op for op, _ in impls]
+    missing = [op for op in ops if op not in impl_ops]
+    if impl_ops and missing:
+        impl_flags = " ".join(f"--pallas-impl {op}={target}" for op, target in impls)
+        raise pytest.UsageError(
+            f"--pallas-ops={ops_value} conflicts with {impl_flags}: with --pallas-impl only "
+            f"its ops run ({', '.join(impl_ops)}), so {', '.join(missing)} would not; "
+            f"drop {', '.join(missing)} from --pallas-ops, or give "
+            f"--pallas-impl {missing[0]}=MODULE:ATTR.")
+
+
+def resolve_all(impls: tuple[tuple[str, str], ...]) -> dict[str, Callable]:
+    """Every ``--pallas-impl`` target imported, by op; the first mistake is a UsageError."""
+    return {op: resolve(target, flag=f"--pallas-impl {op}={target}") for op, target in impls}
+
+
 def resolve(target: str, *, flag: str) -> Callable:
     """Import ``MODULE:ATTR`` and return the callable, or raise a one-line UsageError."""
     module_name, _, attribute = target.partition(":")

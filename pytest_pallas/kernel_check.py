@@ -27,14 +27,18 @@ from pytest_pallas import _jax_compat
 from pytest_pallas.tpu_checks import (
     ALL_CHECKS,
     MAX_GRID_POINTS,
+    TILING,
     UNINITIALIZED_READ,
     UNINITIALIZED_READ_FIX,
+    VMEM,
     KernelReport,
     TpuRuleViolation,
     Violation,
     check_pallas_call_info,
+    is_output_race,
     kernel_exit_violations,
     raise_for,
+    settle_output_races,
     tpu_info_for,
 )
 
@@ -88,17 +92,28 @@ def check_kernel(
     *args: Any,
     chip: Any = "v5e",
     check_options: CheckOptions | None = None,
+    use_compiler: bool | None = None,
     **kwargs: Any,
 ) -> list[KernelReport]:
     """Check every Pallas kernel ``fn(*args, **kwargs)`` would run against the TPU's rules.
 
     ``args`` may be arrays or ``jax.ShapeDtypeStruct``s: nothing runs, the
-    function is only traced (and lowered for the TPU). ``chip`` is a chip
-    name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a ``pltpu.TpuInfo``.
+    function is only traced (and compiled or lowered for the TPU). ``chip`` is
+    a chip name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a ``pltpu.TpuInfo``.
+
+    With libtpu installed (the ``tpu`` extra) and a chip it knows, the TPU
+    compiler judges each ``pallas_call`` (tiling, VMEM, what Mosaic lowers:
+    :mod:`pytest_pallas.compile_check`) and the static rules judge only the
+    grid order (races on parallel axes, revisits), which no compiler checks;
+    without it, the static rules judge everything and the function is lowered
+    for the TPU. ``use_compiler`` forces one or the other (True without libtpu
+    is an error); ``CheckOptions(lower_for_tpu=False)`` alone means the static
+    rules alone. Each report's ``judged_by`` says which judged.
+
     Raises :class:`TpuRuleViolation` naming the kernel, the rule, the
-    operand and the fix; otherwise returns one :class:`KernelReport` per
-    ``pallas_call`` (its VMEM footprint and limit, what was checked and
-    what could not be).
+    operand (or the compiler's message) and the fix; otherwise returns one
+    :class:`KernelReport` per ``pallas_call`` (its VMEM footprint and limit,
+    what was checked and what could not be).
 
         from jax.experimental.pallas.ops.tpu.matmul import matmul
         x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
@@ -109,6 +124,10 @@ def check_kernel(
 
     options = check_options or CheckOptions()
     info = tpu_info_for(chip)
+    # lower_for_tpu=False asks for the static rules alone, unless use_compiler says otherwise.
+    compiler_chip = _compiler_chip(
+        info, use_compiler if use_compiler is not None or options.lower_for_tpu else False)
+    static = options.static_options()
     target, args = _traced_arguments(fn, args, kwargs)
     # Trace and lower as the TPU would compile: pallas_call records at trace
     # time whatever interpreter a surrounding test forces, and would lower it
@@ -121,23 +140,78 @@ def check_kernel(
         _jax_compat.device_kind_answers_as(device_kind, lambda: info),
         _jax_compat.suspend_pallas_call_observers(),
     ):
+        closed = jax.make_jaxpr(target)(*args)
+        calls = list(_jax_compat.pallas_call_equations_in(closed))
+        # Which outputs the program keeps: a race on an output it drops is no bug.
+        uses = [used for _, used in _jax_compat.pallas_call_uses_in(closed)]
         reports = [
-            check_pallas_call_info(call, info, **options.static_options())
-            for call in _pallas_calls_in(target, args)
+            settle_output_races(
+                check_pallas_call_info(_jax_compat.describe_pallas_call(params), info, **static),
+                used)
+            for (params, _, _), used in zip(calls, uses)
         ]
+        if compiler_chip is not None:
+            # Tiling and VMEM are the compiler's to judge: the static rules' findings stay
+            # in the report as notes (their footprint too), and do not fail the kernel.
+            for report in reports:
+                judged = [v for v in report.violations if v.rule in (TILING, VMEM)]
+                report.violations = [v for v in report.violations if v not in judged]
+                report.skipped += [f"static rule [{v.rule}] said: {v.problem} (the TPU "
+                                   "compiler judged instead)" for v in judged]
         raise_for(reports)
-        if options.lower_for_tpu and reports:
+        if compiler_chip is not None:
+            _compile_each(calls, reports, compiler_chip)
+        elif options.lower_for_tpu and reports:
             _lower_for_tpu(target, args, info, _function_name(fn))
     return reports
 
 
-def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[Any]:
-    """Every pallas_call tracing ``target(*args)`` makes, as ``PallasCallInfo``s, in order."""
+def _compiler_chip(info: Any, use_compiler: bool | None) -> str | None:
+    """The chip name to compile for, or None when the static rules judge alone."""
+    from . import compile_check
+
+    if use_compiler is False:
+        return None
+    name = str(getattr(info.chip_version, "value", info.chip_version))
+    available = compile_check.libtpu_version() is not None
+    if use_compiler and not available:
+        raise RuntimeError("check_kernel(use_compiler=True) needs libtpu: "
+                           "pip install 'pytest-pallas[tpu]' (or jax[tpu]).")
+    if use_compiler and name not in compile_check.COMPILER_CHIPS:
+        raise ValueError(f"the TPU compiler knows no {name}; use one of "
+                         f"{', '.join(compile_check.COMPILER_CHIPS)} or use_compiler=False.")
+    if not available or name not in compile_check.COMPILER_CHIPS:
+        return None
+    return name
+
+
+def _compile_each(calls: Sequence[Any], reports: list[KernelReport], chip: str) -> None:
+    from . import compile_check
+
+    rejected = []
+    for (params, avals, mesh_axes), report in zip(calls, reports):
+        if not _jax_compat.describe_pallas_call(params).for_tensor_core:
+            continue  # the static report already says why it was skipped
+        verdict = compile_check.verdict_for(params, avals, chip, mesh_axes)
+        report.judged_by = f"TPU compiler (libtpu {compile_check.libtpu_version()}) for {chip}"
+        report.compile_verdict = verdict
+        report.checked.append(f"compiled for {chip}")
+        if not verdict.compiled:
+            violation = verdict.violation()
+            report.violations.append(violation)
+            rejected.append(violation)
+    if rejected:
+        raise TpuRuleViolation(rejected)
+
+
+def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """Every pallas_call tracing ``target(*args)`` makes, as ``PallasCallInfo``s, in order,
+    each with which of its outputs the program uses."""
     import jax
 
     closed = jax.make_jaxpr(target)(*args)
-    return [_jax_compat.describe_pallas_call(params)
-            for params in _jax_compat.pallas_call_params_in(closed)]
+    return [(_jax_compat.describe_pallas_call(params), used)
+            for params, used in _jax_compat.pallas_call_uses_in(closed)]
 
 
 def _traced_arguments(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]):
@@ -205,6 +279,8 @@ def pallas_call_checker(
     chip: Any = "v5e",
     check_options: CheckOptions | None = None,
     reports: list[KernelReport] | None = None,
+    *,
+    defer_output_races: bool = False,
 ) -> Callable[[dict[str, Any]], None]:
     """An observer for ``_jax_compat.observe_pallas_calls``: checks each pallas_call as traced.
 
@@ -212,6 +288,11 @@ def pallas_call_checker(
     (so the broken kernel is never cached and fails again on the next call).
     Appends each report to ``reports`` if given. A pallas_call traced again
     with the same params (vmap, re-tracing) is checked once.
+
+    With ``defer_output_races``, a race on an output is not raised at trace
+    time: the returned observer's ``settle(params, used_outputs)`` (an
+    observer for ``_jax_compat.observe_pallas_call_uses``) raises it once the
+    program shows that it uses that output, and drops it if it does not.
     """
     options = check_options or CheckOptions()
     info = tpu_info_for(chip)
@@ -219,6 +300,7 @@ def pallas_call_checker(
     seen: collections.OrderedDict[tuple[int, ...], tuple[Any, KernelReport]] = (
         collections.OrderedDict()
     )
+    pending: dict[int, tuple[Any, KernelReport]] = {}
     lock = threading.Lock()
 
     def observe(params: dict[str, Any]) -> None:
@@ -242,8 +324,33 @@ def pallas_call_checker(
                     seen.popitem(last=False)
         if reports is not None:
             reports.append(report)
-        raise_for([report])
+        if not defer_output_races:
+            raise_for([report])
+            return
+        now = [v for v in report.violations if not is_output_race(v)]
+        if now:
+            raise TpuRuleViolation(now)
+        if len(now) < len(report.violations):
+            with lock:
+                pending[id(params.get("jaxpr"))] = (params.get("jaxpr"), report)
+                while len(pending) > 512:  # traced but never lowered (make_jaxpr, say)
+                    del pending[next(iter(pending))]
 
+    def settle(params: dict[str, Any], used_outputs: tuple[bool, ...]) -> None:
+        jaxpr = params.get("jaxpr")
+        with lock:
+            entry = pending.get(id(jaxpr))
+            if entry is None or entry[0] is not jaxpr:
+                return
+            del pending[id(jaxpr)]
+        report = entry[1]
+        settled = settle_output_races(
+            dataclasses.replace(report, violations=list(report.violations),
+                                skipped=list(report.skipped)),
+            used_outputs)
+        raise_for([settled])
+
+    observe.settle = settle  # type: ignore[attr-defined]
     return observe
 
 
@@ -255,9 +362,17 @@ def checking_pallas_calls(
 
         with checking_pallas_calls(chip="v5e") as reports:
             my_kernel(x)  # raises TpuRuleViolation at trace time if broken
+
+    A race on an output is judged when JAX lowers the program, by whether the
+    program uses that output (``tpu_checks.settle_output_races``); on a JAX
+    whose dead-code elimination cannot be observed it is raised at trace time.
     """
     reports: list[KernelReport] = []
-    with _jax_compat.observe_pallas_calls(pallas_call_checker(chip, check_options, reports)):
+    with contextlib.ExitStack() as stack:
+        checker = pallas_call_checker(chip, check_options, reports, defer_output_races=True)
+        if not stack.enter_context(_jax_compat.observe_pallas_call_uses(checker.settle)):
+            checker = pallas_call_checker(chip, check_options, reports)
+        stack.enter_context(_jax_compat.observe_pallas_calls(checker))
         yield reports
 
 
@@ -328,13 +443,15 @@ def run_on_poisoned_and_zeroed_memory(call: Callable[[], Any],
     from jax.experimental.pallas import tpu as pltpu
 
     if not isinstance(interpret_params, pltpu.InterpretParams):
-        interpret_params = pltpu.InterpretParams()
+        # Reads inside an array's tile padding are legal on the chip (see backend).
+        interpret_params = _jax_compat.with_tile_padded_bounds(pltpu.InterpretParams())
     results = []
-    for memory in ("nan", "zero"):
-        params = dataclasses.replace(interpret_params, uninitialized_memory=memory,
-                                     detect_races=False)
-        with pltpu.force_tpu_interpret_mode(params):
-            results.append(call())
+    with _jax_compat.chip_answering_on_this_device(lambda: tpu_info_for("v5e")):
+        for memory in ("nan", "zero"):
+            params = dataclasses.replace(interpret_params, uninitialized_memory=memory,
+                                         detect_races=False)
+            with pltpu.force_tpu_interpret_mode(params):
+                results.append(call())
     return results[0], results[1]
 
 
@@ -382,7 +499,7 @@ def _kernel_titles(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str
     try:
         target, traced = _traced_arguments(fn, args, kwargs)
         with _jax_compat.suspend_pallas_call_observers():
-            titles = [call.title for call in _pallas_calls_in(target, traced)]
+            titles = [call.title for call, _ in _pallas_calls_in(target, traced)]
     except Exception:  # naming is best effort; running the function reports real errors
         titles = []
     titles = list(dict.fromkeys(titles))

@@ -106,6 +106,81 @@ def _dtypes_for(op: Operation, domain: Domain) -> tuple[str, ...]:
     return names
 
 
+# --- the size budget of one example ------------------------------------------------------
+#
+# A declared restriction can push every size of a bucket up: @supports(multiple_of=
+# {"shape": 256}) on the rank-free add made every axis 256, 512 or 768, and a rank-3
+# example 768^3 float32 values (1.8 GB per argument; one run sat 25 minutes at 5 GB).
+# So the sizes a property may draw are trimmed, largest first, until the largest
+# example they allow fits the budget; the restriction still holds (only sizes that
+# honour it remain), and a restriction whose smallest example is over the budget is
+# an error naming it.
+
+# All arguments of one example, counted as 4-byte values: five times the largest example of
+# any op's whole contract domain (batched_matmul, 3.1 MiB), a few seconds interpreted.
+EXAMPLE_BUDGET_BYTES = 16 * 2**20
+
+
+def fit_size_budget(op: Operation | str, candidates: dict[str, tuple[int, ...]],
+                    budget_bytes: int = EXAMPLE_BUDGET_BYTES) -> dict[str, tuple[int, ...]]:
+    """``candidates`` (sizes each dimension may take) without the sizes that let an example
+    of ``op`` go over ``budget_bytes``: the largest size of the dimension with the largest
+    one goes first, until the example of every dimension's largest size fits.
+
+    For an elementwise op the dimensions are its axes by position (``"shape0"``, ...).
+    """
+    op = _operation(op)
+    sizes = {dim: tuple(sorted(values)) for dim, values in candidates.items()}
+
+    def largest_bytes() -> int:
+        biggest = {dim: values[-1] for dim, values in sizes.items()}
+        return 4 * sum(math.prod(shape) for shape in op.argument_shapes(_as_dims(op, biggest)))
+
+    while largest_bytes() > budget_bytes:
+        trimmable = [dim for dim, values in sizes.items() if len(values) > 1]
+        if not trimmable:
+            raise ValueError(
+                f"{op.name}: the smallest example the declared domain allows "
+                f"({', '.join(f'{d}={v[0]}' for d, v in sizes.items())}) takes "
+                f"{largest_bytes() / 2**20:.0f} MiB, over the suite's budget of "
+                f"{budget_bytes / 2**20:.0f} MiB per example; declare smaller multiples or a "
+                "max_size in @supports")
+        widest = max(trimmable, key=lambda dim: sizes[dim][-1])
+        sizes[widest] = sizes[widest][:-1]
+    return sizes
+
+
+def _as_dims(op: Operation, sizes: dict[str, int]) -> dict[str, Any]:
+    if op.is_elementwise:
+        return {SHAPE: tuple(sizes[f"shape{i}"] for i in range(len(sizes)))}
+    return dict(sizes)
+
+
+def _elementwise_sizes(op: Operation, rank: int, domain: Domain) -> dict[str, tuple[int, ...]]:
+    """The sizes of each axis of a rank-``rank`` example of an elementwise op, in the budget."""
+    return fit_size_budget(op, {f"shape{i}": _sizes_for(op, SHAPE, domain, kind)
+                                for i, kind in enumerate(_ELEMENTWISE_KINDS[rank])})
+
+
+def _elementwise_ranks(op: Operation, domain: Domain) -> tuple[int, ...]:
+    """The ranks whose smallest example inside ``domain`` fits the budget."""
+    ranks = []
+    for rank in sorted(_ELEMENTWISE_KINDS):
+        try:
+            _elementwise_sizes(op, rank, domain)
+        except ValueError:
+            if not ranks:
+                raise
+            break  # a higher rank is larger still
+        ranks.append(rank)
+    return tuple(ranks)
+
+
+def _budgeted_sizes(op: Operation, domain: Domain) -> dict[str, tuple[int, ...]]:
+    """The sizes of each dimension of ``op`` inside ``domain`` and the budget."""
+    return fit_size_budget(op, {dim: _sizes_for(op, dim, domain) for dim in op.dimensions})
+
+
 def _values(shape, dtype: str, profile: str, seed: int) -> np.ndarray:
     if profile not in strategies.VALUE_PROFILES + ("neg_inf",):
         # An op's own profile (attention's "offset"): integer values, adjusted afterwards.
@@ -132,12 +207,13 @@ def cases(draw, op: Operation | str, domain: Domain = Domain()) -> Case:
     profile = draw(st.sampled_from(_profiles_for(op, dtype)))
     seed = draw(st.integers(0, 2**31 - 1))
     if op.is_elementwise:
-        rank = draw(st.integers(1, 3))
-        shape = tuple(draw(st.sampled_from(_sizes_for(op, SHAPE, domain, kind)))
-                      for kind in _ELEMENTWISE_KINDS[rank])
-        dims: dict[str, Any] = {SHAPE: shape}
+        rank = draw(st.sampled_from(_elementwise_ranks(op, domain)))
+        sizes = _elementwise_sizes(op, rank, domain)
+        dims: dict[str, Any] = {SHAPE: tuple(draw(st.sampled_from(sizes[f"shape{i}"]))
+                                             for i in range(rank))}
     else:
-        dims = {dim: draw(st.sampled_from(_sizes_for(op, dim, domain))) for dim in op.dimensions}
+        sizes = _budgeted_sizes(op, domain)
+        dims = {dim: draw(st.sampled_from(sizes[dim])) for dim in op.dimensions}
     kwargs = {name: draw(st.sampled_from(values)) for name, values in op.params.items()}
     return make_case(op, dims, dtype, profile, seed, kwargs)
 
@@ -235,12 +311,14 @@ def sweep_case(op: Operation | str, domain: Domain, index: int) -> Case | None:
         return None
     dtype, profile = pairs[index]
     if op.is_elementwise:
+        rank = min(2, max(_elementwise_ranks(op, domain)))
+        sizes = _elementwise_sizes(op, rank, domain)
         dims: dict[str, Any] = {SHAPE: tuple(
-            _sweep_size(_sizes_for(op, SHAPE, domain, kind), kind)
-            for kind in ("second_minor", "minor"))}
+            _sweep_size(sizes[f"shape{i}"], kind)
+            for i, kind in enumerate(_ELEMENTWISE_KINDS[rank]))}
     else:
-        dims = {dim: _sweep_size(_sizes_for(op, dim, domain), op.dimension_kind(dim))
-                for dim in op.dimensions}
+        sizes = _budgeted_sizes(op, domain)
+        dims = {dim: _sweep_size(sizes[dim], op.dimension_kind(dim)) for dim in op.dimensions}
     kwargs = {name: values[index % len(values)] for name, values in op.params.items()}
     return make_case(op, dims, dtype, profile, index, kwargs)
 

@@ -57,64 +57,26 @@ def _builtin(name: str, signature: str, module: str, attr: str | None = None, *,
 
 
 def logit_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
-    """The error attention inherits from rounding its logits, as an absolute tolerance.
-
-    Each logit q.k is a d-term sum rounded to the accumulator's precision;
-    softmax turns an absolute logit error e into a relative weight error of
-    about e, so the output may move by e * max|v|. A correct float32 kernel
-    (and plain XLA) reaches a few times the default tolerance at d = 128
-    without this term; a missing rescale or max-subtraction is still off by
-    far more.
-    """
+    """Attention's logit rounding (``error_models.attention_allowance``) for a case of the suite."""
     import numpy as np
 
-    from .compare import epsilon
+    from .error_models import attention_allowance
 
-    q, k, v = (np.asarray(a, np.float64) for a in case.args)
-    if k.ndim < q.ndim:  # mqa: k and v shared by the heads
-        k, v = k[:, None], v[:, None]
-    logit_bound = float(np.max(np.abs(q) @ np.swapaxes(np.abs(k), -1, -2), initial=0.0))
-    # bfloat16 inputs multiply exactly into float32 sums; only float32 inputs
-    # on a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
-    accumulator = (
-        "bfloat16" if backend_precision == "bfloat16" and case.dtype == "float32" else "float32"
-    )
-    extra = epsilon(accumulator) * logit_bound * float(np.max(np.abs(v), initial=0.0))
-    return extra, (f"logits rounded in {accumulator} (max sum |q||k| = {logit_bound:.3g}) "
-                   f"add {extra:.3g}")
-
-
-# How far a correct evaluation of the activation in the output dtype may be from the float64
-# oracle, in units of eps(dtype) * max|x @ y|. jax.nn.gelu in float32 is off by up to 1.4 ulp
-# of |z| (at z = 4.14) and jax.nn.silu by 1.2 (z = 8.69), measured over z in [-30, 30];
-# near z = -4 the 1 + tanh of gelu cancels, and a result of -7e-5 is off by 1.5e-7.
-_ACTIVATION_ULPS = {"gelu": 2.0, "silu": 2.0}
+    q, k, v = case.args[:3]
+    if np.ndim(k) < np.ndim(q):  # mqa: k and v shared by the heads
+        k, v = np.asarray(k)[:, None], np.asarray(v)[:, None]
+    return attention_allowance(q, k, v, matmul_precision=backend_precision)
 
 
 def activation_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
-    """The error a correct kernel's activation adds, as an absolute tolerance.
+    """The activation's rounding (``error_models.activation_allowance``) for a case of the suite."""
+    from .error_models import activation_allowance
 
-    The default tolerance scales with max|output|; an activation's rounding
-    scales with its input z = x @ y instead, and gelu and silu shrink large
-    negative z to tiny outputs whose absolute error stays about eps * |z|.
-    Without this term plain XLA's ``jax.nn.gelu`` fails the float32 tolerance
-    (1.27 times it, for z = -4); a wrong or missing activation is still off
-    by far more than 2 ulp of |z|.
-    """
     activation = case.kwargs.get("activation")
     name = repr(activation) if isinstance(activation, Deferred) else activation
-    ulps = _ACTIVATION_ULPS.get(name or "")
-    if not ulps:
-        return 0.0, ""
-    import numpy as np
-
-    from .compare import epsilon
-
-    x, y = (np.asarray(a, np.float64) for a in case.args)
-    bound = float(np.max(np.abs(x @ y), initial=0.0))
-    extra = ulps * epsilon(case.dtype) * bound
-    return extra, (f"{name} evaluated in {case.dtype} (max |x @ y| = {bound:.3g}) "
-                   f"adds {extra:.3g}")
+    name = getattr(name, "__name__", name)  # jax.nn.gelu given as a function
+    x, y = case.args[:2]
+    return activation_allowance(x, y, activation=name, dtype=case.dtype)
 
 
 # --- attention's "offset" profile ----------------------------------------------------------

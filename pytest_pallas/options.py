@@ -31,6 +31,13 @@ CI_SEED = 0  # the seed of a run under the ci profile that gives no --pallas-see
 # (versions.CHIPS_SINCE_JAX lists the chips an older JAX lacks).
 KNOWN_CHIPS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i", "8t")
 
+# The chips the TPU compile check compiles for (the plugin's names; "tpu7x" is
+# accepted for "7x"). libtpu also describes v2 and v3, but aborts the whole
+# process compiling some Pallas kernels for them (a failed check in its DMA
+# descriptors, libtpu 0.0.42.1), so they are left out. compile_check.COMPILER_CHIPS
+# maps these to libtpu's names; tests/test_compile_check.py checks the two agree.
+COMPILER_CHIPS = ("v4", "v5e", "v5p", "v6e", "7x")
+
 _DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 
@@ -55,6 +62,10 @@ class PallasOptions:
     implementations: tuple[tuple[str, str], ...] = ()
     ops: tuple[str, ...] = ()
     report_path: str | None = None
+    # --pallas-compile: the chips every traced pallas_call is compiled for (empty: off).
+    compile_chips: tuple[str, ...] = ()
+    compile_given: bool = False
+    libtpu: str | None = None  # the installed libtpu's version, None when it cannot be imported
 
     @property
     def session_opted_in(self) -> bool:
@@ -68,7 +79,6 @@ class PallasOptions:
             or self.interpreter_given
             or self.detect_races
             or self.conformance
-            or bool(self.implementations)
         )
 
     @property
@@ -131,6 +141,12 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--pallas-ops", metavar="OP[,OP...]", default=None,
         help="restrict the conformance suite to these ops.",
+    )
+    group.addoption(
+        "--pallas-compile", metavar="CHIP[,CHIP...]", default=None,
+        help="also compile every pallas_call a Pallas test traces with the TPU compiler "
+        f"(libtpu, no TPU needed) for these chips ({', '.join(COMPILER_CHIPS)}), 'all', or "
+        "'none'. Default: the run's chip when libtpu is installed, else none.",
     )
     group.addoption(
         "--pallas-report", metavar="PATH", default=None,
@@ -234,8 +250,15 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         if timeout_seconds < 0:
             raise pytest.UsageError(f"--pallas-timeout={timeout_value} must be 0 or more seconds.")
 
+    compile_value = config.getoption("--pallas-compile")
+    libtpu = installed_libtpu()
+    compile_chips = parse_compile_flag(compile_value, chip=chip, tpu=tpu, libtpu=libtpu)
+
     impls = implementations.parse_impl_flags(config.getoption("--pallas-impl"))
-    ops = implementations.parse_ops_flag(config.getoption("--pallas-ops"))
+    ops_value = config.getoption("--pallas-ops")
+    ops = implementations.parse_ops_flag(ops_value)
+    implementations.check_ops_have_implementations(ops, impls, ops_value)
+    report_path = _report_path(config.getoption("--pallas-report"))
 
     return PallasOptions(
         tpu=tpu,
@@ -251,11 +274,102 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         examples=examples,
         profile=profile,
         timeout_seconds=timeout_seconds,
-        conformance=bool(config.getoption("--pallas-conformance")),
+        # Naming ops to check is asking for the suite, and a flag that silently does
+        # nothing is a trap. --pallas-report reports the conformance tests the run has
+        # (the suite's, or a test module's conformance_tests classes): it adds none.
+        conformance=bool(config.getoption("--pallas-conformance") or impls or ops),
         implementations=impls,
         ops=ops,
-        report_path=config.getoption("--pallas-report"),
+        report_path=report_path,
+        compile_chips=compile_chips,
+        compile_given=compile_value is not None,
+        libtpu=libtpu,
     )
+
+
+def _report_path(path: str | None) -> str | None:
+    """``--pallas-report``'s PATH, checked before the run; missing directories are created
+    when the report is written (as ``--junitxml`` does), and the summary says so."""
+    if path is None:
+        return None
+    if not path.strip():
+        raise pytest.UsageError("--pallas-report is empty; give a file, e.g. "
+                                "--pallas-report=conformance.json.")
+    if os.path.isdir(path):
+        raise pytest.UsageError(
+            f"--pallas-report={path!r} is a directory; give a file in it, e.g. "
+            f"--pallas-report={os.path.join(path, 'conformance.json')}.")
+    ancestor = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise pytest.UsageError(
+            f"--pallas-report={path!r}: {ancestor} is a file, so the report's directory cannot "
+            "be created; choose another path.")
+    return path
+
+
+def report_directory_to_create(path: str) -> str | None:
+    """The report's directory, relative to the cwd, if it does not exist yet (it will be made)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(directory):
+        return None
+    return os.path.relpath(directory)
+
+
+
+
+def installed_libtpu() -> str | None:
+    """The version of libtpu if it can be imported (the ``tpu`` extra), else None.
+
+    Importing the ``libtpu`` package only locates its shared library: cheap, and
+    JAX is not imported.
+    """
+    try:
+        import libtpu
+    except ImportError:
+        return None
+    return str(getattr(libtpu, "__version__", "") or "unknown")
+
+
+def parse_compile_flag(value: str | None, *, chip: str, tpu: bool,
+                       libtpu: str | None) -> tuple[str, ...]:
+    """The chips of ``--pallas-compile`` (none when off); the default when ``value`` is None."""
+    if value is None:
+        if tpu or libtpu is None or chip not in COMPILER_CHIPS:
+            return ()
+        return (chip,)
+    words = [w.strip() for w in value.split(",") if w.strip()]
+    if words == ["none"]:
+        return ()
+    if tpu:
+        raise pytest.UsageError(
+            f"--pallas-compile={value} compiles for a TPU on a host without one; with "
+            "--pallas-tpu every kernel is compiled for the real chip already: drop one of them."
+        )
+    if not words:
+        raise pytest.UsageError(
+            f"--pallas-compile={value!r} names no chip; give e.g. --pallas-compile=v5e, "
+            "'all' or 'none'."
+        )
+    if libtpu is None:
+        raise pytest.UsageError(
+            f"--pallas-compile={value} needs the TPU compiler, libtpu, which is not installed: "
+            "pip install 'pytest-pallas[tpu]' (or jax[tpu]), or drop the flag."
+        )
+    if words == ["all"]:
+        return COMPILER_CHIPS
+    chips = []
+    for word in words:
+        name = word[3:].lstrip(" _-") if word.lower().startswith("tpu") else word
+        if name not in COMPILER_CHIPS:
+            raise pytest.UsageError(
+                f"--pallas-compile={value}: {word!r} is not a chip the compile check supports; use "
+                f"{', '.join(COMPILER_CHIPS)}, 'all' or 'none'."
+            )
+        if name not in chips:
+            chips.append(name)
+    return tuple(chips)
 
 
 def device_count_from_xla_flags(environ=os.environ) -> int | None:

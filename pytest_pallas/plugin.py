@@ -7,6 +7,8 @@ so it imports nothing heavy: JAX is imported only when a test uses Pallas.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -19,10 +21,13 @@ from .session import (
     PallasSession,
     conformance_op,
     device_shortfall,
+    is_conformance_item,
     is_packaged_conformance_item,
 )
 
 _SESSION = pytest.StashKey[PallasSession]()
+# The directory --pallas-report creates because it did not exist, for the summary to say so.
+_REPORT_DIRECTORY_CREATED = pytest.StashKey[str | None]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,6 +55,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # The ops of conftests first: --pallas-impl and --pallas-ops may name them.
     _register_operations(config)
     parsed = options_module.parse_options(config)
+    if not parsed.tpu:
+        from .compile_check import quiet_libtpu_environment
+
+        # Before anything starts JAX: libtpu's start-up warnings never reach the user.
+        quiet_libtpu_environment()
     scope = config.getini("pallas_scope") or "marked"
     if scope not in ("marked", "all"):
         raise pytest.UsageError(f"ini option pallas_scope={scope!r} must be 'marked' or 'all'.")
@@ -59,9 +69,26 @@ def pytest_configure(config: pytest.Config) -> None:
         invocation=tuple(config.invocation_params.args),
     )
     config.stash[_SESSION] = session
+    from .compile_check import STATS
+
+    # The compile summary counts this session's compiles (an in-process run shares STATS).
+    _COMPILES_BEFORE[id(session)] = (STATS.compiles, STATS.cached, STATS.seconds)
     if not parsed.tpu and (parsed.session_opted_in or parsed.devices_requested):
-        # The device count must be fixed before JAX creates its CPU client.
+        # The device count must be fixed before JAX creates its CPU client (and before
+        # the user's modules below are imported: they may make arrays at import).
         session.ensure_devices()
+    # Before the backend and the suite import JAX (seconds): a mistake in --pallas-impl
+    # is reported as fast as any other usage error.
+    from .implementations import resolve_all
+
+    user_callables = resolve_all(parsed.implementations)
+    if (not parsed.tpu and parsed.session_opted_in
+            and config.getoption("--benchmark-only", default=False)):
+        # Before the backend below creates JAX's CPU client, which reads XLA_FLAGS (without
+        # a Pallas flag, the collection of a pallas_benchmark test does it in time).
+        from .benchmarking import request_single_threaded_xla
+
+        request_single_threaded_xla(config)
     if parsed.session_opted_in:
         # --pallas-tpu without a TPU must stop here, before collection (exit 4).
         session.backend  # noqa: B018
@@ -73,8 +100,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if _is_controller(config):
         config.pluginmanager.register(_WorkerRecordsMerger(session.recorder),
                                       "pallas-worker-records")
-    if parsed.conformance or parsed.implementations:
-        _configure_conformance(config, session)
+    if parsed.conformance:
+        _configure_conformance(config, session, user_callables)
 
 
 def _register_operations(config: pytest.Config) -> None:
@@ -91,19 +118,20 @@ def _register_operations(config: pytest.Config) -> None:
         raise pytest.UsageError(f"pytest_pallas_operations: {error}") from None
 
 
-def _configure_conformance(config: pytest.Config, session: PallasSession) -> None:
-    from . import implementations
+def _configure_conformance(config: pytest.Config, session: PallasSession,
+                           user_callables: dict) -> None:
     from .conformance_harness import bind_implementations, selected_ops
+    from .options import report_directory_to_create
 
     user_targets = dict(session.options.implementations)
     session.conformance_ops = selected_ops(session.options.ops, tuple(user_targets))
     session.implementations = bind_implementations(
-        user_targets,
-        lambda target, op: implementations.resolve(target, flag=f"--pallas-impl {op}={target}"),
-        session.conformance_ops,
-    )
+        user_targets, lambda target, op: user_callables[op], session.conformance_ops)
+    if session.options.report_path and _is_controller(config):
+        config.stash[_REPORT_DIRECTORY_CREATED] = report_directory_to_create(
+            session.options.report_path)
     # Before the suite is imported: its secondary properties size themselves on the profile.
-    _load_hypothesis_profile(session)
+    _load_hypothesis_profile(session, config)
     # The suite is part of the install, so it runs from any directory. Given
     # no paths, pytest would also collect the current directory: only paths
     # the user named are collected beside the suite.
@@ -128,7 +156,7 @@ def pytest_make_collect_report(collector: pytest.Collector):
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = _session(config)
-    if session.options.session_opted_in or session.scope_all:
+    if session.options.session_opted_in or session.scope_all or session.options.compile_given:
         untested = versions.untested_jax_note()
         return [session.header()] + ([untested] if untested else [])
     return None
@@ -141,26 +169,36 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     ours = [item for item in items if pallas.uses_pallas(item)]
     if not ours:
         return
-    _load_hypothesis_profile(pallas)
+    if not pallas.options.tpu and any(
+            "pallas_benchmark" in getattr(item, "fixturenames", ()) for item in ours):
+        from .benchmarking import request_single_threaded_xla
+
+        request_single_threaded_xla(config)
+    _load_hypothesis_profile(pallas, config)
 
 
-def _load_hypothesis_profile(pallas: PallasSession) -> None:
-    from hypothesis import settings
+def _load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> None:
+    from hypothesis import Verbosity, settings
 
+    from ._hypothesis_compat import current_profile_name
     from .strategies import register_profiles
 
     register_profiles()
     profile = f"pallas-{pallas.options.profile}"
+    overrides = {}
     if pallas.options.examples is not None:
-        settings.register_profile(
-            "pallas-cli", parent=settings.get_profile(profile),
-            max_examples=pallas.options.examples,
-        )
+        overrides["max_examples"] = pallas.options.examples
+    # Hypothesis's own flag: our profile replaces the one it loaded, so carry it over.
+    verbosity = config.getoption("--hypothesis-verbosity", default=None)
+    if verbosity:
+        overrides["verbosity"] = Verbosity[verbosity]
+    if overrides:
+        settings.register_profile("pallas-cli", parent=settings.get_profile(profile),
+                                  **overrides)
         profile = "pallas-cli"
     if pallas.hypothesis_profile_before is None:
         # Restored at pytest_unconfigure: the profile is this run's, not the process's.
-        current = getattr(settings, "get_current_profile_name", None)
-        pallas.hypothesis_profile_before = current() if current else settings._current_profile
+        pallas.hypothesis_profile_before = current_profile_name()
     settings.load_profile(profile)
 
 
@@ -214,45 +252,28 @@ def _seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
     set at collection would be the last item's; a method's ``obj`` is a bound method, which
     takes no attributes, so the seed goes on the function behind it.
     """
+    from ._hypothesis_compat import is_given_test, seed_with_run_settings
+
     function = getattr(item, "obj", None)
     function = getattr(function, "__func__", function)
-    if getattr(function, "is_hypothesis_test", False):
-        from hypothesis import seed, settings
-
+    if is_given_test(function):
         from .conformance_suite import SETTINGS_ATTRIBUTE
 
         # Put back at teardown: the function is shared by its parametrized items and by
-        # a later run of the suite in the same process.
-        item.stash[_HYPOTHESIS_ATTRIBUTES] = (function, {
-            name: function.__dict__.get(name, _ABSENT) for name in _HYPOTHESIS_ATTRIBUTE_NAMES})
-        make_settings = getattr(function, SETTINGS_ATTRIBUTE, None)
-        if make_settings is not None:
-            # A conformance test's own count (a fifth of the profile's, say), made from the
-            # profile of this run.
-            function._hypothesis_internal_use_settings = make_settings(settings.default)
-        elif not hasattr(function, "_hypothesis_internal_settings_applied"):
-            # @given took the settings profile loaded when the module was imported, before
-            # the plugin knew the test was ours; a test without its own @settings gets ours.
-            function._hypothesis_internal_use_settings = settings.default
-        seed(pallas.key_seed(item.nodeid))(function)
+        # a later run of the suite in the same process. A conformance test makes its own
+        # count (a fifth of the profile's, say) from the profile of this run.
+        item.stash[_HYPOTHESIS_RESTORE] = seed_with_run_settings(
+            function, pallas.key_seed(item.nodeid), getattr(function, SETTINGS_ATTRIBUTE, None))
 
 
-_HYPOTHESIS_ATTRIBUTES = pytest.StashKey[tuple]()
-_HYPOTHESIS_ATTRIBUTE_NAMES = ("_hypothesis_internal_use_settings", "_hypothesis_internal_use_seed")
-_ABSENT = object()
+_HYPOTHESIS_RESTORE = pytest.StashKey[Callable[[], None]]()
 
 
 def _restore_hypothesis_attributes(item: pytest.Item) -> None:
-    saved = item.stash.get(_HYPOTHESIS_ATTRIBUTES, None)
-    if saved is None:
-        return
-    function, attributes = saved
-    for name, value in attributes.items():
-        if value is _ABSENT:
-            function.__dict__.pop(name, None)
-        else:
-            setattr(function, name, value)
-    del item.stash[_HYPOTHESIS_ATTRIBUTES]
+    restore = item.stash.get(_HYPOTHESIS_RESTORE, None)
+    if restore is not None:
+        restore()
+        del item.stash[_HYPOTHESIS_RESTORE]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -268,6 +289,7 @@ def pytest_runtest_call(item: pytest.Item):
         try:
             result = yield
         except BaseException as error:
+            _restate_hypothesis_notes(item, error)
             if watchdog.fired and not isinstance(error, KernelTimeout):
                 raise KernelTimeout(watchdog.message) from error
             _raise_as_tpu_rule(error)
@@ -276,11 +298,54 @@ def pytest_runtest_call(item: pytest.Item):
             )
             if exit_failure is not None:
                 raise exit_failure from error  # the race behind the wrong values, say
-            raise
+            fallback = (pallas.interpreter_fallback(item, error)
+                        if isinstance(error, Exception) else None)
+            if fallback is None:
+                raise
+            return _run_in_other_interpreter(item, *fallback)
     if watchdog.fired:
         raise KernelTimeout(watchdog.message)
     pallas.check_kernel_exits(item)
     return result
+
+
+def _restate_hypothesis_notes(item: pytest.Item, error: BaseException) -> None:
+    """Hypothesis's advice, in terms a user of the plugin can act on."""
+    from ._hypothesis_compat import restate_notes
+
+    if is_conformance_item(item):
+        # The suite's explicit examples are its sweep cases, and its tests are not the
+        # user's to decorate: the pallas section below gives the command that reproduces.
+        restate_notes(error, examples="sweep cases", reproduce="")
+    else:
+        restate_notes(error)
+
+
+def _run_in_other_interpreter(item: pytest.Item, params: Any, paragraph: str) -> None:
+    """Run the test again with ``params`` after JAX's interpreter crashed inside JAX."""
+    __tracebackhide__ = True
+    import warnings
+
+    from jax.experimental.pallas import tpu as pltpu
+
+    from ._jax_compat import reset_interpreter_state
+
+    reset_interpreter_state()
+    pallas = _session(item.config)
+    try:
+        with pltpu.force_tpu_interpret_mode(params):
+            item.runtest()
+    except Exception as second:
+        reason = pallas.cannot_interpret(paragraph, second)
+        if reason is not None:
+            pytest.skip(reason)
+        second.add_note(paragraph)
+        raise
+    warnings.warn(PallasInterpreterFallback(paragraph), stacklevel=1)
+
+
+class PallasInterpreterFallback(UserWarning):
+    """A test ran in the other interpreter because JAX's first choice crashed inside JAX."""
 
 
 def _running_kernels_text(item: pytest.Item) -> str:
@@ -334,6 +399,8 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         text = (f"seed {pallas.options.seed}; reproduce with:\n"
                 f"  {pallas.reproduce_command(item.nodeid)}")
         note = pallas.uninitialized_read_note(item, call.excinfo.value) if call.excinfo else None
+        kept = "\n".join(pallas.item_backend(item).own_params_changed)
+        text = f"{kept}\n{text}" if kept else text
         report.sections.append(("pallas", f"{note}\n\n{text}" if note else text))
     return report
 
@@ -440,6 +507,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
     benchmark_summary(terminalreporter, config)
     pallas = _session(config)
+    compile_line = _compile_summary(pallas)
+    if compile_line:
+        terminalreporter.write_line(compile_line)
     if pallas.recorder is None or not pallas.recorder.ops:
         return
     terminalreporter.write_sep("=", "pallas conformance")
@@ -454,7 +524,27 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     for reason in pallas.incomplete_reasons:
         terminalreporter.write_line(f"incomplete: {reason}", yellow=True)
     if pallas.options.report_path:
-        terminalreporter.write_line(f"report written to {pallas.options.report_path}")
+        created = config.stash.get(_REPORT_DIRECTORY_CREATED, None)
+        terminalreporter.write_line(f"report written to {pallas.options.report_path}" + (
+            f" (directory {created} created)" if created else ""))
+
+
+_COMPILES_BEFORE: dict[int, tuple[int, int, float]] = {}
+
+
+def _compile_summary(pallas: PallasSession) -> str | None:
+    """What the TPU compiler check cost in this session (pytest-xdist workers count apart)."""
+    if not pallas.options.compile_chips:
+        return None
+    from .compile_check import STATS
+
+    compiles, cached, seconds = _COMPILES_BEFORE.get(id(pallas), (0, 0, 0.0))
+    compiles, cached, seconds = (STATS.compiles - compiles, STATS.cached - cached,
+                                 STATS.seconds - seconds)
+    if not compiles:
+        return None
+    return (f"pallas: TPU compiler check: {compiles} kernel compiles in "
+            f"{seconds:.1f} s, {cached} verdicts from the cache")
 
 
 # --- fixtures -----------------------------------------------------------------

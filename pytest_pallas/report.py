@@ -45,11 +45,33 @@ class PropertyResult:
 
 
 @dataclasses.dataclass
+class CompileResult:
+    """The TPU compiler's verdicts on one op's kernels for one chip (--pallas-compile)."""
+
+    compiled: int = 0  # kernel verdicts (shapes) the compiler accepted
+    rejected: int = 0
+    vmem_bytes: int | None = None  # the most scoped VMEM the compiler reported asking for
+    vmem_limit_bytes: int | None = None
+    first_rejection: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "compiled": self.rejected == 0 and self.compiled > 0,
+            "kernels_compiled": self.compiled,
+            "kernels_rejected": self.rejected,
+            "vmem_bytes": self.vmem_bytes,
+            "vmem_limit_bytes": self.vmem_limit_bytes,
+            "first_rejection": self.first_rejection or None,
+        }
+
+
+@dataclasses.dataclass
 class OpRecord:
     implementation: str
     restrictions: dict[str, Any]
     restrictions_text: str
     properties: dict[str, PropertyResult] = dataclasses.field(default_factory=dict)
+    compile: dict[str, CompileResult] = dataclasses.field(default_factory=dict)
 
 
 class ConformanceRecorder:
@@ -81,6 +103,22 @@ class ConformanceRecorder:
             if not result.first_failure:
                 result.first_failure = message.strip().splitlines()[0][:300] if message else ""
 
+    def compiled(self, op: str, verdict: Any) -> None:
+        """Record a ``compile_check.CompileVerdict`` on one of ``op``'s kernels."""
+        record = self.ops.get(op)
+        if record is None:
+            return  # the op's implementation was not resolved: nothing of it ran
+        result = record.compile.setdefault(verdict.chip, CompileResult())
+        if verdict.compiled:
+            result.compiled += 1
+        else:
+            result.rejected += 1
+            if not result.first_rejection:
+                result.first_rejection = f"[{verdict.rule}] {verdict.message}"[:300]
+        if verdict.vmem_bytes is not None:
+            result.vmem_bytes = max(result.vmem_bytes or 0, verdict.vmem_bytes)
+            result.vmem_limit_bytes = verdict.vmem_limit_bytes
+
     # --- merging (pytest-xdist workers send their records to the controller) ---
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,6 +129,8 @@ class ConformanceRecorder:
                 "restrictions_text": record.restrictions_text,
                 "properties": {name: dataclasses.asdict(result)
                                for name, result in record.properties.items()},
+                "compile": {chip: dataclasses.asdict(result)
+                            for chip, result in record.compile.items()},
             }
             for op, record in self.ops.items()
         }
@@ -112,12 +152,21 @@ class ConformanceRecorder:
                 mine.examples += values["examples"]
                 mine.worst_error = max(mine.worst_error, values["worst_error"])
                 mine.first_failure = mine.first_failure or values["first_failure"]
+            for chip, values in record.get("compile", {}).items():
+                mine = self.ops[op].compile.setdefault(chip, CompileResult())
+                mine.compiled += values["compiled"]
+                mine.rejected += values["rejected"]
+                if values["vmem_bytes"] is not None:
+                    mine.vmem_bytes = max(mine.vmem_bytes or 0, values["vmem_bytes"])
+                    mine.vmem_limit_bytes = values["vmem_limit_bytes"]
+                mine.first_rejection = mine.first_rejection or values["first_rejection"]
 
     # --- output -----------------------------------------------------------------
 
     def summary_lines(self) -> list[str]:
+        compiles = any(record.compile for record in self.ops.values())
         header = ("op", "implementation", "passed", "failed", "examples", "worst/tol",
-                  "restrictions")
+                  *(("compiled",) if compiles else ()), "restrictions")
         rows = []
         for op, record in self.ops.items():
             results = record.properties.values()
@@ -127,9 +176,13 @@ class ConformanceRecorder:
             finite = [r.worst_error for r in results if not math.isinf(r.worst_error)]
             worst = "inf" if any(math.isinf(r.worst_error) for r in results) else (
                 f"{max(finite):.2g}" if finite else "-")
+            compiled = (
+                (",".join(chip if result.rejected == 0 else f"{chip}:NO"
+                          for chip, result in record.compile.items()) or "-",)
+                if compiles else ())
             rows.append((op, record.implementation, str(passed),
                          ",".join(failed) if failed else "0", str(examples), worst,
-                         record.restrictions_text))
+                         *compiled, record.restrictions_text))
         widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(header, widths)).rstrip()]
         lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
@@ -151,6 +204,9 @@ class ConformanceRecorder:
                     "restrictions": record.restrictions,
                     "properties": {name: result.as_dict()
                                    for name, result in record.properties.items()},
+                    # --pallas-compile: per chip, whether every kernel traced compiled.
+                    "compile": {chip: result.as_dict()
+                                for chip, result in record.compile.items()},
                 }
                 for op, record in self.ops.items()
             },

@@ -20,6 +20,7 @@ import pytest
 
 from . import _jax_compat
 from .backend import Backend, chip_info, make_interpret_params, request_cpu_devices, select_backend
+from .compile_check import quiet_libtpu_environment
 from .options import PallasOptions
 
 MARKERS = {
@@ -39,6 +40,7 @@ _SWITCHES = ("--pallas-tpu", "--pallas-detect-races", "--pallas-conformance")
 
 # A feature built on private JAX internals, by the name a run reports when it is off.
 KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"
+TPU_COMPILER_CHECK = "the TPU compiler check"
 
 _ACTIVE = pytest.StashKey[contextlib.ExitStack]()
 _BACKEND = pytest.StashKey[Backend]()
@@ -74,6 +76,8 @@ class PallasSession:
 
     def ensure_devices(self) -> None:
         if self.devices_note is None:
+            # Before JAX starts: libtpu, when installed, loads with JAX's backends.
+            quiet_libtpu_environment(os.environ)
             self.devices_note = request_cpu_devices(self.options.devices, os.environ)
 
     @property
@@ -123,6 +127,7 @@ class PallasSession:
         """Enter the test's backend and the TPU-fidelity checks (see ``tpu_checks``)."""
         from .compare import backend_matmul_precision, interpreted_kernels
         from .kernel_check import STATIC_CHECKS, checking_pallas_calls
+        from .mismatch import TracedOutput, traced_output_blocks
 
         backend = self.backend_for(item)
         stack = contextlib.ExitStack()
@@ -139,14 +144,32 @@ class PallasSession:
         # each pallas_call is traced (on a TPU too: the chip does not complain).
         reports = item.stash[_KERNEL_REPORTS] = _list_or_empty(stack.enter_context(optional(
             STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip))))
+        if not backend.is_tpu and self.options.compile_chips:
+            # Then the TPU compiler's verdict on each kernel, for each chip asked for.
+            from .compile_check import compiling_pallas_calls
+
+            stack.enter_context(optional(TPU_COMPILER_CHECK, lambda: compiling_pallas_calls(
+                self.options.compile_chips, on_verdict=self._compile_recorder(item))))
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
             stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports]))
+        # A value failure then locates its mismatches in the traced kernels' output blocks.
+        stack.enter_context(traced_output_blocks(lambda: [
+            TracedOutput(report.kernel, array_shape, block_shape)
+            for report in reports for array_shape, block_shape in report.output_blocks]))
         # assert_allclose in the test then allows for the backend's matmul rounding.
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
         stack.enter_context(backend.activate())
         item.stash[_ACTIVE] = stack
         item.stash[_BACKEND] = backend
+
+    def _compile_recorder(self, item: pytest.Item):
+        """For a conformance test: records in the report whether its op's kernels compiled."""
+        op = conformance_op(item) if is_conformance_item(item) else None
+        recorder = self.recorder
+        if op is None or recorder is None:
+            return None
+        return lambda verdict: recorder.compiled(op, verdict)
 
     def deactivate(self, item: pytest.Item) -> None:
         stack = item.stash.get(_ACTIVE, None)
@@ -191,6 +214,47 @@ class PallasSession:
             _jax_compat.reset_interpreter_state()
             return TpuRuleViolation(violations)
         return None
+
+    def interpreter_fallback(self, item: pytest.Item, error: BaseException):
+        """After JAX's interpreter crashed inside JAX: ``(interpret params, paragraph)`` to run
+        the test again with, or None (a TPU run, a conformance test, not such a crash).
+
+        The TPU interpreter falls back to the plain one (values, not DMAs, semaphores,
+        races or poisoned memory), the plain one to the TPU one.
+        """
+        backend = self.item_backend(item)
+        if backend.is_tpu or is_conformance_item(item):
+            return None
+        crash = _jax_compat.interpreter_crash(error)
+        if crash is None:
+            return None
+        kernels = [report.kernel for report in item.stash.get(_KERNEL_REPORTS, ())]
+        which = f"kernel {kernels[-1]}" if kernels else "a kernel of this test"
+        if backend.interpreter == "tpu":
+            failed, other, params = "TPU interpreter", "plain interpreter (interpret=True)", True
+            lost = ("which checks its values but not its DMAs, semaphores, races or "
+                    "NaN-poisoned memory")
+        else:
+            failed, other = "plain interpreter", "TPU interpreter"
+            params = make_interpret_params(
+                dataclasses.replace(self.options, interpreter="tpu"), backend.tpu_info)
+            lost = "which checks everything the plain one does"
+        paragraph = (
+            f"pallas: JAX's {failed} crashed inside JAX while running {which} ({crash}). "
+            f"That is a limitation of JAX's {failed}, not a bug of the kernel (the TPU "
+            f"compiler may well accept it). The test was run again in the {other}, {lost}; "
+            "the static TPU rules ran as usual."
+        )
+        return params, paragraph
+
+    def cannot_interpret(self, paragraph: str, second: BaseException) -> str | None:
+        """The skip reason when the fallback interpreter crashed inside JAX too, else None."""
+        crash = _jax_compat.interpreter_crash(second)
+        if crash is None:
+            return None
+        return (paragraph.replace("The test was run again", "It was tried again")
+                + f" That run crashed inside JAX too ({crash}): neither of JAX's interpreters "
+                "can run this kernel, so its run-time behaviour is not checked on the CPU.")
 
     def uninitialized_read_note(self, item: pytest.Item, error: BaseException) -> str | None:
         """For a failure that shows a NaN in interpret mode (any comparator): the likely rule.
@@ -254,10 +318,37 @@ class PallasSession:
         seed = f"seed {options.seed}"
         if not options.seed_given and options.profile == "ci":
             seed += ", the ci profile's fixed seed"
+        devices = ""
+        if not options.tpu:
+            # A suite written for one device skips itself under more ("requires 1 device,
+            # found 8") and the run looks green: say how many there are and why.
+            self.ensure_devices()
+            devices = (f"; {self.devices_note} simulated, for multi-device kernels "
+                       "(--pallas-devices=N to change; tests that need an exact count skip "
+                       "under another)")
+        compile_text = self.compile_header()
         return (
-            f"pallas: {backend}; {seed} (reproduce with "
+            f"pallas: {backend}{devices}; {seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
+            + (f"; {compile_text}" if compile_text else "")
         )
+
+    def compile_header(self) -> str | None:
+        """The chips the TPU compiler check compiles for, or why it is off and how to turn it on."""
+        options = self.options
+        if options.tpu:
+            return None
+        if options.compile_chips:
+            return (f"TPU compiler check for {', '.join(options.compile_chips)} "
+                    f"(libtpu {options.libtpu}); --pallas-compile=none turns it off")
+        if options.libtpu is None:
+            return ("TPU compiler check off: libtpu is not installed; "
+                    "pip install 'pytest-pallas[tpu]' to compile every kernel for the chip")
+        if options.compile_given:
+            return (f"TPU compiler check off (--pallas-compile=none); "
+                    f"--pallas-compile={options.chip} turns it on")
+        return (f"TPU compiler check off: it does not compile for {options.chip}; "
+                "--pallas-compile=CHIP turns it on for another chip")
 
 
 def _conformance_directory() -> str:

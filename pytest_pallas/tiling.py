@@ -2,9 +2,10 @@
 
 Mosaic's lowering (``_check_block_mappings`` in ``jax/_src/pallas/mosaic/lowering.py``)
 accepts a block of rank >= 2 whose last dimension is a multiple of 128 or the
-array's, and whose second-minor dimension is a multiple of 8 or the array's,
-whatever the dtype. A rank-1 block is the full dimension, a multiple of
-1024 (8 x 128), or a power of two of at least 128 x (32 / bitwidth).
+array's, and whose second-minor dimension is a multiple of 8 or the array's
+(the TPU compiler then asks 32 rows of 8-bit and 64 of 4-bit types). A
+rank-1 block is the full dimension, a multiple of 1024 (8 x 128), or a power
+of two of at least 128 x (32 / bitwidth).
 
 The *native* tile of a dtype packs narrow values into 32-bit sublanes (16
 rows of bfloat16, 32 of int8): what XLA's layouts use, so block sizes that
@@ -58,8 +59,14 @@ def native_sublanes(dtype: Any, sublanes: int = SUBLANES) -> int:
 
 
 def required_sublanes(dtype: Any, *, packed: bool = False, sublanes: int = SUBLANES) -> int:
-    """The multiple a block's second-minor dimension must be: 8, or the native tile if packed."""
-    return native_sublanes(dtype, sublanes) if packed else sublanes
+    """The multiple a block's second-minor dimension must be: 8, or the native tile if packed.
+
+    8- and 4-bit blocks always need their native tile (32 or 64 rows): the TPU
+    compiler rejects fewer (Mosaic error E2002), though the lowering's own check
+    accepts 8. 16-bit blocks need it only when ``packed``.
+    """
+    narrow = (bits_of(dtype) or 32) < 16
+    return native_sublanes(dtype, sublanes) if packed or narrow else sublanes
 
 
 def minor_ok(size: int, full: int, lanes: int = LANES) -> bool:

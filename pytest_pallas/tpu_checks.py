@@ -15,11 +15,13 @@ internal) and name the rule a kernel breaks, the operand, and the fix:
     squeezed (``None``/``pl.Squeezed``) dimension counts as 1. Rank-1 blocks:
     the full dimension, a multiple of 1024 (8 x 128), or a power of two of at
     least 128 x (32 / bitwidth). Blocks in ``pl.ANY``/HBM: the whole array with
-    an index map of zeros. The stricter packed tiling (16 rows for 16-bit, 32
-    for 8-bit dtypes) is what XLA's layouts use, but Mosaic lowers 8-row
-    blocks of bfloat16; ask for it with ``packed_sublanes=True``.
+    an index map of zeros. 8- and 4-bit blocks need 32 and 64 rows: the TPU
+    compiler tiles them packed and rejects fewer (E2002). The packed tiling of
+    16-bit dtypes (16 rows) is what XLA's layouts use, but the compiler
+    accepts 8-row blocks of bfloat16; ask for it with ``packed_sublanes=True``.
 ``vmem-footprint``
-    Every VMEM block buffered (twice unless ``pipeline_mode=pl.Buffered(n)``),
+    Every VMEM block buffered (twice unless ``pipeline_mode=pl.Buffered(n)``,
+    once in a call of a single grid step or none, as the TPU compiler does),
     plus VMEM scratch, plus the peak of ``pl.run_scoped`` allocations, padded
     to (8, 128) tiles, against the scoped-VMEM limit the kernel compiles under:
     ``CompilerParams(vmem_limit_bytes=...)`` if given, else the default limit
@@ -111,6 +113,9 @@ class Violation:
     operand: str | None  # "input 0 (args[0], kernel parameter x_ref)", ...
     problem: str
     fix: str
+    # For a race on an output: which output (its flat index), so the verdict can
+    # wait for what the program does with that output (settle_output_races).
+    output_index: int | None = None
 
     def __str__(self) -> str:
         where = f" {self.operand}:" if self.operand else ""
@@ -133,6 +138,13 @@ class KernelReport:
     checked: list[str] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
     violations: list[Violation] = dataclasses.field(default_factory=list)
+    # Each VMEM-blocked output's (array shape, block shape): where a value failure's
+    # mismatches are located (see mismatch.py).
+    output_blocks: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    # Who judged tiling, VMEM and lowering: "static rules", or "TPU compiler (libtpu ...)"
+    # when check_kernel compiled the call (compile_check.CompileVerdict in compile_verdict).
+    judged_by: str = "static rules"
+    compile_verdict: Any = None
 
     @property
     def ok(self) -> bool:
@@ -269,6 +281,9 @@ def _tiling_violation(
                 f"{info.num_lanes} or the full {full_minor}"
             )
             fixes.append(_suggest(op, -1, info.num_lanes))
+        # 8- and 4-bit blocks: the TPU compiler tiles them packed, whatever the option
+        # (E2002 for 8 or 16 rows of int8); 16-bit ones in 8 rows unless asked.
+        narrow = bits < 16
         rows = tiling.required_sublanes(op.dtype, packed=packed, sublanes=info.num_sublanes)
         second, full_second = sizes[-2], shape[-2]
         if not tiling.second_minor_ok(second, full_second, rows):
@@ -290,7 +305,10 @@ def _tiling_violation(
         )
         if rows != info.num_sublanes:
             rule_text = (
-                f"with packed sublanes (packed_sublanes=True) the last two block dimensions "
+                f"the TPU compiler tiles {_dtype_name(op.dtype)} in ({rows}, {info.num_lanes}): "
+                if narrow else "with packed sublanes (packed_sublanes=True) "
+            ) + (
+                f"the last two block dimensions "
                 f"must be divisible by {rows} and {info.num_lanes} or equal to the array's"
             )
         return Violation(
@@ -389,12 +407,20 @@ def _round_up(n: int, multiple: int) -> int:
 def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
     """Everything ``call`` keeps in VMEM at once: buffered blocks, scratch, the run_scoped peak."""
     items = []
+    # A grid of one step (or none) has no pipeline to overlap: Mosaic keeps one copy of
+    # each block. Settled against the TPU compiler for v5e (16 MiB scoped VMEM): a
+    # whole-array float32 matmul without a grid, or with grid=(1,), compiles at
+    # 1152 x 1152 (15.2 MiB single-buffered, 30.4 double) and is rejected at 1280
+    # (18.8 MiB single-buffered).
+    single_step = all(g is not None for g in call.grid) and math.prod(
+        int(g) for g in call.grid) == 1
+    default_buffers = 1 if single_step else 2
     for op in call.operands:
         if op.memory_space == "vmem":
             items.append(
                 VmemItem(
                     f"{describe_operand(op)} block {op.ref_shape} {_dtype_name(op.dtype)}",
-                    op.buffer_count or 2,
+                    op.buffer_count or default_buffers,
                     padded_vmem_bytes(op.ref_shape, op.dtype, info),
                 )
             )
@@ -414,6 +440,12 @@ def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
     if peak:
         items.append(VmemItem(f"pl.run_scoped allocations (peak, {where})", 1, peak))
     return items
+
+
+def _buffering_text(call: PallasCallInfo) -> str:
+    if all(g is not None for g in call.grid) and math.prod(int(g) for g in call.grid) == 1:
+        return "blocks single-buffered: a grid of one step has no pipeline"
+    return "blocks double-buffered"
 
 
 def _scoped_peak(region: Any, info: Any) -> tuple[int, str]:
@@ -492,8 +524,8 @@ def check_vmem_footprint(
                 VMEM,
                 call.title,
                 None,
-                f"it needs at least {_mib(total)} of VMEM (blocks double-buffered, tiles padded to "
-                f"({info.num_sublanes}, {info.num_lanes})) but compiles under {source}, "
+                f"it needs at least {_mib(total)} of VMEM ({_buffering_text(call)}, tiles "
+                f"padded to ({info.num_sublanes}, {info.num_lanes})) but compiles under {source}, "
                 f"{_mib(limit)}, so "
                 f"Mosaic rejects it on the chip; largest: {breakdown}.",
                 fix,
@@ -648,6 +680,7 @@ def _parallel_race(call, op, grid, parallel_axes, ids, blocks, points) -> Violat
         f'mark axis {", ".join(map(str, differing))} "arbitrary" in '
         "pltpu.CompilerParams(dimension_semantics=...) and move it after the parallel axes "
         "(a reduction belongs on the last grid axes), or make the output's index map depend on it.",
+        output_index=op.index,
     )
 
 
@@ -704,6 +737,7 @@ def _order_by_dataflow(call, op, grid, parallel_axes) -> list[Violation]:
                 "on it.",
                 f'mark axis {", ".join(map(str, missing_parallel))} "arbitrary" and move it '
                 "after the parallel axes, or make the output's index map depend on it.",
+                output_index=op.index,
             )
         ]
     if op.revisit_any:
@@ -733,6 +767,18 @@ def _order_by_dataflow(call, op, grid, parallel_axes) -> list[Violation]:
 ALL_CHECKS = (TILING, VMEM, "grid-order")
 
 
+def _output_blocks(call: PallasCallInfo) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """The outputs whose BlockSpec tiles them into VMEM blocks (not pl.ANY, not element
+    offsets), as (array shape, block shape)."""
+    return tuple(
+        (operand.array_shape, operand.block_shape)
+        for operand in call.operands
+        if operand.role == "output" and operand.memory_space == "vmem"
+        and all(kind in ("blocked", "squeezed") for kind, _ in operand.block_dims)
+        and len(operand.block_dims) == len(operand.array_shape)
+    )
+
+
 def check_pallas_call_info(
     call: PallasCallInfo,
     info: Any,
@@ -743,7 +789,8 @@ def check_pallas_call_info(
     max_grid_points: int = MAX_GRID_POINTS,
 ) -> KernelReport:
     """Run the static checks on a described pallas_call; the report lists what they found."""
-    report = KernelReport(call.title, call.grid, call.dimension_semantics)
+    report = KernelReport(call.title, call.grid, call.dimension_semantics,
+                          output_blocks=_output_blocks(call))
     if not call.for_tensor_core:
         report.skipped.append("not a TensorCore kernel (GPU compiler params or a SparseCore mesh)")
         return report
@@ -760,6 +807,43 @@ def check_pallas_call_info(
         report.violations.extend(found)
         report.skipped.extend(notes)
         report.checked.extend((PARALLEL_RACE, REVISIT, OUT_OF_BOUNDS))
+    return report
+
+
+def is_output_race(violation: Violation) -> bool:
+    """A race on an output, whose verdict depends on whether the program uses that output."""
+    return violation.rule == PARALLEL_RACE and violation.output_index is not None
+
+
+def settle_output_races(report: KernelReport, used_outputs: Sequence[bool]) -> KernelReport:
+    """Judge the races on outputs of ``report`` by what the program does with each output.
+
+    Cores racing on an output block leave a value that depends on which
+    writes last. That is a bug only if the program uses the output: a kernel
+    may keep running state (splash attention's m, l and o) in extra outputs
+    that its caller throws away, and those may race harmlessly. A race on a
+    dropped output becomes a note in ``report.skipped``; a race on a kept one
+    stays, and its message says that the output is kept.
+    """
+    kept: list[Violation] = []
+    for violation in report.violations:
+        if not is_output_race(violation):
+            kept.append(violation)
+            continue
+        index = violation.output_index
+        used = index >= len(used_outputs) or used_outputs[index]
+        if used:
+            kept.append(dataclasses.replace(
+                violation,
+                problem=violation.problem + " The program uses this output after the call, so "
+                "the value it reads depends on which core wrote the block last.",
+            ))
+        else:
+            report.skipped.append(
+                f"{PARALLEL_RACE}: {violation.operand} races, but the program never uses this "
+                "output (its value is thrown away), so the race cannot change a result"
+            )
+    report.violations = kept
     return report
 
 
@@ -839,6 +923,40 @@ _REVISIT_ERROR = re.compile(
     r"Revisited block (?P<block>.+?) of output (?P<output>\d+) in iteration (?P<at>\(.*?\))\. "
     r"The block was previously visited in iterations (?P<first>\(.*?\)) through (?P<last>\(.*?\))"
 )
+_OOB_READ = re.compile(
+    r"reading \[\((?P<slices>.*)\)\] but buffer has shape \((?P<shape>[\d, ]*)\)")
+_SLICE = re.compile(r"slice\((\d+), (\d+)(?:, \d+)?\)|(?<![\w(])(\d+)(?![\d)])")
+
+
+def _beyond_padding_text(message: str) -> str:
+    """Whether an out-of-bounds read stays inside the array's (8, 128) tile padding.
+
+    On the chip a 32-bit array's last two dimensions are stored in whole
+    (8, 128) tiles, so a read past the logical end but inside the last tile reads
+    padding (legal; the kernel must mask it). The plugin runs the TPU interpreter
+    with tile-padded bounds, so what it stops is past the padding: outside the
+    buffer on the chip too.
+    """
+    match = _OOB_READ.search(message)
+    if match is None or "smem" in message.lower():  # SMEM is not tiled: no padding to read
+        return "On the TPU this reads or writes memory outside the buffer."
+    shape = [int(d) for d in match["shape"].replace(" ", "").split(",") if d]
+    ends = []
+    for m in _SLICE.finditer(match["slices"]):
+        ends.append(int(m.group(2)) if m.group(2) else int(m.group(3)) + 1)
+    if len(ends) != len(shape) or len(shape) < 2:
+        return "On the TPU this reads or writes memory outside the buffer."
+    tiles = [1] * (len(shape) - 2) + [8, 128]
+    padded = [-(-d // t) * t for d, t in zip(shape, tiles)]
+    if all(e <= p for e, p in zip(ends, padded)):
+        return (f"The read stays inside the array's (8, 128) tile padding (padded shape "
+                f"{tuple(padded)}), which the TPU allows: this interpreter ran with logical "
+                "bounds (pltpu.InterpretParams(buffer_bounds='padded') models the chip), so "
+                "this is not a bug on the chip as long as the kernel masks what it reads there.")
+    return (f"The read goes past the array's tile padding too (padded shape {tuple(padded)}): "
+            "on the TPU it reads memory outside the buffer.")
+
+
 _OOB_ERROR = re.compile(
     r"(Out-of-bounds (read|block index)[^\n]*|Range [^\n]* out of bounds[^\n]*)"
 )
@@ -886,8 +1004,7 @@ def translate_interpreter_error(
                     title,
                     None,
                     "the TPU interpreter stopped an out-of-bounds access: "
-                    f"{match.group(0).strip()} On the TPU this reads or writes memory outside "
-                    "the buffer.",
+                    f"{match.group(0).strip()} {_beyond_padding_text(match.group(0))}",
                     "clamp the copy's pl.ds(start, size) so start + size stays within the array, "
                     "or handle the ragged tail with a smaller final copy.",
                 )

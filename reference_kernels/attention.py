@@ -353,6 +353,11 @@ def _resolve_blocks(s: int, t: int, dtype: Any, block_q: int | None, block_kv: i
     else:
         check_block("block_kv", block_kv, "t", t, LANES,
                      "TPU lane tiling, the minor dimension of the (block_q, block_kv) logits")
+    if block_kv == 1:
+        # One key per block: Mosaic (libtpu 0.0.42) fails to verify the bfloat16
+        # q @ k.T with a single k row ("'vector.broadcast' op failed to verify").
+        # Eight rows, seven of them padding that the kernel masks, compile.
+        block_kv = 8
     return block_q, block_kv
 
 

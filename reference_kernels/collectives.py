@@ -66,6 +66,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ._tiling import native_sublanes, round_up
+
 __all__ = [
     "all_gather",
     "all_gather_cost",
@@ -519,7 +521,20 @@ def _reduce_scatter_call(x, *, axis_name: Any) -> jax.Array:
         )
     if num_devices == 1:
         return x
-    block = (x.shape[0] // num_devices, *x.shape[1:])
+    rows = x.shape[0] // num_devices
+    tile = native_sublanes(x.dtype)
+    if x.ndim > 1 and rows % tile:
+        # The kernel copies block i of x out of HBM at row i * rows: the TPU compiler
+        # accepts only offsets that are whole tiles of rows ("Offsets along tiled
+        # dimensions must be aligned to tiles"). Pad each block to whole tiles, drop the
+        # padding from the result.
+        padded = round_up(rows, tile)
+        blocks = x.reshape(num_devices, rows, *x.shape[1:])
+        blocks = jnp.pad(blocks, [(0, 0), (0, padded - rows)] + [(0, 0)] * (x.ndim - 1))
+        out = _reduce_scatter_call(blocks.reshape(num_devices * padded, *x.shape[1:]),
+                                   axis_name=axis_name)
+        return out[:rows]
+    block = (rows, *x.shape[1:])
     wire = _wire_dtype(x.dtype)
     return pl.pallas_call(
         functools.partial(_reduce_scatter_kernel, axis_name=axis_name, num_devices=num_devices),

@@ -258,10 +258,13 @@ def _chunked_copy_kernel(x_hbm, o_hbm, *, block: int, num_full: int, remainder: 
     how to overlap.
     """
 
-    def body(stage, sem):
+    def body(stage, sem, *tail):
         def copy_rows(start, size):
             rows = pl.ds(start, size)
-            staged = stage.at[pl.ds(0, size)]
+            # The tail chunk has a buffer of its own size: a slice of `stage` whose
+            # row count is not a multiple of 8 is a VMEM slice the TPU compiler
+            # rejects ("Slice sizes along tiled dimensions must be aligned to tiles").
+            staged = stage if size == block else tail[0]
             inbound = pltpu.make_async_copy(x_hbm.at[rows], staged, sem)
             inbound.start()
             # The staging buffer is only valid once the semaphore says so.
@@ -279,7 +282,9 @@ def _chunked_copy_kernel(x_hbm, o_hbm, *, block: int, num_full: int, remainder: 
         if remainder:
             copy_rows(num_full * block, remainder)
 
-    pl.run_scoped(body, pltpu.VMEM((block, x_hbm.shape[1]), x_hbm.dtype), pltpu.SemaphoreType.DMA)
+    tail = (pltpu.VMEM((remainder, x_hbm.shape[1]), x_hbm.dtype),) if remainder else ()
+    pl.run_scoped(body, pltpu.VMEM((block, x_hbm.shape[1]), x_hbm.dtype), pltpu.SemaphoreType.DMA,
+                  *tail)
 
 
 @functools.cache

@@ -417,7 +417,7 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     hides key j from query i when j > i. Needs no particular sizes.
 
     >>> q = jnp.zeros((1, 2, 3, 8)); kv = jnp.ones((1, 1, 3, 8))
-    >>> flash_attention(q, kv, kv, causal=True, sm_scale=1 / math.sqrt(8)).shape
+    >>> flash_attention(q, kv, kv, causal=True, sm_scale=8 ** -0.5).shape
     (1, 2, 3, 8)
     """
     return flash_attention_blocked(q, k, v, causal=causal, sm_scale=sm_scale)

@@ -168,6 +168,6 @@ def rms_norm(x: jax.Array, w: jax.Array, *, eps: float) -> jax.Array:
     x ``(rows, cols)``, w ``(cols,)``, each float32 or bfloat16; any sizes.
 
     >>> rms_norm(jnp.array([[3.0, 4.0]]), jnp.array([1.0, 2.0]), eps=0.0)
-    Array([[0.8485281, 2.2627418]], dtype=float32)
+    Array([[0.84852815, 2.2627418 ]], dtype=float32)
     """
     return rms_norm_blocked(x, w, eps=eps)

@@ -420,7 +420,8 @@ def plot_input(tmp_path):
     return str(path)
 
 
-@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed (the 'plot' extra)")
+@pytest.mark.skipif(not HAVE_MATPLOTLIB,
+                    reason="matplotlib is not installed; pip install -e '.[dev,plot]'")
 def test_the_roofline_plot_command_writes_the_image(tmp_path):
     output = tmp_path / "roofline.svg"
     completed = run_python("-m", "pytest_pallas.roofline_plot", plot_input(tmp_path),
@@ -440,3 +441,62 @@ def test_the_roofline_plot_without_matplotlib_says_so_in_one_line(tmp_path):
     assert "pip install 'pytest-pallas[plot]'" in MISSING_MATPLOTLIB
     assert not (tmp_path / "r.svg").exists()
 
+
+
+# --- XLA on one thread, in a user's project ----------------------------------------------------
+
+USER_BENCHMARK = '''
+import os
+
+import jax
+
+
+def test_softmax_speed(pallas_benchmark):
+    x = pallas_benchmark.random((8, 128))
+    pallas_benchmark("softmax", lambda x: jax.nn.softmax(x, axis=-1), x)
+    print("XLA_FLAGS at the benchmark:", os.environ.get("XLA_FLAGS"))
+'''
+
+
+PLAIN_BENCHMARK = '''
+import os
+
+
+def test_plain_speed(benchmark):
+    benchmark(sum, range(10))
+    print("XLA_FLAGS at the benchmark:", os.environ.get("XLA_FLAGS"))
+'''
+
+
+@pytest.mark.parametrize("case", ["collected", "benchmark-only with a Pallas flag",
+                                  "jax started at import", "no pallas_benchmark"])
+def test_a_users_benchmarks_get_single_threaded_xla(pytester, outside_xdist, monkeypatch, case):
+    """Without this repository's benchmarks/conftest.py: the plugin sets XLA_FLAGS itself."""
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    pytester.makepyfile(test_user_bench=USER_BENCHMARK if case != "no pallas_benchmark"
+                        else PLAIN_BENCHMARK)
+    args = ["-p", "no:xdist", *NO_CACHE, "-s", "--benchmark-json=bench.json",
+            "--benchmark-min-rounds=2", "--benchmark-max-time=0.01"]
+    if case == "no pallas_benchmark":
+        # A pytest-benchmark suite that knows nothing of Pallas: XLA is left alone.
+        result = pytester.runpytest_subprocess(*args, "--benchmark-only", timeout=240)
+        assert result.ret == 0, result.stdout.str()
+        result.stdout.fnmatch_lines(["*XLA_FLAGS at the benchmark: None*"])
+        return
+    if case == "benchmark-only with a Pallas flag":
+        # The flag makes the plugin start JAX's CPU client at configure time.
+        args += ["--benchmark-only", "--pallas-interpret=tpu"]
+    if case == "jax started at import":
+        pytester.makeconftest("import jax.numpy as jnp\nONES = jnp.ones(3)\n")
+    result = pytester.runpytest_subprocess(*args, timeout=240)
+    assert result.ret == 0, result.stdout.str()
+    [entry] = json.loads((pytester.path / "bench.json").read_text())["benchmarks"]
+    threads = entry["extra_info"]["xla_threads"]
+    if case == "jax started at import":
+        assert threads == "multi-threaded"
+        result.stdout.fnmatch_lines(["XLA ran multi-threaded: JAX had started before the "
+                                     "benchmarks were collected*"])
+    else:
+        assert threads == "single-threaded"
+        result.stdout.fnmatch_lines(
+            ["*XLA_FLAGS at the benchmark: *intra_op_parallelism_threads=1*"])

@@ -195,3 +195,21 @@ def test_a_crashed_worker_leaves_a_report_that_says_it_is_incomplete(pytester, u
     softmax = document["ops"]["softmax"]["properties"]
     assert softmax and all(prop["verdict"] == "pass" for prop in softmax.values())
     result.stdout.fnmatch_lines(["incomplete: *crashed*"])
+
+
+def test_pallas_ops_turns_the_suite_on(run_pytest):
+    """As --pallas-impl does: without --pallas-conformance, the flag is not silently ignored."""
+    result = run_pytest("--pallas-ops=add", "--collect-only", "-q")
+    assert result.ret == 0, result.stdout.str()
+    collected = [line for line in result.stdout.lines if "::test_value[" in line]
+    assert collected and all("test_value[add]" in line for line in collected), collected
+
+
+def test_the_report_creates_its_missing_directory_and_says_so(run_pytest, pytester):
+    result = run_pytest("--pallas-ops=add", "--pallas-report=out/nightly/report.json",
+                        "--pallas-examples=1", "-k", "value", "-p", "no:xdist")
+    assert result.ret == 0, result.stdout.str()
+    report = json.loads((pytester.path / "out" / "nightly" / "report.json").read_text())
+    assert report["complete"] is True and report["ops_selected"] == ["add"]
+    result.stdout.fnmatch_lines([
+        "report written to out/nightly/report.json (directory out/nightly created)"])

@@ -248,15 +248,15 @@ def test_running_interpreted_kernels_names_a_kernel_only_while_it_runs(clean_int
 
 
 def test_a_run_on_a_jax_that_moved_internals_turns_those_features_off_and_goes_on(pytester):
-    # A newer JAX that moved what three features read: the kernel still runs and
-    # passes, and the run says once per feature that it is off, and why.
+    # A newer JAX that moved what these features read: the kernel still runs and
+    # passes, and the run says once per feature that it is off, and why. (The chip
+    # stand-in is not among them: the TPU interpreter needs the chip's tiling.)
     pytester.makeconftest('''
         from pytest_pallas import _jax_compat
 
         real = _jax_compat._private
         MOVED = {
             ("jax._src.interpreters.partial_eval", None),
-            ("jax._src.pallas.mosaic.tpu_info", "registry"),
             ("jax._src.pallas.mosaic.interpret.interpret_pallas_call", "_validate"),
         }
 
@@ -287,7 +287,6 @@ def test_a_run_on_a_jax_that_moved_internals_turns_those_features_off_and_goes_o
     result.assert_outcomes(passed=2)
     features = [
         ("the static TPU rules", "partial_eval.None"),
-        ("pltpu.get_tpu_info() answering for the chip on the CPU", "tpu_info.registry"),
         ("the kernel-exit checks (semaphores, DMAs, races)", "interpret_pallas_call._validate"),
     ]
     for feature, internal in features:

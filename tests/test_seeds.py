@@ -73,7 +73,7 @@ def test_failing_test_prints_its_seed_and_a_reproduce_command(pytester):
         """))
     # Values given as the next word ("--pallas-examples 3") are carried with their flag.
     result = pytester.runpytest(*NO_CACHE, "--pallas-seed=1234", "--pallas-examples", "3",
-                                "--pallas-report", "report.json", "--pallas-timeout=60")
+                                "--pallas-timeout=60")
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines([
         "*- pallas -*",
@@ -81,11 +81,17 @@ def test_failing_test_prints_its_seed_and_a_reproduce_command(pytester):
         ("  pytest test_fails.py::test_fails --pallas-seed=1234 --pallas-examples 3 "
          "--pallas-timeout=60"),
     ])
-    # Only the Pallas test gets the section; the report path is not part of reproducing.
+    # Only the Pallas test gets the section.
     assert reproduce_commands(result) == [
         ("pytest test_fails.py::test_fails --pallas-seed=1234 --pallas-examples 3 "
          "--pallas-timeout=60")
     ]
+    # The report path is not part of reproducing.
+    result = pytester.runpytest(*NO_CACHE, "--pallas-seed=1234", "--pallas-report",
+                                "report.json", "test_fails.py",
+                                "-k", "test_fails and not not_pallas")
+    assert reproduce_commands(result) == [
+        "pytest test_fails.py::test_fails --pallas-seed=1234"]
 
 
 def test_reproduce_command_keeps_the_backend_flags(pytester):

@@ -202,10 +202,21 @@ def test_suite_fails_seeded_bug(conformance_run, op, target, properties):
     assert summary and any(name in summary[0] for name in caught_by), output[-3000:]
 
 
+_REJECTED_BY_THE_TPU_COMPILER = ("attention_jax_flash_fitted_blocks",
+                                 "mha_jax_flash_fitted_blocks", "ppermute_in_chunks")
+
+
 @pytest.mark.parametrize("op, alternative, restrictions", CORRECT,
                          ids=[f"{op}-{alt}" for op, alt, _ in CORRECT])
 def test_suite_passes_correct_alternative(conformance_run, op, alternative, restrictions):
-    result, op_report = conformance_run(op, f"seeded_bugs.correct:{alternative}")
+    # These are correct in value but the TPU compiler (on by default where libtpu is
+    # installed) rejects them at some drawn shapes: JAX's flash attention on bfloat16
+    # with a single key ("'vector.broadcast' op failed to verify"), and ppermute_in_chunks'
+    # 12-row VMEM slices ("Slice sizes along tiled dimensions must be aligned to tiles").
+    # What this test measures is the suite's value properties, so they run without it.
+    flags = (("--pallas-compile=none",) if alternative in _REJECTED_BY_THE_TPU_COMPILER
+             else ())
+    result, op_report = conformance_run(op, f"seeded_bugs.correct:{alternative}", *flags)
     output = result.stdout.str()
     assert result.ret == 0, output[-5000:]
     verdicts = {name: prop["verdict"] for name, prop in op_report["properties"].items()}

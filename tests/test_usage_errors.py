@@ -75,6 +75,19 @@ CASES = [
     (["--pallas-impl", "matmul=unknown_dimension:matmul"], None,
      "--pallas-impl matmul=unknown_dimension:matmul: @supports(multiple_of={'q': ...}): "
      "op 'matmul' has no dimension 'q'; its dimensions are m, k, n."),
+    # --pallas-ops beside --pallas-impl: only the --pallas-impl ops run.
+    (["--pallas-impl", "matmul=my_kernels:add", "--pallas-ops=softmax"], None,
+     "--pallas-ops=softmax conflicts with --pallas-impl matmul=my_kernels:add: with "
+     "--pallas-impl only its ops run (matmul), so softmax would not; drop softmax from "
+     "--pallas-ops, or give --pallas-impl softmax=MODULE:ATTR."),
+    (["--pallas-impl", "add=my_kernels:add", "--pallas-ops=add,softmax"], None,
+     "--pallas-ops=add,softmax conflicts with --pallas-impl add=my_kernels:add"),
+    # --pallas-report: a path the report can be written to.
+    (["--pallas-report=."], None,
+     "--pallas-report='.' is a directory; give a file in it, e.g. "
+     "--pallas-report=./conformance.json."),
+    (["--pallas-report=my_kernels.py/report.json"], None,
+     "--pallas-report='my_kernels.py/report.json': "),
     # The ini file.
     ([], "[pytest]\npallas_scope = everything\n",
      "ini option pallas_scope='everything' must be 'marked' or 'all'."),
@@ -100,3 +113,23 @@ def test_a_usage_error_is_one_line_and_exit_status_4(pytester, args, ini, messag
     assert errors[0].startswith("ERROR: " + message), errors[0]
     assert "Traceback" not in result.stderr.str()
     assert "test_never_collected" not in result.stdout.str()
+
+
+def test_a_bad_implementation_module_is_reported_before_jax_is_imported(pytester):
+    """As fast as the other usage errors: no JAX, no backend, no suite (they take seconds)."""
+    import subprocess
+    import sys
+
+    pytester.makepyfile(broken_module=MODULES["broken_module"],
+                        test_never_collected="def test_never_collected(): pass")
+    for impl in ("add=broken_module:add", "add=no_such_module:add"):
+        completed = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "pytest", "-p", "no:cacheprovider",
+             "--pallas-impl", impl],
+            cwd=pytester.path, capture_output=True, text=True, timeout=120)
+        assert completed.returncode == pytest.ExitCode.USAGE_ERROR, completed.stderr[-2000:]
+        assert f"ERROR: --pallas-impl {impl}: cannot import module" in completed.stderr
+        imported = [line.rsplit("|", 1)[-1].strip() for line in completed.stderr.splitlines()
+                    if line.startswith("import time:")]
+        heavy = [name for name in imported if name.split(".")[0] in ("jax", "jaxlib", "hypothesis")]
+        assert not heavy, heavy[:5]

@@ -48,6 +48,7 @@ def _verdict(options, shape, block, dtype, chip="v5e"):
             block,
             chip=chip,
             check_options=options,
+            use_compiler=False,  # Mosaic's lowering is the oracle here
         )
     except TpuRuleViolation as error:
         return error.rule
@@ -62,7 +63,7 @@ CASES = [
     ((16, 100), (8, 100), jnp.float32, True),  # minor equal to the array's
     ((12, 256), (12, 128), jnp.float32, True),  # second-minor equal to the array's
     ((32, 256), (8, 128), jnp.bfloat16, True),  # Mosaic accepts 8 rows of a 16-bit dtype
-    ((64, 256), (8, 128), jnp.int8, True),  # ... and of an 8-bit one
+    ((64, 256), (32, 128), jnp.int8, True),  # an 8-bit dtype is tiled (32, 128)
     ((16, 256), (None, 256), jnp.float32, False),  # a squeezed second-minor counts as 1
     ((1, 256), (None, 256), jnp.float32, True),  # ... which is the full dimension here
     ((4, 16, 256), (None, 8, 128), jnp.float32, True),  # squeezing a leading dimension is free
@@ -88,6 +89,22 @@ def test_static_check_agrees_with_mosaic(shape, block, dtype, legal):
     assert mosaic == (None if legal else "mosaic-lowering")
 
 
+def test_eight_rows_of_an_8_bit_dtype_pass_mosaic_lowering_but_not_the_compiler():
+    # Mosaic's lowering accepts the block; the TPU compiler rejects it (E2002,
+    # CompileTimeMosaicMisalignedBlockAndTiling: int8 is tiled (32, 128)), and so
+    # does the static rule.
+    assert _verdict(MOSAIC_ONLY, (64, 256), (8, 128), jnp.int8) is None
+    assert _verdict(STATIC_ONLY, (64, 256), (8, 128), jnp.int8) == TILING
+    assert _verdict(STATIC_ONLY, (64, 256), (16, 128), jnp.int8) == TILING
+    from pytest_pallas import compile_check
+
+    if compile_check.libtpu_version() is not None:
+        compiled = CheckOptions(lower_for_tpu=False, checks=())
+        with pytest.raises(TpuRuleViolation, match="E2002"):
+            check_kernel(blocked_copy, jax.ShapeDtypeStruct((64, 256), jnp.int8), (8, 128),
+                         check_options=compiled, use_compiler=True)
+
+
 def test_a_kernel_traced_before_checking_began_is_checked_when_traced_again():
     x = jnp.ones((16, 256), jnp.float32)
     with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()):
@@ -106,7 +123,8 @@ def test_check_kernel_applies_its_own_options_inside_a_checking_harness():
 
 def test_message_names_kernel_rule_operand_and_fix():
     with pytest.raises(TpuRuleViolation) as caught:
-        check_kernel(blocked_copy, jax.ShapeDtypeStruct((16, 256), jnp.float32), (4, 128))
+        check_kernel(blocked_copy, jax.ShapeDtypeStruct((16, 256), jnp.float32), (4, 128),
+                     use_compiler=False)  # the static rule's message
     error = caught.value
     assert error.rule == TILING
     assert "blocked_copy" in error.kernel
@@ -122,7 +140,8 @@ def test_message_names_kernel_rule_operand_and_fix():
 
 def test_squeezed_minor_dimension_fix_says_keep_it():
     with pytest.raises(TpuRuleViolation, match="squeezed .None, counted as 1.") as caught:
-        check_kernel(blocked_copy, jax.ShapeDtypeStruct((16, 256), jnp.float32), (None, 256))
+        check_kernel(blocked_copy, jax.ShapeDtypeStruct((16, 256), jnp.float32), (None, 256),
+                     use_compiler=False)
     assert "keep the second-minor dimension in the block" in caught.value.fix
 
 
@@ -165,7 +184,7 @@ def test_any_memory_space_block_must_be_the_whole_array():
         check_kernel(hbm_copy, x, (8, 128), check_options=STATIC_ONLY)
     assert "pl.BlockSpec(memory_space=pl.ANY)" in caught.value.fix
     with pytest.raises(TpuRuleViolation, match="memory space ANY") as caught:
-        check_kernel(hbm_copy, x, (8, 128), check_options=MOSAIC_ONLY)
+        check_kernel(hbm_copy, x, (8, 128), check_options=MOSAIC_ONLY, use_compiler=False)
     assert caught.value.rule == "mosaic-lowering"
 
 

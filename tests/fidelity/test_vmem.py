@@ -15,7 +15,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as fa
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
-from pytest_pallas import _jax_compat
+from pytest_pallas import _jax_compat, compile_check
 from pytest_pallas.kernel_check import CheckOptions, check_kernel
 from pytest_pallas.tpu_checks import VMEM, TpuRuleViolation, default_scoped_vmem_bytes, tpu_info_for
 
@@ -157,17 +157,20 @@ def test_run_scoped_counts_its_peak_not_its_sum():
     (report,) = check_kernel(
         scoped, jax.ShapeDtypeStruct((8, 128), jnp.float32), check_options=STATIC_ONLY
     )
-    blocks = 2 * 2 * 8 * 128 * 4
+    blocks = 2 * 8 * 128 * 4  # no grid: one copy of each block (test_vmem_single_step.py)
     assert report.vmem_bytes == blocks + 5 * MIB
 
 
 def test_interpret_mode_runs_what_the_chip_rejects():
-    x = jnp.ones((1280, 1024), jnp.float32)
-    kernel = lambda x: tiled_copy(x, (1280, 1024))  # 4 x 5 MiB of blocks
+    x = jnp.ones((2560, 1024), jnp.float32)
+    kernel = lambda x: tiled_copy(x, (1280, 1024))  # two steps: 4 x 5 MiB of blocks
     with _jax_compat.suspend_pallas_call_observers():  # a harness's own static checks
         np.testing.assert_array_equal(jax.jit(kernel)(x), x)  # no VMEM limit when interpreted
     with pytest.raises(TpuRuleViolation, match="needs at least 20.0 MiB"):
-        check_kernel(kernel, x)
+        check_kernel(kernel, x, use_compiler=False)
+    if compile_check.libtpu_version() is not None:  # the TPU compiler's own verdict
+        with pytest.raises(TpuRuleViolation, match=r"\[compiler-vmem\].*the limit is 16.00 MiB"):
+            check_kernel(kernel, x)
 
 
 @pytest.mark.parametrize("chip", ["v5e", "v6e", "7x", "v5p"])

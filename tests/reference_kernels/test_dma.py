@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 
 from pytest_pallas import assert_allclose
+from pytest_pallas.compile_check import libtpu_version
 from pytest_pallas.reference_kernels import dma
+
+# With libtpu installed the plugin compiles each kernel for the TPU (--pallas-compile).
+_LIBTPU = libtpu_version() is not None
 
 pytestmark = pytest.mark.pallas
 
@@ -89,7 +93,12 @@ def test_copy_is_bit_exact_on_special_values(dtype):
         # 10 rows: a block equal to the full dimension, not a multiple of 16, which
         # must become legal again once the batch is folded into 30 rows.
         pytest.param(lambda a: dma.double_buffered_copy(a, block_rows=10), "bfloat16",
-                     id="double-buffered-full-dim-block"),
+                     id="double-buffered-full-dim-block",
+                     # Known defect: the TPU compiler rejects the 10-row VMEM slice
+                     # ("Slice sizes along tiled dimensions must be aligned to tiles").
+                     marks=pytest.mark.xfail(
+                         _LIBTPU, strict=True,
+                         reason="the TPU compile check rejects this kernel (README)")),
     ],
 )
 def test_copy_under_vmap(kernel, dtype):

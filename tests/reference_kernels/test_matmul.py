@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pytest_pallas import assert_allclose
+from pytest_pallas.compile_check import libtpu_version
 from pytest_pallas.reference_kernels import matmul as mm
 
 pytestmark = pytest.mark.pallas
@@ -67,7 +68,11 @@ ACTIVATIONS = [
     pytest.param(None, id="none"),
     pytest.param(jax.nn.relu, id="relu"),
     pytest.param(jax.nn.gelu, id="gelu-tanh"),
-    pytest.param(functools.partial(jax.nn.gelu, approximate=False), id="gelu-erf"),
+    # Known limit: Pallas TPU does not lower erfc (exact gelu); the TPU compile
+    # check, on with libtpu installed, rejects the kernel (README).
+    pytest.param(functools.partial(jax.nn.gelu, approximate=False), id="gelu-erf",
+                 marks=pytest.mark.xfail(libtpu_version() is not None, strict=True,
+                                         reason="erfc is not lowered for the TPU")),
     pytest.param(jax.nn.silu, id="silu"),
 ]
 

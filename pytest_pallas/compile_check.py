@@ -1,0 +1,409 @@
+"""The TPU compiler's verdict on one traced ``pallas_call``, on a machine without a TPU.
+
+With libtpu installed (the ``tpu`` extra), ``jax.experimental.topologies``
+describes TPU devices of any generation without a TPU, and
+``jax.jit(f).lower(...).compile()`` for them runs Mosaic and XLA's TPU compiler
+ahead of time. :func:`compile_pallas_call` compiles one traced ``pallas_call``
+alone, with the abstract shapes and dtypes it was traced with, for one chip,
+and turns a rejection into a :class:`TpuRuleViolation` whose rule says what the
+compiler rejected:
+
+``compiler-unimplemented``  an operation Pallas cannot lower for the TPU
+                            (``jnp.sort``, ``jnp.cumsum``, a lane reversal, ...)
+``compiler-tiling``         a block or an access the compiler cannot prove aligned
+                            to the (8, 128) tile
+``compiler-vmem``           scoped VMEM over the limit, with the compiler's numbers
+``compiler-layout``         a vector layout Mosaic cannot make (a reshape across
+                            tiles, ...)
+``compiler-other``          any other rejection, the compiler's message as is
+
+:func:`compiling_pallas_calls` does this for every ``pallas_call`` traced while
+it is active (how the plugin compiles a Pallas test's kernels), with a cache
+keyed by the kernel, its abstract arguments and the chip, so that a property
+drawing many examples of one shape compiles its kernel once.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import hashlib
+import importlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from . import _jax_compat
+from .tpu_checks import MIB, TpuRuleViolation, Violation, tpu_info_for
+
+UNIMPLEMENTED = "compiler-unimplemented"
+TILING = "compiler-tiling"
+VMEM = "compiler-vmem"
+LAYOUT = "compiler-layout"
+OTHER = "compiler-other"
+RULES = (UNIMPLEMENTED, TILING, VMEM, LAYOUT, OTHER)
+
+#: The plugin's chip names the check compiles for, mapped to libtpu's topology name.
+#: Not v2 and v3: libtpu 0.0.42.1 aborts the process compiling some Pallas kernels
+#: for them ("jellyfish_dma_descriptor_state.cc: Check failed"), and Pallas TPU
+#: targets v4 and later.
+COMPILER_CHIPS = {"v4": "v4", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "7x": "tpu7x"}
+
+# Topologies to try, smallest first; the first with enough devices for the
+# kernel's mesh is used (a single-device kernel compiles on its first device).
+_TOPOLOGY_SHAPES = {
+    "v4": ("2x2x1", "2x2x2", "2x2x4"), "v5p": ("2x2x1", "2x2x2", "2x2x4"),
+    "v5e": ("2x2", "2x4", "4x4"), "v6e": ("2x2", "2x4", "4x4"),
+    "tpu7x": ("2x2x1", "2x2x2", "2x2x4"),
+}
+
+# libtpu, loaded on a host without a TPU, prints warnings about the TPU hosts
+# and workers it cannot find (its metadata lookups); these answers silence them
+# and change nothing of what it compiles. ALLOW_MULTIPLE_LIBTPU_LOAD: every
+# pytest process (xdist workers, inner runs) loads libtpu, which otherwise takes
+# a machine-wide lock; here it only compiles.
+_QUIET_LIBTPU = {
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_HOST_BOUNDS": "1,1,1",
+}
+
+
+# --- Is the compiler there? ---------------------------------------------------------
+
+
+def libtpu_version() -> str | None:
+    """The installed libtpu's version, or None when libtpu cannot be imported.
+
+    Importing the ``libtpu`` package only locates its shared library; JAX loads
+    that when it first initialises its backends.
+    """
+    try:
+        module = importlib.import_module("libtpu")
+    except ImportError:
+        return None
+    return str(getattr(module, "__version__", "") or "unknown")
+
+
+def host_has_tpu() -> bool:
+    """Whether a TPU chip sits on this host's PCI bus (Google's vendor id), without JAX."""
+    import glob
+
+    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(path) as handle:
+                if handle.read().strip() == "0x1ae0":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def quiet_libtpu_environment(environ: Any = os.environ) -> None:
+    """Before JAX starts on a host without a TPU: keep libtpu's start-up warnings away.
+
+    A value the user set wins. Does nothing when libtpu is not installed or a TPU
+    is present (the runtime then needs its own view of the host).
+    """
+    if libtpu_version() is None or host_has_tpu():
+        return
+    for name, value in _QUIET_LIBTPU.items():
+        environ.setdefault(name, value)
+
+
+# --- Topologies ------------------------------------------------------------------------
+
+
+_topologies: dict[str, Any] = {}
+_topology_lock = threading.Lock()
+
+
+def topology_devices(chip: str, needed: int = 1) -> Sequence[Any]:
+    """TPU devices of ``chip`` (a name of :data:`COMPILER_CHIPS`), at least ``needed`` of them."""
+    from jax.experimental import topologies
+
+    name = COMPILER_CHIPS[chip]
+    last_error: Exception | None = None
+    for shape in _TOPOLOGY_SHAPES[name]:
+        key = f"{name}:{shape}"
+        with _topology_lock:
+            devices = _topologies.get(key)
+            if devices is None:
+                try:
+                    devices = tuple(topologies.get_topology_desc(key, "tpu").devices)
+                except Exception as error:  # noqa: BLE001  # try the next shape
+                    last_error = error
+                    continue
+                _topologies[key] = devices
+        if len(devices) >= needed:
+            return devices
+    raise RuntimeError(f"libtpu describes no {chip} topology of {needed} devices ({last_error})")
+
+
+# --- One compile ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileVerdict:
+    """What the TPU compiler said of one pallas_call for one chip."""
+
+    chip: str
+    kernel: str  # the kernel's title: "'name' (body at file.py:12)"
+    compiled: bool
+    rule: str | None = None  # one of RULES when rejected
+    message: str = ""  # the compiler's own message, shortened
+    seconds: float = 0.0  # wall time of the compile (lowering included)
+    vmem_bytes: int | None = None  # scoped VMEM the compiler asked for, when it says
+    vmem_limit_bytes: int | None = None
+
+    def violation(self) -> Violation:
+        problem = f"the TPU compiler (libtpu {libtpu_version()}) rejects it for {self.chip}: "
+        if self.rule == VMEM and self.vmem_bytes and self.vmem_limit_bytes:
+            problem += (f"it needs {_mib(self.vmem_bytes)} of scoped VMEM, the limit is "
+                        f"{_mib(self.vmem_limit_bytes)}. ")
+        problem += f"Compiler: {self.message}"
+        return Violation(self.rule or OTHER, self.kernel, None, problem, _FIXES[self.rule or OTHER])
+
+
+_FIXES = {
+    UNIMPLEMENTED: "compute it outside the kernel or with operations Pallas TPU lowers "
+    "(elementwise math, reductions, jnp.dot, static slices); interpret mode runs any jnp "
+    "function, the TPU compiler does not.",
+    TILING: "make the block's last two dimensions multiples of (8, 128) (or the whole array), "
+    "and give dynamic slices on the lane axis a start that is visibly a multiple of 128 "
+    "(pl.multiple_of(start, 128)).",
+    VMEM: "use smaller blocks, pipeline_mode=pl.Buffered(1) for blocks that do not change, or "
+    "raise pltpu.CompilerParams(vmem_limit_bytes=...) up to the chip's VMEM.",
+    LAYOUT: "keep reshapes and transposes within the (8, 128) tile: reshape only leading "
+    "dimensions, or do the reshape outside the kernel.",
+    OTHER: "change what the compiler's message names; interpret mode accepts it, the TPU "
+    "compiler does not.",
+}
+
+_VMEM_NUMBERS = re.compile(r"size ([\d.]+)([KMG]) and limit ([\d.]+)([KMG])")
+_UNITS = {"K": 1024, "M": MIB, "G": 1024 * MIB}
+
+
+def classify_rejection(message: str) -> tuple[str, int | None, int | None]:
+    """The rule a compiler message is about, and the VMEM size and limit it names."""
+    vmem = _VMEM_NUMBERS.search(message)
+    if vmem:
+        size = int(float(vmem.group(1)) * _UNITS[vmem.group(2)])
+        limit = int(float(vmem.group(3)) * _UNITS[vmem.group(4)])
+        return VMEM, size, limit
+    lowered = message.lower()
+    if "vmem" in lowered and ("out of memory" in lowered or "exceed" in lowered
+                              or "resource_exhausted" in lowered):
+        return VMEM, None, None
+    if "unimplemented primitive" in lowered or "not implemented" in lowered:
+        return UNIMPLEMENTED, None, None
+    if ("e2003" in lowered or "multiple of" in lowered or "divisible by" in lowered
+            or "alignment" in lowered or "aligned" in lowered or "tiling" in lowered
+            or "block shape" in lowered):
+        return TILING, None, None
+    if "layout" in lowered or "shape cast" in lowered or "relayout" in lowered:
+        return LAYOUT, None, None
+    return OTHER, None, None
+
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:.2f} MiB"
+
+
+def _short(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(("Please report a bug",
+                                                            "Please file an issue",
+                                                            "See https://openxla.org"))]
+    text = " ".join(lines[:4])
+    text = text.replace(" Please file an issue at https://github.com/jax-ml/jax/issues/new/"
+                        "choose.", "")
+    return text if len(text) <= 700 else text[:700] + " ..."
+
+
+def compile_pallas_call(params: dict[str, Any], avals: Sequence[Any], chip: str,
+                        mesh_axes: tuple[tuple[str, int], ...] = ()) -> CompileVerdict:
+    """Compile one traced pallas_call alone for ``chip``; the compiler's verdict.
+
+    ``avals`` are its operands' abstract values as traced; ``mesh_axes`` the
+    ``shard_map`` axes it was traced inside (remote copies need them), which get
+    a topology with as many devices. The caller may be inside a trace, whose
+    context (a shard_map's mesh, a forced interpreter) must not leak into this
+    compile.
+    """
+    kernel = _jax_compat.describe_pallas_call(params).title
+    start = time.perf_counter()
+    try:
+        # The compile binds the call again: no observer (this one included) sees it.
+        with _jax_compat.outside_current_trace(), _jax_compat.suspend_pallas_call_observers():
+            _compile(params, avals, chip, mesh_axes)
+    except (_jax_compat.JaxInternalsChanged, _NotTheCompiler):
+        raise
+    except Exception as failure:  # noqa: BLE001  # the compiler's rejection, judged below
+        error: Exception | None = failure
+    else:
+        error = None
+    seconds = time.perf_counter() - start
+    if error is None:
+        return CompileVerdict(chip, kernel, True, seconds=seconds)
+    message = _short(error)
+    rule, size, limit = classify_rejection(str(error))
+    return CompileVerdict(chip, kernel, False, rule, message, seconds, size, limit)
+
+
+class _NotTheCompiler(RuntimeError):
+    """The check itself could not run (no topology, ...): not a verdict on the kernel."""
+
+
+def _compile(params: dict[str, Any], avals: Sequence[Any], chip: str,
+             mesh_axes: tuple[tuple[str, int], ...]) -> None:
+    import jax
+    from jax.experimental.pallas import tpu as pltpu
+
+    needed = 1
+    for _, size in mesh_axes:
+        needed *= size
+    try:
+        devices = topology_devices(chip, needed)
+    except RuntimeError as error:
+        raise _NotTheCompiler(str(error)) from error
+    shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in avals]
+
+    def call(*args: Any) -> Any:
+        return _jax_compat.bind_pallas_call(params, *args)
+
+    if mesh_axes:
+        import numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        mesh = Mesh(np.array(devices[:needed]).reshape([size for _, size in mesh_axes]),
+                    tuple(name for name, _ in mesh_axes))
+        # Every device gets operands of the traced (per-device) shape.
+        spec = PartitionSpec(tuple(name for name, _ in mesh_axes))
+        shapes = [jax.ShapeDtypeStruct((needed * s.shape[0], *s.shape[1:]) if s.shape else (),
+                                       s.dtype, sharding=NamedSharding(mesh, spec if s.shape
+                                                                       else PartitionSpec()))
+                  for s in shapes]
+        in_specs = tuple(spec if s.shape else PartitionSpec() for s in shapes)
+        target = jax.shard_map(call, mesh=mesh, in_specs=in_specs, out_specs=spec,
+                               check_vma=False)
+    else:
+        from jax.sharding import SingleDeviceSharding
+
+        sharding = SingleDeviceSharding(devices[0])
+        shapes = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]
+        target = call
+    info = tpu_info_for(chip)
+    host_kind = jax.devices()[0].device_kind
+    with (pltpu.force_tpu_interpret_mode(None),
+          _jax_compat.device_kind_answers_as(host_kind, lambda: info)):
+        jax.jit(target).lower(*shapes).compile()
+
+
+# --- Every pallas_call a block traces, cached -------------------------------------------
+
+
+@dataclasses.dataclass
+class CompileStats:
+    """How many compiles ran and how many verdicts came from the cache, in this process."""
+
+    compiles: int = 0
+    cached: int = 0
+    seconds: float = 0.0
+
+
+STATS = CompileStats()
+_cache: collections.OrderedDict[str, CompileVerdict] = collections.OrderedDict()
+_cache_lock = threading.Lock()
+_CACHE_SIZE = 4096
+
+
+def cache_key(params: dict[str, Any], avals: Sequence[Any], chip: str,
+              mesh_axes: tuple[tuple[str, int], ...]) -> str:
+    """A stable fingerprint of (kernel and its params, abstract arguments, mesh, chip)."""
+    text = "\n".join([
+        _jax_compat.pallas_call_fingerprint(params),
+        repr([(tuple(a.shape), str(a.dtype)) for a in avals]),
+        repr(mesh_axes),
+        chip,
+    ])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def verdict_for(params: dict[str, Any], avals: Sequence[Any], chip: str,
+                mesh_axes: tuple[tuple[str, int], ...] = ()) -> CompileVerdict:
+    """:func:`compile_pallas_call`, answered from the cache when this kernel was compiled."""
+    key = cache_key(params, avals, chip, mesh_axes)
+    with _cache_lock:
+        verdict = _cache.get(key)
+        if verdict is not None:
+            STATS.cached += 1
+            _cache.move_to_end(key)
+            return verdict
+    verdict = compile_pallas_call(params, avals, chip, mesh_axes)
+    with _cache_lock:
+        STATS.compiles += 1
+        STATS.seconds += verdict.seconds
+        _cache[key] = verdict
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return verdict
+
+
+def clear_cache() -> None:
+    """Forget every verdict (tests of the cache start from here)."""
+    with _cache_lock:
+        _cache.clear()
+        STATS.compiles = STATS.cached = 0
+        STATS.seconds = 0.0
+
+
+def pallas_call_compiler(
+    chips: Sequence[str],
+    verdicts: list[CompileVerdict] | None = None,
+    on_verdict: Callable[[CompileVerdict], None] | None = None,
+) -> Callable[[dict[str, Any], tuple[Any, ...]], None]:
+    """An observer (``observe_pallas_calls(..., with_avals=True)``) compiling each call traced.
+
+    Raises :class:`TpuRuleViolation` from inside the trace for the first chip
+    whose compiler rejects the kernel (the trace is aborted, so the kernel is not
+    cached and fails again on the next call).
+    """
+    def observe(params: dict[str, Any], avals: tuple[Any, ...]) -> None:
+        if not _jax_compat.describe_pallas_call(params).for_tensor_core:
+            return  # GPU compiler params or a SparseCore mesh: not the TensorCore's compiler
+        mesh_axes = (_jax_compat.manual_mesh_axes()
+                     if _jax_compat.pallas_call_communicates(params) else ())
+        rejected = []
+        for chip in chips:
+            verdict = verdict_for(params, avals, chip, mesh_axes)
+            if verdicts is not None:
+                verdicts.append(verdict)
+            if on_verdict is not None:
+                on_verdict(verdict)
+            if not verdict.compiled:
+                rejected.append(verdict.violation())
+        if rejected:
+            raise TpuRuleViolation(rejected)
+
+    return observe
+
+
+@contextlib.contextmanager
+def compiling_pallas_calls(
+    chips: Sequence[str],
+    on_verdict: Callable[[CompileVerdict], None] | None = None,
+) -> Iterator[list[CompileVerdict]]:
+    """Compile every pallas_call traced inside the block for each chip; yields the verdicts.
+
+        with compiling_pallas_calls(["v5e"]) as verdicts:
+            my_kernel(x)  # raises TpuRuleViolation at trace time if the compiler rejects it
+    """
+    verdicts: list[CompileVerdict] = []
+    observer = pallas_call_compiler(tuple(chips), verdicts, on_verdict)
+    with _jax_compat.observe_pallas_calls(observer, with_avals=True):
+        yield verdicts

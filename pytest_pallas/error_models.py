@@ -1,0 +1,118 @@
+"""Error models of ops: the error a correct kernel of an op cannot avoid, as an extra atol.
+
+The comparator's default tolerance covers rounding the output and a
+reduction's accumulation. Some ops add an error of their own that scales with
+their inputs rather than with the output; a correct kernel (and plain XLA)
+reaches a few times the default tolerance without it. The conformance suite
+and ``assert_allclose(..., op=NAME, inputs=...)`` both take the allowance from
+here, so a user's own test of such a kernel gets the suite's verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+# How far a correct evaluation of the activation in the output dtype may be from the float64
+# oracle, in units of eps(dtype) * max|x @ y|. jax.nn.gelu in float32 is off by up to 1.4 ulp
+# of |z| (at z = 4.14) and jax.nn.silu by 1.2 (z = 8.69), measured over z in [-30, 30];
+# near z = -4 the 1 + tanh of gelu cancels, and a result of -7e-5 is off by 1.5e-7.
+_ACTIVATION_ULPS = {"gelu": 2.0, "silu": 2.0}
+
+
+def _epsilon(dtype: Any) -> float:
+    from .compare import epsilon
+
+    return epsilon(dtype)
+
+
+def _dtype_name(array: Any) -> str:
+    return np.dtype(getattr(array, "dtype", np.float32)).name
+
+
+def _float64(array: Any) -> np.ndarray:
+    return np.asarray(np.asarray(array).astype(np.float32), np.float64)
+
+
+def attention_allowance(q: Any, k: Any, v: Any, *,
+                        matmul_precision: str = "float32") -> tuple[float, str]:
+    """The extra atol of ``softmax(q @ k.T) @ v``: its logits' rounding, in base e or base 2.
+
+    q is (..., s, d), k and v (..., t, d) with broadcastable leading axes; for
+    a scaled kernel pass ``q * sm_scale``. With B = max sum |q||k| (the largest
+    logit a rounding can touch):
+
+    * each logit is a d-term dot rounded to the accumulator: an absolute error
+      up to ``eps_acc * B``;
+    * a kernel that exponentiates in base 2 (``exp2(s * log2(e) - m2)``, the
+      usual TPU formulation) rounds ``s * log2(e)`` (half an ulp of the logit
+      and half of the constant ``log2(e)``, for the logit and for the row max)
+      before subtracting: at most ``2 * eps32 * B`` more, in natural units,
+      always in float32 (the scaling is elementwise, not on the MXU).
+
+    Softmax turns an absolute logit error e into a relative weight error of
+    about e, so the output may move by ``(eps_acc + 2 * eps32) * B * max|v|``.
+    A missing rescale, a missing max subtraction or a dropped mask is still
+    off by far more (tests/test_compare.py).
+
+    Returns ``(atol, reason)``.
+
+    >>> import numpy as np
+    >>> q = np.ones((4, 8), np.float32)
+    >>> attention_allowance(q, q, q)[0] > 0
+    True
+    """
+    q64, k64, v64 = _float64(q), _float64(k), _float64(v)
+    logit_bound = float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2), initial=0.0))
+    # bfloat16 inputs multiply exactly into float32 sums; only float32 inputs
+    # on a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
+    accumulator = ("bfloat16" if matmul_precision == "bfloat16" and _dtype_name(q) == "float32"
+                   else "float32")
+    logit_error = (_epsilon(accumulator) + 2 * _epsilon("float32")) * logit_bound
+    extra = logit_error * float(np.max(np.abs(v64), initial=0.0))
+    return extra, (f"logits rounded in {accumulator} and scaled to base 2 in float32 "
+                   f"(max sum |q||k| = {logit_bound:.3g}) add {extra:.3g}")
+
+
+def activation_allowance(x: Any, y: Any, *, activation: str | None,
+                         dtype: Any = None) -> tuple[float, str]:
+    """The extra atol of ``activation(x @ y)``: gelu and silu rounded in the output dtype.
+
+    The default tolerance scales with max|output|; an activation's rounding
+    scales with its input z = x @ y instead, and gelu and silu shrink large
+    negative z to tiny outputs whose absolute error stays about eps * |z|.
+    Without this term plain XLA's ``jax.nn.gelu`` fails the float32 tolerance
+    (1.27 times it, for z = -4); a wrong or missing activation is still off
+    by far more than 2 ulp of |z|. Returns ``(atol, reason)``.
+    """
+    ulps = _ACTIVATION_ULPS.get(activation or "")
+    if not ulps:
+        return 0.0, ""
+    name = np.dtype(dtype).name if dtype is not None else _dtype_name(x)
+    bound = float(np.max(np.abs(_float64(x) @ _float64(y)), initial=0.0))
+    extra = ulps * _epsilon(name) * bound
+    return extra, (f"{activation} evaluated in {name} (max |x @ y| = {bound:.3g}) "
+                   f"adds {extra:.3g}")
+
+
+def op_allowance(op: Any, inputs: Sequence[Any], *, matmul_precision: str = "float32",
+                 params: dict[str, Any] | None = None) -> tuple[float, str]:
+    """The extra atol of ``op`` (a name or an ``Operation``) on ``inputs``, from its record.
+
+    0 for an op with no error model of its own. An op name no record has is a
+    usage error (``ValueError`` naming the known ones).
+    """
+    from . import ops
+    from .operation import Operation
+
+    if not isinstance(op, Operation):
+        if op not in ops.OPERATIONS:
+            raise ValueError(f"op={op!r}: no such op; the known ones are "
+                             f"{', '.join(ops.op_names())} (or pass atol= yourself)")
+        op = ops.OPERATIONS[op]
+    case = SimpleNamespace(args=tuple(inputs), kwargs=dict(params or {}),
+                           dtype=_dtype_name(inputs[0]) if len(inputs) else "float32")
+    return op.extra_allowance(case, matmul_precision)

@@ -1,0 +1,109 @@
+"""The documentation a clone has: the README's links resolve inside the repository, the
+contract is docs/contract.md and agrees with the flags and ops of the code, and the
+project's own test runs say why a test was skipped."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pytest_pallas.ops import OP_NAMES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read(relative):
+    with open(os.path.join(ROOT, relative), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def registered_flags():
+    from pytest_pallas import options
+
+    class Group:
+        def __init__(self):
+            self.flags = []
+
+        def addoption(self, *names, **_):
+            self.flags += names
+
+    class Parser:
+        def __init__(self):
+            self.group = Group()
+
+        def getgroup(self, *_):
+            return self.group
+
+        def addini(self, *_, **__):
+            pass
+
+    parser = Parser()
+    options.add_options(parser)
+    return set(parser.group.flags)
+
+
+def test_every_file_the_readme_names_is_in_the_repository():
+    readme = read("README.md")
+    linked = set(re.findall(r"\]\(([^)#:]+)\)", readme))
+    named = set(re.findall(r"\b([\w./-]+\.md)\b", readme))
+    assert "docs/contract.md" in linked
+    missing = sorted(path for path in linked | named
+                     if not os.path.exists(os.path.join(ROOT, path)))
+    assert not missing, f"the README names files a clone does not have: {missing}"
+
+
+def test_the_contract_names_every_flag_of_the_suite_and_only_flags_that_exist():
+    contract = read("docs/contract.md")
+    section = contract[contract.index("## 1. Command line"):contract.index("## 2.")]
+    rows = re.findall(r"^\| `(--pallas-[\w-]+)[^|]*\|([^\n]*)$", section, re.MULTILINE)
+    flags = registered_flags()
+    for flag, text in rows:
+        assert flag in flags or "not implemented yet" in text, (
+            f"docs/contract.md documents {flag}, which the plugin does not register; "
+            "implement it or mark it 'not implemented yet'")
+    documented = {flag for flag, _ in rows}
+    assert {"--pallas-impl", "--pallas-ops", "--pallas-report", "--pallas-conformance"} \
+        <= documented
+    assert "Turns the suite on" in dict(rows)["--pallas-ops"], (
+        "docs/contract.md: --pallas-ops turns the suite on")
+
+
+def test_the_contracts_operations_are_the_suites():
+    contract = read("docs/contract.md")
+    table = contract[contract.index("## 2. Operations"):contract.index("### Operations added")]
+    ops = re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)
+    assert tuple(ops) == tuple(OP_NAMES)
+
+
+def test_the_readme_documents_every_flag_the_plugin_registers():
+    readme = read("README.md")
+    table = readme[readme.index("## Command line"):readme.index("## Fixtures and markers")]
+    undocumented = sorted(flag for flag in registered_flags() if f"`{flag}" not in table)
+    assert not undocumented, undocumented
+
+
+def test_the_projects_test_runs_say_why_a_test_was_skipped(tmp_path):
+    """The project's pytest configuration (pyproject.toml) shows skip reasons without -rs."""
+    (tmp_path / "test_skipping.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.skip(reason='needs the plot extra')\n"
+        "def test_skipped():\n    pass\n")
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", os.path.join(ROOT, "pyproject.toml"),
+         "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-p", "no:xdist",
+         str(tmp_path / "test_skipping.py")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stdout
+    assert re.search(r"SKIPPED \[1\] .*test_skipping.py:\d+: needs the plot extra",
+                     completed.stdout), completed.stdout
+
+
+@pytest.mark.parametrize("extra", ["tpu", "plot", "dev"])
+def test_the_installing_section_shows_each_extra_from_a_clone(extra):
+    readme = read("README.md")
+    section = readme[readme.index("## Installing"):readme.index("## Command line")]
+    assert f"pip install -c constraints/ci.txt '.[{extra}]'" in section \
+        or f"-e '.[{extra}]'" in section
+    assert "pip wheel" in section

@@ -1,0 +1,96 @@
+"""Classes 3 and 4: attention's error model, public, and covering the base-2 formulation.
+
+A user's own test of an attention kernel gets the allowance the conformance
+suite applies (``assert_allclose(out, ref, op="attention", inputs=(q, k, v))``),
+and that allowance covers the usual TPU formulation of softmax in base 2
+(``exp2(s * log2(e) - m2)``), while the usual wrong kernels still fail.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from seeded_bugs import kernels as wrong
+
+from pytest_pallas import assert_allclose, error_models
+from pytest_pallas.domains import Domain
+from pytest_pallas.op_inputs import sweep, sweep_case
+from pytest_pallas.properties import expected_output, judge_value
+
+LOG2_E = 1.4426950408889634
+
+
+@jax.jit
+def attention_exp2(q, k, v):
+    """softmax in base 2, as tokamax's TPU flash attention does by default (float32 throughout)."""
+    logits2 = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * jnp.float32(LOG2_E)
+    weights = jnp.exp2(logits2 - logits2.max(axis=-1, keepdims=True))
+    out = jnp.dot(weights, v.astype(jnp.float32)) / weights.sum(axis=-1, keepdims=True)
+    return out.astype(q.dtype)
+
+
+def _attention64(q, k, v):
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    logits = q @ np.swapaxes(k, -1, -2)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    return (weights / weights.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.pallas
+def test_jax_flash_attention_passes_assert_allclose_with_the_attention_error_model():
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    q, k, v = (jax.random.normal(jax.random.key(i), (1, 2, 256, 128)) for i in range(3))
+    blocks = fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1)
+    out = fa.flash_attention(q, k, v, block_sizes=blocks)
+    expected = _attention64(q, k, v)
+    with pytest.raises(AssertionError, match="Worst error"):   # the bare default is too tight
+        assert_allclose(out, expected, reduction_length=256)
+    assert assert_allclose(out, expected, reduction_length=256, op="attention",
+                           inputs=(q, k, v)) <= 1.0
+
+
+def test_error_model_message_names_the_allowance():
+    q = np.ones((8, 128), np.float32)
+    expected = _attention64(q, q, q)
+    with pytest.raises(AssertionError, match="logits rounded in float32"):
+        assert_allclose(np.float32(expected + 1.0), expected, op="attention", inputs=(q, q, q))
+
+
+def test_unknown_op_and_missing_inputs_are_one_line_usage_errors():
+    x = np.ones((8, 128), np.float32)
+    with pytest.raises(ValueError, match="no such op; the known ones are"):
+        assert_allclose(x, x, op="conv", inputs=(x,))
+    with pytest.raises(ValueError, match=r"needs inputs="):
+        assert_allclose(x, x, op="attention")
+
+
+def test_suite_and_public_function_give_the_same_allowance():
+    case = sweep_case("attention", Domain(), 0)
+    public, _ = error_models.attention_allowance(*case.args)
+    suite, _ = error_models.op_allowance("attention", case.args)
+    assert public == suite > 0
+
+
+ATTENTION_SWEEP = range(len(sweep("attention")))
+
+
+@pytest.mark.parametrize("index", ATTENTION_SWEEP)
+def test_exp2_attention_passes_every_sweep_case(index):
+    case = sweep_case("attention", Domain(), index)
+    verdicts, worst, message = judge_value(case, attention_exp2(*case.args),
+                                           expected_output(case), matmul_precision="float32")
+    assert all(verdicts.values()), message
+
+
+@pytest.mark.pallas
+@pytest.mark.parametrize("kernel", [wrong.attention_missing_rescale,
+                                    wrong.attention_no_max_subtraction])
+def test_wrong_attention_kernels_still_fail_the_sweep(kernel):
+    failed = []
+    for index in ATTENTION_SWEEP:
+        case = sweep_case("attention", Domain(), index)
+        verdicts, worst, _ = judge_value(case, kernel(*case.args), expected_output(case),
+                                         matmul_precision="float32")
+        failed.append(not all(verdicts.values()))
+    assert any(failed)

@@ -1,0 +1,97 @@
+"""The private JAX internals the real-kernel fixes use (_jax_compat), each guarded."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pytest_pallas import _jax_compat
+
+
+def _two_outputs(x):
+    def kernel(x_ref, o_ref, scratch_ref):
+        scratch_ref[...] = x_ref[...]
+        o_ref[...] = x_ref[...] + 1.0
+    return pl.pallas_call(kernel, out_shape=(jax.ShapeDtypeStruct((8, 128), jnp.float32),) * 2,
+                          interpret=True)(x)
+
+
+def test_pallas_call_uses_in_sees_which_outputs_the_program_uses():
+    closed = jax.make_jaxpr(lambda x: _two_outputs(x)[0])(jnp.ones((8, 128)))
+    assert [used for _, used in _jax_compat.pallas_call_uses_in(closed)] == [(True, False)]
+
+
+def test_observe_pallas_call_uses_hears_dead_code_elimination_and_restores_the_rule():
+    from jax._src.interpreters import partial_eval as pe
+
+    rule = pe.dce_rules[_jax_compat.pallas_call_primitive()]
+    heard = []
+    with _jax_compat.observe_pallas_call_uses(lambda params, used: heard.append(used)) as on:
+        assert on
+        jax.jit(lambda x: _two_outputs(x)[0])(jnp.full((8, 128), 2.0)).block_until_ready()
+    assert (True, False) in heard
+    assert pe.dce_rules[_jax_compat.pallas_call_primitive()] is rule
+
+
+def test_observe_pallas_call_uses_is_off_when_the_rule_table_moved(monkeypatch):
+    monkeypatch.setattr(_jax_compat, "_PARTIAL_EVAL", "jax._src.no_such_module")
+    with _jax_compat.observe_pallas_call_uses(lambda *_: None) as on:
+        assert not on
+
+
+def test_interpreter_crash_names_a_crash_inside_the_tpu_interpreter_only():
+    def kernel(x_ref, o_ref, buf):
+        buf[...] = x_ref[...]
+        o_ref[...] = buf.reshape(2, 8, 128)[1]
+
+    def f(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                              scratch_shapes=[pltpu.VMEM((16, 128), jnp.float32)])(x)
+
+    _jax_compat.reset_interpreter_state()
+    with pytest.raises(Exception) as crash, pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()):
+        jax.block_until_ready(f(jnp.ones((16, 128))))
+    _jax_compat.reset_interpreter_state()
+    assert "ReshapeTransform" in _jax_compat.interpreter_crash(crash.value)
+    assert _jax_compat.interpreter_crash(ValueError("a kernel's own error")) is None
+
+
+def test_with_tile_padded_bounds_sets_padded_and_leaves_other_values():
+    params = _jax_compat.with_tile_padded_bounds(pltpu.InterpretParams(detect_races=True))
+    assert params.buffer_bounds == "padded" and params.detect_races
+    assert _jax_compat.with_tile_padded_bounds(True) is True
+
+
+def test_own_interpret_params_kept_merges_and_restores():
+    from jax._src.pallas import pallas_call as module
+
+    original = module._pallas_call
+    heard = []
+
+    def merge(own, forced):
+        return own, ["nothing"]
+
+    def kernel(x_hbm, o_ref, buf, sem):
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(pl.program_id(0) * 0 + 8, 8)], buf, sem)
+        copy.start()
+        copy.wait()
+        o_ref[...] = buf[...]
+
+    def f(x):
+        return pl.pallas_call(
+            kernel, grid=(1,), out_shape=jax.ShapeDtypeStruct((8, 128), x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+            scratch_shapes=[pltpu.VMEM((8, 128), x.dtype), pltpu.SemaphoreType.DMA],
+            interpret=pltpu.InterpretParams(out_of_bounds_reads="uninitialized"))(x)
+
+    _jax_compat.reset_interpreter_state()
+    with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()), \
+            _jax_compat.own_interpret_params_kept(merge, lambda k, c: heard.append(c)) as on:
+        assert on
+        out = np.asarray(f(jnp.ones((8, 128), jnp.float32)))
+    assert np.isnan(out).all()          # the kernel's out_of_bounds_reads="uninitialized" held
+    assert heard == [["nothing"]]
+    assert module._pallas_call is original
