@@ -59,8 +59,8 @@ def bench_ppermute(pallas_benchmark, implementation, kernel, scale):
     )
 
 
-def xla_all_gather(x, *, axis_name):
-    return jax.lax.all_gather(x, axis_name, tiled=True)
+# The plain-XLA version is the record's (pytest_pallas.xla_versions.all_gather).
+xla_all_gather = xla_version("all_gather")
 
 
 def bench_all_gather(pallas_benchmark, scale):
@@ -87,8 +87,8 @@ def bench_all_gather(pallas_benchmark, scale):
     )
 
 
-def xla_reduce_scatter(x, *, axis_name):
-    return jax.lax.psum_scatter(x, axis_name, tiled=True)
+# The plain-XLA version is the record's (pytest_pallas.xla_versions.reduce_scatter).
+xla_reduce_scatter = xla_version("reduce_scatter")
 
 
 def bench_reduce_scatter(pallas_benchmark, scale):

@@ -4,11 +4,11 @@ The group sizes are drawn by ``grouped_matmul_inputs`` (seeded): ragged, with
 empty groups, or every row in one group.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pytest_pallas.benchmarking import xla_version
 from pytest_pallas.reference_kernels import grouped_matmul as gm
 
 pytestmark = pytest.mark.pallas
@@ -20,14 +20,8 @@ SIZES = {
 }
 
 
-def xla_grouped_matmul(lhs, rhs, group_sizes):
-    """Plain jnp: every row times every group's rhs, the wrong groups masked away (g times
-    the flops of the op, which is what a dense formulation costs)."""
-    ends = jnp.cumsum(group_sizes)
-    group_of_row = jnp.searchsorted(ends, jnp.arange(lhs.shape[0]), side="right")
-    products = jnp.einsum("mk,gkn->gmn", lhs, rhs, preferred_element_type=jnp.float32)
-    one_hot = jax.nn.one_hot(group_of_row, rhs.shape[0], dtype=jnp.float32)
-    return jnp.einsum("gmn,mg->mn", products, one_hot).astype(lhs.dtype)
+# The plain-XLA version is the record's (pytest_pallas.xla_versions.grouped_matmul).
+xla_grouped_matmul = xla_version("grouped_matmul")
 
 
 @pytest.mark.parametrize("seed", [0, 1], ids=["draw-0", "draw-1"])

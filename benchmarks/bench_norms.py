@@ -1,9 +1,8 @@
 """``rms_norm``: one fused pass over x, beside plain XLA (which fuses it too)."""
 
-import jax
-import jax.numpy as jnp
 import pytest
 
+from pytest_pallas.benchmarking import xla_version
 from pytest_pallas.reference_kernels import norms
 
 pytestmark = pytest.mark.pallas
@@ -16,11 +15,8 @@ SIZES = {
 EPS = 1e-6
 
 
-def xla_rms_norm(x, w, *, eps):
-    """Plain jnp, in float32, rounded once to x's dtype."""
-    x32 = x.astype(jnp.float32)
-    inverse = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (x32 * inverse * w.astype(jnp.float32)).astype(x.dtype)
+# The plain-XLA version is the record's (pytest_pallas.xla_versions.rms_norm).
+xla_rms_norm = xla_version("rms_norm")
 
 
 def bench_rms_norm(pallas_benchmark, scale):

@@ -4,11 +4,11 @@ Lengths and shuffled page tables come from ``paged_attention_inputs`` (seeded):
 1, a page boundary, full capacity, and random lengths for the other sequences.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pytest_pallas.benchmarking import xla_version
 from pytest_pallas.reference_kernels import paged_attention as pa
 
 pytestmark = pytest.mark.pallas
@@ -23,20 +23,8 @@ SIZES = {
 }
 
 
-def xla_paged_attention(q, k_pages, v_pages, lengths, page_indices):
-    """Plain jnp: gather every sequence's pages to a dense (b, g, capacity, d) cache, mask the
-    positions past each length, attend in float32."""
-    b, h, d = q.shape
-    g = k_pages.shape[0]
-    k = k_pages[:, page_indices].reshape(g, b, -1, d).swapaxes(0, 1)
-    v = v_pages[:, page_indices].reshape(g, b, -1, d).swapaxes(0, 1)
-    q = q.reshape(b, g, h // g, d)
-    logits = jnp.einsum("bgqd,bgtd->bgqt", q, k, preferred_element_type=jnp.float32)
-    visible = jnp.arange(k.shape[2])[None, :] < lengths[:, None]
-    logits = jnp.where(visible[:, None, None, :], logits, -jnp.inf)
-    weights = jax.nn.softmax(logits, axis=-1)
-    out = jnp.einsum("bgqt,bgtd->bgqd", weights, v.astype(jnp.float32))
-    return out.reshape(b, h, d).astype(q.dtype)
+# The plain-XLA version is the record's (pytest_pallas.xla_versions.paged_attention).
+xla_paged_attention = xla_version("paged_attention")
 
 
 def bench_paged_attention(pallas_benchmark, scale):

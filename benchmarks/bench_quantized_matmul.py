@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pytest_pallas.benchmarking import xla_version
 from pytest_pallas.reference_kernels import quantized_matmul as qm
 
 pytestmark = pytest.mark.pallas
@@ -19,10 +20,8 @@ SIZES = {
 }
 
 
-def xla_quantized_matmul(x, w, scale):
-    """Plain jnp: w converted to x's dtype, the product in float32, then the column scale."""
-    product = jnp.matmul(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
-    return (product * scale).astype(x.dtype)
+# The plain-XLA version is the record's (pytest_pallas.xla_versions.quantized_matmul).
+xla_quantized_matmul = xla_version("quantized_matmul")
 
 
 @pytest.mark.parametrize("shape", ["decode", "prefill"])

@@ -78,8 +78,7 @@ class Case:
 
     @property
     def reduction_length(self) -> int | None:
-        dimension = self.operation.reduction
-        return int(self.dims[dimension]) if dimension else None
+        return self.operation.reduction_length(self.dims)
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())
@@ -246,6 +245,7 @@ def build_arguments(op: Operation, dims: dict[str, Any], dtype: str, profile: st
 def make_case(op: Operation | str, dims: dict[str, Any], dtype: str, profile: str, seed: int,
               kwargs: dict[str, Any]) -> Case:
     op = _operation(op)
+    dims, kwargs = op.constrained(dims, kwargs)
     args = build_arguments(op, dims, dtype, profile, seed)
     return Case(op, dims=dims, dtype=dtype, profile=profile, seed=seed, args=args, kwargs=kwargs)
 

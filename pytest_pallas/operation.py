@@ -150,7 +150,9 @@ class Operation:
         oracle gets the global arrays (the devices' blocks stacked along axis
         0) and ``devices=n``.
       dtypes: the dtypes drawn (the first argument's, and the result's).
-      reduction: the dimension the op reduces over (widens the tolerance).
+      reduction: the dimension the op reduces over (widens the tolerance), or a
+        tuple of dimensions whose product is the reduction length (paged
+        attention's pages_per_sequence * page_size).
       params: keyword argument name -> the values drawn, one per example.
       exact: results compare bit for bit (integer dtypes always do).
       profiles: the value profiles drawn (``strategies.generate_values``);
@@ -175,6 +177,13 @@ class Operation:
         shapes, for an op the signature's names cannot size alone (a collective
         whose result is not its block's shape; q of (b, g * r, d) heads in
         groups). The signature still gives the dimensions and their kinds.
+      constrain: ``constrain(dims, params) -> (dims, params)``, applied to every
+        drawn case before its arguments are built: the facts that tie
+        dimensions and parameters together, which the signature cannot say
+        (kv heads dividing query heads; s = t under a causal mask; a parameter
+        that depends on a dimension, such as a softmax scale of 1/sqrt(d)). It
+        gets the drawn values and returns the ones the case uses (and prints);
+        a changed dimension should only move to a size already drawable for it.
       needs_tpu_interpreter: the kernels use DMAs, semaphores or remote copies,
         which only the TPU interpreter simulates.
       reference, xla, cost: the reference kernel, the plain-XLA version (the
@@ -187,7 +196,7 @@ class Operation:
     signature: str
     oracle: Callable | str
     dtypes: tuple[str, ...] = FLOAT_DTYPES
-    reduction: str | None = None
+    reduction: str | tuple[str, ...] | None = None
     params: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
     exact: bool = False
     profiles: tuple[str, ...] | None = None
@@ -202,6 +211,7 @@ class Operation:
     profile_adjustments: Mapping[str, Callable | str] = dataclasses.field(default_factory=dict)
     needs_tpu_interpreter: bool = False
     shapes: Callable | str | None = None
+    constrain: Callable | str | None = None
     reference: Callable | str | None = None
     xla: Callable | str | None = None
     cost: Callable | str | None = None
@@ -217,6 +227,8 @@ class Operation:
             raise OperationError(f"{where}: {error}") from None
         set_ = object.__setattr__
         set_(self, "dtypes", _names_tuple(where, "dtypes", self.dtypes))
+        if self.reduction is not None and not isinstance(self.reduction, str):
+            set_(self, "reduction", _names_tuple(where, "reduction", self.reduction))
         set_(self, "params", {k: tuple(v) for k, v in dict(self.params).items()})
         set_(self, "arg_dtypes", dict(self.arg_dtypes))
         set_(self, "sizes", {k: tuple(v) for k, v in dict(self.sizes).items()})
@@ -239,7 +251,7 @@ class Operation:
                     f"signature's: {', '.join(names)}.")
             names = tuple(self.dimensions)
         set_(self, "dimensions", names)
-        for field, dims in (("reduction", [self.reduction] if self.reduction else []),
+        for field, dims in (("reduction", list(self.reduction_dimensions)),
                             ("sizes", list(self.sizes))):
             for dim in dims:
                 if dim not in names:
@@ -282,6 +294,22 @@ class Operation:
         return self._out  # type: ignore[attr-defined]
 
     @property
+    def reduction_dimensions(self) -> tuple[str, ...]:
+        """The dimensions whose sizes multiply to the reduction length (none, one or more)."""
+        if not self.reduction:
+            return ()
+        return (self.reduction,) if isinstance(self.reduction, str) else tuple(self.reduction)
+
+    def reduction_length(self, dims: Mapping[str, Any]) -> int | None:
+        """The number of terms each result element sums, for these sizes (None: no reduction)."""
+        if not self.reduction:
+            return None
+        length = 1
+        for dim in self.reduction_dimensions:
+            length *= int(dims[dim])
+        return length
+
+    @property
     def is_elementwise(self) -> bool:
         return not any(self.arguments) and not self.result
 
@@ -289,7 +317,7 @@ class Operation:
         """Which size bucket ``dim`` is drawn from: lane, sublane, batch, reduction, devices."""
         if dim == DEVICES and self.collective:
             return "devices"
-        if dim == self.reduction and dim not in self.result:
+        if dim in self.reduction_dimensions and dim not in self.result:
             return "reduction"  # contracted away: long enough to tell accumulations apart
         kind = "leading"
         for core in (*self.arguments, self.result):
@@ -336,6 +364,15 @@ class Operation:
 
     def load_inputs(self) -> Callable | None:
         return load(self.inputs) if self.inputs is not None else None
+
+    def constrained(self, dims: Mapping[str, Any], params: Mapping[str, Any]
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The dimensions and parameter values a case uses: ``constrain`` applied, if any."""
+        dims, params = dict(dims), dict(params)
+        if self.constrain is None:
+            return dims, params
+        dims, params = load(self.constrain)(dims, params)
+        return dict(dims), dict(params)
 
     def estimate_cost(self, *args: Any, **params: Any) -> Any:
         """The cost of one call: the record's model, else ``pl.estimate_cost`` of ``xla``."""
@@ -384,8 +421,8 @@ class Operation:
         from .op_inputs import build_arguments
 
         try:
+            dims, kwargs = self.constrained(dims, {k: v[0] for k, v in self.params.items()})
             args = build_arguments(self, dims, self.dtypes[0], "normal", 0)
-            kwargs = {k: v[0] for k, v in self.params.items()}
             if self.collective:
                 kwargs[DEVICES] = dims[DEVICES]
             result = self.oracle(*(np.asarray(a, np.float64)

@@ -155,7 +155,81 @@ ppermute = _builtin("ppermute", "(rows,cols)->(rows,cols)", "collectives",
                     exact=True, collective="axis_name", params={"shift": (1, -1)}, vmap=False,
                     needs_tpu_interpreter=True)
 
+# --- the ops added in version 0.2 (CONTRACT.md section 2) -------------------------------------
+#
+# Their kernel modules state the oracles, cost models, input structure and derived allowances;
+# pytest_pallas/op_facts.py adapts them to a record's terms. Sizes are small (each distinct
+# shape is a compilation and each grid step an interpreted step): buckets of two or three sizes
+# that still reach every code path (one block and several, ragged sizes, a size of 1).
+_FACTS = "pytest_pallas.op_facts"
+
+flash_attention = _builtin(
+    "flash_attention", "(b,h,s,d),(b,g,t,d),(b,g,t,d)->(b,h,s,d)", "flash_attention",
+    dimensions=("b", "h", "g", "s", "t", "d"),
+    # h of 1, 2, 4 with g drawn from the same sizes then made a divisor of h: the group ratios
+    # 1 (MHA), 2 (GQA at h = 4) and h (MQA). s and t from one bucket, so that the causal s = t
+    # is a size either could draw.
+    sizes={"b": (1, 2), "h": (1, 2, 4), "g": (1, 2, 4), "s": (1, 100, 256), "t": (1, 100, 256),
+           "d": _HEAD},
+    # sm_scale "1/sqrt(d)" is 1 / sqrt(the drawn d) (op_facts.flash_attention_constrain).
+    params={"causal": (False, True), "sm_scale": (1.0, "1/sqrt(d)")},
+    constrain=f"{_FACTS}:flash_attention_constrain",
+    reduction="t", profiles=("normal", "ties", "small", "offset"),
+    allowance=f"{_FACTS}:flash_attention_allowance", low_precision_matmul=True,
+    profile_adjustments={"offset": f"{_HERE}:offset_logits"},
+)
+rms_norm = _builtin("rms_norm", "(rows,cols),(cols)->(rows,cols)", "norms", reduction="cols",
+                    params={"eps": (1e-6,)})
+grouped_matmul = _builtin(
+    "grouped_matmul", "(m,k),(g,k,n),(g)->(m,n)", "grouped_matmul",
+    dimensions=("m", "k", "n", "g"), reduction="k",
+    # g: one group, a few, and more groups than an m of 5 has rows (empty groups for sure).
+    sizes={"g": (1, 3, 8)}, arg_dtypes={2: "int32"},
+    inputs=f"{_FACTS}:grouped_matmul_inputs",
+    vmap=False,  # group_sizes perturbed per batch slice would no longer sum to m
+)
+quantized_matmul = _builtin(
+    "quantized_matmul", "(m,k),(k,n),(n)->(m,n)", "quantized_matmul", reduction="k",
+    arg_dtypes={1: "int8", 2: "float32"}, inputs=f"{_FACTS}:quantized_matmul_inputs",
+)
+paged_attention = _builtin(
+    "paged_attention",
+    "(b,h,d),(g,pages,page_size,d),(g,pages,page_size,d),(b),(b,pages_per_sequence)->(b,h,d)",
+    "paged_attention",
+    dimensions=("b", "h", "g", "d", "pages", "page_size", "pages_per_sequence"),
+    # b = 4 draws the four special lengths (1, a page, a page and one, the capacity); pages
+    # = 8 shuffles every table (b * pages_per_sequence <= 8), pages = 3 shares pages. Two
+    # pages per sequence already cross a page boundary and double-buffer; each more page is
+    # one more pair of interpreted DMAs per (sequence, kv head).
+    sizes={"b": (1, 4), "h": (2, 4), "g": (1, 2), "d": _HEAD, "pages": (3, 8),
+           "page_size": (8, 16), "pages_per_sequence": (1, 2)},
+    constrain=f"{_FACTS}:grouped_heads_constrain",
+    reduction=("pages_per_sequence", "page_size"),
+    profiles=("normal", "ties", "small", "offset"),
+    allowance=f"{_FACTS}:paged_attention_allowance", low_precision_matmul=True,
+    profile_adjustments={"offset": f"{_HERE}:offset_logits"},
+    arg_dtypes={3: "int32", 4: "int32"}, inputs=f"{_FACTS}:paged_attention_inputs",
+    vmap=False,  # lengths and page tables perturbed per batch slice leave their ranges
+)
+# The collectives' blocks stay at most 8 x 200 (6.4 KB): on 8 simulated devices a block of
+# 10 x 384 float32 (15 KB) or more makes the TPU interpreter hang in the reference kernels
+# (idle, and --pallas-timeout does not fire), while 8 x 384 and anything on 2 or 4 devices
+# completes in about a second.
+_SMALL_BLOCKS = {"rows": (1, 5, 8), "cols": (1, 128, 200)}
+
+all_gather = _builtin("all_gather", "(rows,cols)->(rows,cols)", "collectives",
+                      oracle=f"{_FACTS}:all_gather_oracle", shapes=f"{_FACTS}:all_gather_shapes",
+                      dtypes=FLOAT_DTYPES + ("int32",), exact=True, collective="axis_name",
+                      sizes=_SMALL_BLOCKS, vmap=False, needs_tpu_interpreter=True)
+reduce_scatter = _builtin("reduce_scatter", "(rows,cols)->(rows,cols)", "collectives",
+                          oracle=f"{_FACTS}:reduce_scatter_oracle",
+                          shapes=f"{_FACTS}:reduce_scatter_shapes",
+                          dtypes=FLOAT_DTYPES + ("int32",), collective="axis_name",
+                          reduction="devices", allowance=f"{_FACTS}:reduce_scatter_allowance",
+                          sizes=_SMALL_BLOCKS, vmap=False, needs_tpu_interpreter=True)
+
 BUILT_IN: tuple[Operation, ...] = (
     add, sum, matmul, matmul_activation, batched_matmul, softmax, attention, mha, mqa, copy,
-    ppermute,
+    ppermute, flash_attention, rms_norm, grouped_matmul, quantized_matmul, paged_attention,
+    all_gather, reduce_scatter,
 )

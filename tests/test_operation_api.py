@@ -247,7 +247,8 @@ def test_a_malformed_op_is_a_one_line_usage_error(pytester, declaration, message
 def test_every_built_in_op_is_an_operation_and_a_user_op_is_not_a_built_in():
     assert [op.name for op in operations.BUILT_IN] == [
         "add", "sum", "matmul", "matmul_activation", "batched_matmul", "softmax", "attention",
-        "mha", "mqa", "copy", "ppermute"]
+        "mha", "mqa", "copy", "ppermute", "flash_attention", "rms_norm", "grouped_matmul",
+        "quantized_matmul", "paged_attention", "all_gather", "reduce_scatter"]
     assert operations.matmul.dimensions == ("m", "k", "n")
     assert [operations.matmul.dimension_kind(d) for d in "mkn"] == [
         "second_minor", "reduction", "minor"]

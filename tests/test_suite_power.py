@@ -79,6 +79,26 @@ BUGS = [
     ("ppermute", "ppermute_no_recv_wait", ("written",)),
 ]
 
+# The version 0.2 ops' seeded bugs (seeded_bugs.new_ops): (op, bug, the properties that catch
+# it), as BUGS. Each is a kernel that runs and returns the right shape and dtype; the record's
+# derived allowance must still be tight enough to fail it.
+NEW_OP_BUGS = [
+    ("flash_attention", "flash_attention_bfloat16_accumulator", ("value",)),
+    ("flash_attention", "flash_attention_unscaled", ("value",)),
+    ("flash_attention", "flash_attention_mask_off_by_one", ("value",)),
+    ("flash_attention", "flash_attention_mask_block_local", ("value",)),
+    ("rms_norm", "rms_norm_bfloat16_accumulator", ("value",)),
+    ("grouped_matmul", "grouped_matmul_bfloat16_accumulator", ("value",)),
+    ("grouped_matmul", "grouped_matmul_group_end_off_by_one", ("value",)),
+    ("quantized_matmul", "quantized_matmul_bfloat16_accumulator", ("value",)),
+    ("quantized_matmul", "quantized_matmul_int8_read_as_uint8", ("value",)),
+    ("paged_attention", "paged_attention_stale_last_page", ("finite", "value")),
+    ("paged_attention", "paged_attention_ignores_page_table", ("value",)),
+    ("all_gather", "all_gather_one_receive_semaphore", ("finite", "value")),
+    ("reduce_scatter", "reduce_scatter_bfloat16_partial_sums", ("value",)),
+    ("reduce_scatter", "reduce_scatter_keeps_the_next_block", ("value",)),
+]
+
 # (op, correct alternative in seeded_bugs.correct, its @supports restrictions as reported)
 CORRECT = [
     ("add", "add_jnp", "none"),
@@ -113,7 +133,8 @@ CORRECT = [
     ("ppermute", "ppermute_in_chunks", "none"),
 ]
 
-_DEVICES_NEEDED = 8  # ppermute draws 2, 4 and 8 devices
+_DEVICES_NEEDED = 8  # the collective ops draw 2, 4 and 8 devices
+_COLLECTIVE_OPS = ("ppermute", "all_gather", "reduce_scatter")
 
 
 def _in_process_has_devices() -> bool:
@@ -142,7 +163,7 @@ def conformance_run(pytester, monkeypatch):
                 "--pallas-impl", f"{op}={target}", f"--pallas-ops={op}",
                 f"--pallas-seed={SEED}", f"--pallas-examples={examples}",
                 f"--pallas-report={report}", *args]
-        if op == "ppermute" and not _in_process_has_devices():
+        if op in _COLLECTIVE_OPS and not _in_process_has_devices():
             result = pytester.runpytest_subprocess(*argv, timeout=1200)
         else:
             result = pytester.runpytest(*argv)
@@ -158,10 +179,15 @@ def _failed_properties(op_report: dict) -> set[str]:
     return {name for name, prop in op_report["properties"].items() if prop["verdict"] == "fail"}
 
 
-@pytest.mark.parametrize("op, bug, properties", BUGS, ids=[f"{op}-{bug}" for op, bug, _ in BUGS])
-def test_suite_fails_seeded_bug(conformance_run, op, bug, properties):
+_SEEDED = [(op, f"seeded_bugs.kernels:{bug}", properties) for op, bug, properties in BUGS] + [
+    (op, f"seeded_bugs.new_ops:{bug}", properties) for op, bug, properties in NEW_OP_BUGS]
+
+
+@pytest.mark.parametrize("op, target, properties", _SEEDED,
+                         ids=[f"{op}-{target.partition(':')[2]}" for op, target, _ in _SEEDED])
+def test_suite_fails_seeded_bug(conformance_run, op, target, properties):
     (test_name,) = {_TEST_OF_PROPERTY[name] for name in properties}
-    target = f"seeded_bugs.kernels:{bug}"
+    bug = target.partition(":")[2]
     result, op_report = conformance_run(op, target, "-k", test_name, examples=BUG_EXAMPLES)
     output = result.stdout.str()
     assert result.ret == 1, output[-3000:]
@@ -200,3 +226,21 @@ def test_suite_passes_correct_alternative(conformance_run, op, alternative, rest
     summary = [line for line in output.splitlines()
                if line.startswith(op + " ") and f"seeded_bugs.correct:{alternative}" in line]
     assert summary and summary[0].endswith(restrictions), output[-3000:]
+
+
+# The version 0.2 ops' plain-XLA versions (pytest_pallas.xla_versions): a second correct
+# implementation of each, written independently of its reference kernel, so a tolerance or
+# input structure tuned to the reference kernel alone shows up as a false alarm here.
+NEW_OPS = ("flash_attention", "rms_norm", "grouped_matmul", "quantized_matmul",
+           "paged_attention", "all_gather", "reduce_scatter")
+
+
+@pytest.mark.parametrize("op", NEW_OPS)
+def test_suite_passes_plain_xla_version(conformance_run, op):
+    target = f"pytest_pallas.xla_versions:{op}"
+    result, op_report = conformance_run(op, target)
+    output = result.stdout.str()
+    assert result.ret == 0, output[-5000:]
+    verdicts = {name: prop["verdict"] for name, prop in op_report["properties"].items()}
+    assert verdicts and set(verdicts.values()) == {"pass"}, verdicts
+    assert {"shape_dtype", "finite", "value", "written", "deterministic"} <= set(verdicts)
