@@ -14,8 +14,8 @@ from typing import Any
 
 from pytest_pallas.tiling import LANES, native_sublanes, round_up, spread
 
-__all__ = ["LANES", "check_block", "native_sublanes", "output_struct", "pad_to", "round_up",
-           "spread"]
+__all__ = ["LANES", "check_block", "native_sublanes", "output_struct", "pad_to",
+           "resolve_block", "round_up", "spread"]
 
 
 def check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, why: str, *,
@@ -36,6 +36,16 @@ def check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, w
             f"or {whole} the full dimension {dim_name}={dim}"
         )
     return block
+
+
+def resolve_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, why: str, *,
+                  cap: int) -> int:
+    """A caller's block for a dimension, validated (:func:`check_block`), or, given None, the
+    default: the whole dimension up to ``cap``, else blocks of whole ``multiple``s
+    (:func:`spread`)."""
+    if block is None:
+        return spread(dim, multiple, cap)
+    return check_block(name, block, dim_name, dim, multiple, why)
 
 
 def pad_to(array: Any, shape: tuple[int, ...]) -> Any:

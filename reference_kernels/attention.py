@@ -46,7 +46,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec
 
-from ._tiling import LANES, check_block, native_sublanes, output_struct, pad_to, round_up, spread
+from ._tiling import (
+    LANES,
+    native_sublanes,
+    output_struct,
+    pad_to,
+    resolve_block,
+    round_up,
+)
 
 __all__ = [
     "DEFAULT_BLOCK_KV",
@@ -326,17 +333,13 @@ def _flash_attention(q, k, v, *, block_q: int, block_kv: int):
 def _resolve_blocks(s: int, t: int, dtype: Any, block_q: int | None, block_kv: int | None
                     ) -> tuple[int, int]:
     sublanes = native_sublanes(dtype)
-    if block_q is None:
-        block_q = spread(s, sublanes, DEFAULT_BLOCK_Q)
-    else:
-        check_block("block_q", block_q, "s", s, sublanes,
-                     f"TPU sublane tiling of {jnp.dtype(dtype).name}, the second-minor "
-                     "dimension of q's block")
-    if block_kv is None:
-        block_kv = spread(t, LANES, DEFAULT_BLOCK_KV)
-    else:
-        check_block("block_kv", block_kv, "t", t, LANES,
-                     "TPU lane tiling, the minor dimension of the (block_q, block_kv) logits")
+    block_q = resolve_block("block_q", block_q, "s", s, sublanes,
+                            f"TPU sublane tiling of {jnp.dtype(dtype).name}, the second-minor "
+                            "dimension of q's block", cap=DEFAULT_BLOCK_Q)
+    block_kv = resolve_block("block_kv", block_kv, "t", t, LANES,
+                             "TPU lane tiling, the minor dimension of the (block_q, block_kv) "
+                             "logits",
+                             cap=DEFAULT_BLOCK_KV)
     if block_kv == 1:
         # One key per block: Mosaic (libtpu 0.0.42) fails to verify the bfloat16
         # q @ k.T with a single k row ("'vector.broadcast' op failed to verify").

@@ -56,7 +56,14 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ._tiling import LANES, check_block, native_sublanes, output_struct, pad_to, round_up, spread
+from ._tiling import (
+    LANES,
+    native_sublanes,
+    output_struct,
+    pad_to,
+    resolve_block,
+    round_up,
+)
 from .matmul import _SUPPORTED_DTYPES
 
 __all__ = [
@@ -295,21 +302,16 @@ def grouped_matmul_blocked(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Arra
     n = rhs.shape[2]
     sublanes = native_sublanes(lhs.dtype)
     name = jnp.dtype(lhs.dtype).name
-    if block_m is None:
-        block_m = spread(m, sublanes, DEFAULT_BLOCK_M)
-    else:
-        check_block("block_m", block_m, "m", m, sublanes,
-                     f"TPU sublane tiling of {name}, the second-minor dimension of lhs's block")
-    if block_k is None:
-        block_k = spread(k, LANES, DEFAULT_BLOCK_K)
-    else:
-        check_block("block_k", block_k, "k", k, LANES,
-                     "TPU lane tiling, the minor dimension of lhs's block")
-    if block_n is None:
-        block_n = spread(n, LANES, DEFAULT_BLOCK_N)
-    else:
-        check_block("block_n", block_n, "n", n, LANES,
-                     "TPU lane tiling, the minor dimension of rhs's and the output's block")
+    block_m = resolve_block("block_m", block_m, "m", m, sublanes,
+                            f"TPU sublane tiling of {name}, the second-minor dimension of "
+                            "lhs's block",
+                            cap=DEFAULT_BLOCK_M)
+    block_k = resolve_block("block_k", block_k, "k", k, LANES,
+                            "TPU lane tiling, the minor dimension of lhs's block",
+                            cap=DEFAULT_BLOCK_K)
+    block_n = resolve_block("block_n", block_n, "n", n, LANES,
+                            "TPU lane tiling, the minor dimension of rhs's and the output's block",
+                            cap=DEFAULT_BLOCK_N)
     return _grouped_matmul(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), block_m=block_m,
                            block_k=block_k, block_n=block_n)
 

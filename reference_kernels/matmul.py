@@ -46,7 +46,14 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas import _jax_compat
 
-from ._tiling import LANES, check_block, native_sublanes, output_struct, pad_to, round_up, spread
+from ._tiling import (
+    LANES,
+    native_sublanes,
+    output_struct,
+    pad_to,
+    resolve_block,
+    round_up,
+)
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -105,21 +112,16 @@ def _resolve_blocks(
 ) -> tuple[int, int, int]:
     sublanes = native_sublanes(dtype)
     name = jnp.dtype(dtype).name
-    if block_m is None:
-        block_m = spread(m, sublanes, DEFAULT_BLOCK_M)
-    else:
-        check_block("block_m", block_m, "m", m, sublanes,
-                     f"TPU sublane tiling of {name}, the second-minor dimension of x's block")
-    if block_k is None:
-        block_k = spread(k, LANES, DEFAULT_BLOCK_K)
-    else:
-        check_block("block_k", block_k, "k", k, LANES,
-                     "TPU lane tiling, the minor dimension of x's block")
-    if block_n is None:
-        block_n = spread(n, LANES, DEFAULT_BLOCK_N)
-    else:
-        check_block("block_n", block_n, "n", n, LANES,
-                     "TPU lane tiling, the minor dimension of y's and the output's block")
+    block_m = resolve_block("block_m", block_m, "m", m, sublanes,
+                            f"TPU sublane tiling of {name}, the second-minor dimension of "
+                            "x's block",
+                            cap=DEFAULT_BLOCK_M)
+    block_k = resolve_block("block_k", block_k, "k", k, LANES,
+                            "TPU lane tiling, the minor dimension of x's block",
+                            cap=DEFAULT_BLOCK_K)
+    block_n = resolve_block("block_n", block_n, "n", n, LANES,
+                            "TPU lane tiling, the minor dimension of y's and the output's block",
+                            cap=DEFAULT_BLOCK_N)
     return block_m, block_k, block_n
 
 

@@ -50,7 +50,14 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ._tiling import LANES, check_block, native_sublanes, output_struct, pad_to, round_up, spread
+from ._tiling import (
+    LANES,
+    native_sublanes,
+    output_struct,
+    pad_to,
+    resolve_block,
+    round_up,
+)
 from .matmul import _SUPPORTED_DTYPES
 
 __all__ = [
@@ -202,24 +209,15 @@ def quantized_matmul_blocked(x: jax.Array, w: jax.Array, scale: jax.Array, *,
     _check_operands(x, w, scale)
     (m, k), n = x.shape, w.shape[1]
     sublanes = native_sublanes(x.dtype)
-    if block_m is None:
-        block_m = spread(m, sublanes, DEFAULT_BLOCK_M)
-    else:
-        check_block("block_m", block_m, "m", m, sublanes,
-                     f"TPU sublane tiling of {jnp.dtype(x.dtype).name}, the second-minor "
-                     "dimension of x's block")
-    if block_k is None:
-        block_k = spread(k, LANES, DEFAULT_BLOCK_K)
-    else:
-        check_block("block_k", block_k, "k", k, LANES,
-                     "TPU lane tiling, the minor dimension of x's block; also a multiple of "
-                     "int8's 32-row sublane tiling of w's block")
-    if block_n is None:
-        block_n = spread(n, LANES, DEFAULT_BLOCK_N)
-    else:
-        check_block("block_n", block_n, "n", n, LANES,
-                     "TPU lane tiling, the minor dimension of w's, scale's and the output's "
-                     "block")
+    block_m = resolve_block("block_m", block_m, "m", m, sublanes,
+                            f"TPU sublane tiling of {jnp.dtype(x.dtype).name}, the second-minor "
+                            "dimension of x's block", cap=DEFAULT_BLOCK_M)
+    block_k = resolve_block("block_k", block_k, "k", k, LANES,
+                            "TPU lane tiling, the minor dimension of x's block; also a multiple of "
+                            "int8's 32-row sublane tiling of w's block", cap=DEFAULT_BLOCK_K)
+    block_n = resolve_block("block_n", block_n, "n", n, LANES,
+                            "TPU lane tiling, the minor dimension of w's, scale's and the output's "
+                            "block", cap=DEFAULT_BLOCK_N)
     return _quantized_matmul(x, w, scale, block_m=block_m, block_k=block_k, block_n=block_n)
 
 
