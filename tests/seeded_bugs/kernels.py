@@ -106,6 +106,47 @@ def add_tail_not_written(x, y):
     return out.reshape(shape)
 
 
+_ADD_BLOCK_ROWS = 8
+
+
+def _add_whole_row_blocks_kernel(x_ref, y_ref, o_ref, *, rows: int, block: int):
+    i = pl.program_id(0)
+
+    # BUG: meant to keep the last block from running past the end of x, this skips a
+    # ragged last block altogether (it should compute it: Pallas drops the writes past
+    # the end).
+    @pl.when((i + 1) * block <= rows)
+    def _compute():
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+
+def add_ragged_row_block_not_written(x, y):
+    """``x + y`` in blocks of 8 rows over a ``cdiv(rows, 8)`` grid; a ragged last row block
+    is never written.
+
+    Bug: the body is guarded by ``(i + 1) * 8 <= rows``, so when rows is more than
+    8 and not a multiple of 8, the last ``rows % 8`` rows of the output keep
+    whatever the output buffer held. A single block (rows <= 8, the whole
+    dimension) and whole multiples of 8 rows (24, 40) are right.
+
+    Models: a bounds check written for the lane-dense case that also skips the
+    partial edge block along the sublane (row) axis.
+    """
+    shape = x.shape
+    x2, y2 = x.reshape(_as_2d(shape)), y.reshape(_as_2d(shape))
+    rows, cols = x2.shape
+    block = _ADD_BLOCK_ROWS if rows > _ADD_BLOCK_ROWS else rows
+    spec = pl.BlockSpec((block, cols), lambda i: (i, 0))
+    out = pl.pallas_call(
+        functools.partial(_add_whole_row_blocks_kernel, rows=rows, block=block),
+        out_shape=jax.ShapeDtypeStruct(x2.shape, x2.dtype),
+        grid=(pl.cdiv(rows, block),),
+        in_specs=[spec, spec],
+        out_specs=spec,
+    )(x2, y2)
+    return out.reshape(shape)
+
+
 def _add_via_float32_kernel(x_ref, y_ref, o_ref):
     # BUG: every dtype goes through float32, int32 included.
     total = x_ref[...].astype(jnp.float32) + y_ref[...].astype(jnp.float32)
@@ -277,6 +318,24 @@ def matmul_dropped_last_k_block(x, y):
     k = x.shape[1]
     block_k = min(k, 256)
     return _matmul_call(_matmul_kernel, x, y, block_k=block_k, num_k_blocks=k // block_k)
+
+
+def matmul_last_k_step_dropped(x, y):
+    """``x @ y`` in k blocks of 128 when 128 divides k (else one whole block), with
+    ``max(1, (k - 1) // 128)`` steps: the last k step is dropped whenever there are two or more.
+
+    Bug: an off-by-one "ceiling division" (``(k - 1) // block_k`` instead of
+    ``(k + block_k - 1) // block_k``), hidden by ``max(1, ...)``: right for a k that
+    is one block (k <= 128, or any k 128 does not divide), wrong for k = 256, 384,
+    640, ... (the last 128 columns of x never enter the sum).
+
+    Models: a kernel that tiles a dimension only when the tile divides it, whose
+    multi-step path only an input of several whole tiles reaches.
+    """
+    k = x.shape[1]
+    block_k = _LANES if k % _LANES == 0 else k
+    return _matmul_call(_matmul_kernel, x, y, block_k=block_k,
+                        num_k_blocks=max(1, (k - 1) // block_k))
 
 
 def _matmul_activation_per_block_kernel(x_ref, y_ref, o_ref, acc_ref, *, activation):
