@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from hypothesis import note
+from hypothesis import note, target
 from hypothesis import strategies as st
 
-from . import _jax_compat, op_inputs, properties
+from . import _jax_compat, grid_coverage, op_inputs, properties
 from .backend import Backend
 from .compare import bitwise_differences, without_uninitialized_read_hint
 from .domains import Domain, SupportsError, declared_domain
@@ -106,6 +106,9 @@ def _failure_summary(error: Exception) -> str:
     if match:
         return match.group(1)
     return f"{type(error).__name__}: {text}"
+
+
+_GRID_COVERAGE = "grid coverage (which kernel grid axes the examples exercised)"
 
 
 class PlainInterpreterCannotRun(UserWarning):
@@ -211,6 +214,34 @@ class Conformance:
         note(f"implementation: {implementation.label}")
         return implementation, case
 
+    @contextlib.contextmanager
+    def _grid_recorded(self, op: str, case: op_inputs.Case):
+        """Record the grid axes of every ``pallas_call`` traced inside the block as one example
+        of ``op``; yields the list of ``grid_coverage.AxisRun`` found (filled on exit)."""
+        runs: list[grid_coverage.AxisRun] = []
+        if _GRID_COVERAGE in _jax_compat.features_off():
+            yield runs
+            return
+        operation = case.operation
+        shapes = [tuple(np.shape(arg)) for arg in case.args]
+
+        def observer(params: dict[str, Any]) -> None:
+            # Never raises: an observer that raises aborts the kernel's trace.
+            try:
+                info = _jax_compat.describe_pallas_call(params)
+                runs.extend(grid_coverage.axis_runs(info, operation.arguments,
+                                                    operation.result, shapes))
+            except Exception as error:
+                _jax_compat.feature_off(_GRID_COVERAGE, error)
+
+        try:
+            with _jax_compat.observe_pallas_calls(observer):
+                yield runs
+        finally:
+            unique = list(dict.fromkeys(runs))  # a call retried in the TPU interpreter
+            runs[:] = unique
+            self.recorder.grid_axes(self._key(op), unique)
+
     def _fail(self, op: str, name: str, message: str) -> None:
         __tracebackhide__ = True
         self.recorder.outcome(self._key(op), name, False, message)
@@ -249,7 +280,11 @@ class Conformance:
         implementation, case = self.draw(data, op)
         if case is None:
             return  # a sweep slot this op has no case for
-        result = self._in_breadth(op, lambda: self._call(op, "value", implementation, case))
+        with self._grid_recorded(op, case) as runs:
+            result = self._in_breadth(op, lambda: self._call(op, "value", implementation, case))
+        if not isinstance(data, op_inputs.SweepSlot):
+            # Steer the drawn examples towards grids with several steps and ragged ends.
+            target(float(grid_coverage.example_score(runs)), label="grid axes exercised")
         self.recorder.example(self._key(op), "shape_dtype")
         problem = properties.output_type_problem(case, result)
         if problem:
@@ -278,7 +313,8 @@ class Conformance:
             pytest.skip("written/deterministic: output poisoning needs the TPU interpreter")
 
         implementation, case = self.draw(data, op)
-        first, zeroed = self._poisoned_runs(op, "written", implementation, case)
+        with self._grid_recorded(op, case):
+            first, zeroed = self._poisoned_runs(op, "written", implementation, case)
         once, again = self._in_breadth(op, lambda: (
             self._call(op, "deterministic", implementation, case),
             self._call(op, "deterministic", implementation, case)))

@@ -295,11 +295,39 @@ def sweep_slots(op: Operation | str) -> int:
     return len(sweep(op))
 
 
-def _sweep_size(sizes: tuple[int, ...], kind: str) -> int:
+# The sweep's two shapes, taken in turn by its cases (even cases the first, odd ones the
+# second), per kind of dimension: a size ragged past several tiles (200 lanes; 29 = 3 x 8 + 5
+# sublanes, 16 + 13 in 16-bit types; k = 300) and a size of several whole tiles (384 = 3 x 128
+# lanes; 32 = 4 x 8 = 2 x 16 sublanes; k = 512 = 4 x 128 = 2 x 256). A kernel that blocks a
+# dimension only when its tile divides it runs several steps only on the second; a kernel
+# that mishandles a ragged last block across several tiles fails only on the first. Each is
+# taken only inside the implementation's domain and no larger than the largest size the
+# budget leaves (grid_coverage.py reports the kernel grid axes that still never ran more
+# than one step).
+_SWEEP_SIZES = {
+    "minor": (200, 384),
+    "second_minor": (29, 32),
+    "reduction": (300, 512),
+    "leading": (2, 3),
+}
+SWEEP_SHAPES = 2
+
+
+def _sweep_size(sizes: tuple[int, ...], kind: str, shape: int = 0, *, own_sizes: bool = False,
+                multiple_of: int = 1) -> int:
+    """The size of one dimension in sweep shape ``shape`` (0: ragged, 1: whole tiles), among
+    ``sizes`` (the dimension's bucket inside the domain and the budget)."""
     if kind == "devices":
         return sizes[0]  # the fewest: a run may have no more devices than that
-    # A ragged size past one tile where the bucket has one (200 lanes, 24 sublanes, k=300);
-    # else the second size (2 batch elements, 100 keys), or the only one a domain leaves.
+    wanted = _SWEEP_SIZES.get(kind, ())
+    if not own_sizes and wanted:
+        size = wanted[shape]
+        if size % multiple_of == 0 and size <= sizes[-1]:
+            return size
+    if shape == 1 and kind != "leading":
+        return sizes[-1]  # the most tiles the bucket has
+    # A ragged size past one tile where the bucket has one; else the second size (2 batch
+    # elements, 100 keys), or the only one a domain leaves.
     return sizes[3] if len(sizes) > 3 else sizes[min(1, len(sizes) - 1)]
 
 
@@ -310,15 +338,20 @@ def sweep_case(op: Operation | str, domain: Domain, index: int) -> Case | None:
     if index >= len(pairs):
         return None
     dtype, profile = pairs[index]
+    shape = index % SWEEP_SHAPES
     if op.is_elementwise:
         rank = min(2, max(_elementwise_ranks(op, domain)))
         sizes = _elementwise_sizes(op, rank, domain)
         dims: dict[str, Any] = {SHAPE: tuple(
-            _sweep_size(sizes[f"shape{i}"], kind)
+            _sweep_size(sizes[f"shape{i}"], kind, shape, own_sizes=SHAPE in op.sizes,
+                        multiple_of=domain.multiple_of.get(SHAPE, 1))
             for i, kind in enumerate(_ELEMENTWISE_KINDS[rank]))}
     else:
         sizes = _budgeted_sizes(op, domain)
-        dims = {dim: _sweep_size(sizes[dim], op.dimension_kind(dim)) for dim in op.dimensions}
+        dims = {dim: _sweep_size(sizes[dim], op.dimension_kind(dim), shape,
+                                 own_sizes=dim in op.sizes,
+                                 multiple_of=domain.multiple_of.get(dim, 1))
+                for dim in op.dimensions}
     kwargs = {name: values[index % len(values)] for name, values in op.params.items()}
     return make_case(op, dims, dtype, profile, index, kwargs)
 

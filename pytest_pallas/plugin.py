@@ -521,6 +521,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     terminalreporter.write_line(
         "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)"
     )
+    for line in pallas.recorder.coverage_lines():
+        terminalreporter.write_line(f"not exercised: {line}", yellow=True)
     for reason in pallas.incomplete_reasons:
         terminalreporter.write_line(f"incomplete: {reason}", yellow=True)
     if pallas.options.report_path:

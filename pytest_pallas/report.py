@@ -16,6 +16,8 @@ import tempfile
 import time
 from typing import Any
 
+from .grid_coverage import AxisRun, GridCoverage
+
 SCHEMA_VERSION = 1
 
 
@@ -72,6 +74,7 @@ class OpRecord:
     restrictions_text: str
     properties: dict[str, PropertyResult] = dataclasses.field(default_factory=dict)
     compile: dict[str, CompileResult] = dataclasses.field(default_factory=dict)
+    grid_coverage: GridCoverage = dataclasses.field(default_factory=GridCoverage)
 
 
 class ConformanceRecorder:
@@ -119,6 +122,12 @@ class ConformanceRecorder:
             result.vmem_bytes = max(result.vmem_bytes or 0, verdict.vmem_bytes)
             result.vmem_limit_bytes = verdict.vmem_limit_bytes
 
+    def grid_axes(self, op: str, runs: list[AxisRun]) -> None:
+        """Record the grid axes one example of ``op`` ran (``grid_coverage.axis_runs``)."""
+        record = self.ops.get(op)
+        if record is not None:
+            record.grid_coverage.add(runs)
+
     # --- merging (pytest-xdist workers send their records to the controller) ---
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,6 +140,7 @@ class ConformanceRecorder:
                                for name, result in record.properties.items()},
                 "compile": {chip: dataclasses.asdict(result)
                             for chip, result in record.compile.items()},
+                "grid_coverage": record.grid_coverage.to_list(),
             }
             for op, record in self.ops.items()
         }
@@ -160,6 +170,7 @@ class ConformanceRecorder:
                     mine.vmem_bytes = max(mine.vmem_bytes or 0, values["vmem_bytes"])
                     mine.vmem_limit_bytes = values["vmem_limit_bytes"]
                 mine.first_rejection = mine.first_rejection or values["first_rejection"]
+            self.ops[op].grid_coverage.merge(record.get("grid_coverage", ()))
 
     # --- output -----------------------------------------------------------------
 
@@ -189,6 +200,12 @@ class ConformanceRecorder:
                   for row in rows]
         return lines
 
+    def coverage_lines(self) -> list[str]:
+        """One line per kernel grid axis of an op that no example ran with more than one step
+        (or, where it walks a blocked array dimension, with a ragged last block)."""
+        return [line for op, record in self.ops.items()
+                for line in record.grid_coverage.unexercised(op)]
+
     def document(self, *, complete: bool, environment: dict[str, Any],
                  incomplete_reasons: list[str] = ()) -> dict[str, Any]:
         return {
@@ -207,6 +224,9 @@ class ConformanceRecorder:
                     # --pallas-compile: per chip, whether every kernel traced compiled.
                     "compile": {chip: result.as_dict()
                                 for chip, result in record.compile.items()},
+                    # Per kernel grid axis: whether an example ran it with more than one
+                    # step and with a ragged last block (grid_coverage.py).
+                    "grid_coverage": record.grid_coverage.to_list(),
                 }
                 for op, record in self.ops.items()
             },
