@@ -60,10 +60,12 @@ _TEST_OF_PROPERTY = {
 BUGS = [
     ("add", "add_tail_not_written", ("finite", "value")),
     ("add", "add_int32_via_float32", ("value",)),
+    ("add", "add_ragged_row_block_not_written", ("finite", "value")),
     ("sum", "sum_uninitialized_accumulator", ("written",)),
     ("sum", "sum_unmasked_ragged_block", ("finite",)),
     ("matmul", "matmul_uninitialized_accumulator", ("written",)),
     ("matmul", "matmul_dropped_last_k_block", ("value",)),
+    ("matmul", "matmul_last_k_step_dropped", ("value",)),
     ("matmul", "matmul_jax_kernel_undeclared_domain", ("finite", "value")),
     ("matmul_activation", "matmul_activation_per_k_block", ("value",)),
     ("batched_matmul", "batched_matmul_rhs_batch_ignored", ("value",)),
