@@ -256,9 +256,9 @@ def make_case(op: Operation | str, dims: dict[str, Any], dtype: str, profile: st
 # about one run in four (softmax without its max subtraction, which overflows on "large"
 # alone, went unseen for 6 of 23 seeds; tests/test_suite_power.py). So before its drawn
 # examples the value property tries each profile on the op's first dtype and the most
-# stressful profile on each other dtype, on one multi-tile ragged shape: Hypothesis
-# explicit examples, the same in every run. Sweep case i takes value i (cyclically) of
-# each of the op's params.
+# stressful profile on each other dtype, on two shapes in turn (ragged past several tiles,
+# and several whole tiles: ``_SWEEP_SIZES``): Hypothesis explicit examples, the same in
+# every run. Sweep case i takes value i (cyclically) of each of the op's params.
 
 SWEEP_SLOTS = 6  # the most sweep cases of any built-in op over its whole domain (add, copy, ...)
 _STRESS_PROFILES = ("large", "offset", "extremes")
