@@ -116,7 +116,8 @@ class Conformance:
     """The object behind the ``conformance`` fixture."""
 
     def __init__(self, implementations: dict[str, Implementation | str], backend: Backend,
-                 recorder: ConformanceRecorder, *, interpreter_chosen: bool = False) -> None:
+                 recorder: ConformanceRecorder, *, interpreter_chosen: bool = False,
+                 sweep_first: int | None = None) -> None:
         self._implementations = implementations
         self.backend = backend
         self.recorder = recorder
@@ -127,6 +128,7 @@ class Conformance:
         # outputs and uninitialised accumulators. Ops whose kernels need
         # simulated DMAs or devices always run in the TPU interpreter.
         self.interpreter_chosen = interpreter_chosen
+        self.sweep_first = sweep_first  # --pallas-sweep-first: 1-based, as failures number them
         self._keys: dict[str, str] = {}
         self._quiet = False  # a failing call in the plain interpreter is not a verdict
         self._plain_crashed: dict[str, str] = {}  # op -> why the plain interpreter cannot run it
@@ -201,9 +203,12 @@ class Conformance:
         """The input of one example: drawn, or the sweep's (None past the op's last)."""
         implementation = self.implementation(op)
         if isinstance(data, op_inputs.SweepSlot):
-            case = op_inputs.sweep_case(implementation.operation, implementation.domain,
-                                        data.index)
+            index = op_inputs.sweep_order(implementation.operation, implementation.domain,
+                                          self.sweep_first)[data.index:data.index + 1]
+            case = (op_inputs.sweep_case(implementation.operation, implementation.domain,
+                                         index[0]) if index else None)
             if case is not None:
+                data.case = index[0]
                 note(f"input ({data!r}): {case!r}")
         else:
             case = data.draw(op_inputs.cases(implementation.operation, implementation.domain),

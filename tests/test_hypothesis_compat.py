@@ -95,4 +95,4 @@ def test_the_suites_failure_says_how_to_see_the_other_failing_sweep_cases(run_py
     # And that flag does show them, though the plugin loads its own settings profile.
     verbose = run_pytest(*args, "--hypothesis-verbosity=verbose").stdout.str()
     assert "distinct failures in explicit examples" in verbose
-    assert "data=sweep case 1," in verbose and "data=sweep case 2," in verbose
+    assert "input (sweep case 1)" in verbose and "input (sweep case 2)" in verbose
