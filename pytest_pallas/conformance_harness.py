@@ -176,6 +176,14 @@ class Conformance:
                         "(slower, same verdicts)."), stacklevel=1)
         return call()
 
+    def _test_interpreter(self) -> str:
+        return "TPU" if self.backend.is_tpu else str(self.backend.interpreter)
+
+    def _ran_in_breadth(self, op: str, *names: str) -> None:
+        """Record where ``names`` ran the example that just passed through ``_in_breadth``."""
+        self.recorder.ran_in(self._key(op), names,
+                             "plain" if self._plain_breadth(op) else self._test_interpreter())
+
     def implementation(self, op: str) -> Implementation:
         bound = self._implementations[op]
         if isinstance(bound, str):
@@ -255,6 +263,7 @@ class Conformance:
         if case is None:
             return  # a sweep slot this op has no case for
         result = self._in_breadth(op, lambda: self._call(op, "value", implementation, case))
+        self._ran_in_breadth(op, "shape_dtype", "finite", "value")
         self.recorder.example(self._key(op), "shape_dtype")
         problem = properties.output_type_problem(case, result)
         if problem:
@@ -287,6 +296,8 @@ class Conformance:
         once, again = self._in_breadth(op, lambda: (
             self._call(op, "deterministic", implementation, case),
             self._call(op, "deterministic", implementation, case)))
+        self.recorder.ran_in(self._key(op), ("written",), self._test_interpreter())
+        self._ran_in_breadth(op, "deterministic")
         problem = properties.output_type_problem(case, first)
         if problem:
             self._fail(op, "shape_dtype", problem)
@@ -363,6 +374,7 @@ class Conformance:
         except Exception as error:
             self.recorder.outcome(self._key(op), "vmap", False, f"{type(error).__name__}: {error}")
             raise
+        self._ran_in_breadth(op, "vmap")
         worst = 0.0
         for index in range(batched_args[0].shape[0]):
             slice_case = case.with_args(tuple(a[index] for a in batched_args))

@@ -50,6 +50,7 @@ class PallasOptions:
     chip: str = DEFAULT_CHIP
     chip_given: bool = False
     interpreter_given: bool = False
+    interpreter_in_ini: bool = False  # pallas_interpret set in the ini file
     detect_races: bool = False
     devices: int = DEFAULT_DEVICES
     devices_requested: bool = False
@@ -82,6 +83,12 @@ class PallasOptions:
             or self.detect_races
             or self.conformance
         )
+
+    @property
+    def interpreter_chosen(self) -> bool:
+        """Whether the user chose the interpreter (a flag or the ini file): the suite then
+        runs every example in it, instead of its breadth examples in the plain one."""
+        return self.interpreter_given or self.interpreter_in_ini or self.detect_races
 
     @property
     def backend_name(self) -> str:
@@ -276,6 +283,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         chip=chip,
         chip_given=config.getoption("--pallas-chip") is not None,
         interpreter_given=config.getoption("--pallas-interpret") is not None,
+        interpreter_in_ini=bool(config.getini("pallas_interpret")),
         detect_races=detect_races,
         devices=devices,
         devices_requested=devices_value is not None,

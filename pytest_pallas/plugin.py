@@ -552,9 +552,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(pallas.header())
     for line in pallas.recorder.summary_lines():
         terminalreporter.write_line(line)
-    terminalreporter.write_line(
-        "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)"
-    )
+    for line in _SUMMARY_LEGEND:
+        terminalreporter.write_line(line)
     for reason in pallas.incomplete_reasons:
         terminalreporter.write_line(f"incomplete: {reason}", yellow=True)
     if pallas.options.report_path:
@@ -562,6 +561,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(f"report written to {pallas.options.report_path}" + (
             f" (directory {created} created)" if created else ""))
 
+
+_SUMMARY_LEGEND = (
+    "properties passed/failed: of shape_dtype, finite, value, written, deterministic and vmap; "
+    "pytest counts tests (test_value, test_written_and_deterministic, test_vmap per op)",
+    "interpreters: where value, deterministic and vmap ran / where written ran (plain: "
+    "interpret=True, fast; tpu: JAX's TPU interpreter, NaN-poisoned memory; TPU: compiled)",
+    "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)",
+)
 
 _COMPILES_BEFORE: dict[int, tuple[int, int, float]] = {}
 
@@ -658,9 +665,7 @@ def conformance(request: pytest.FixtureRequest):
     else:
         implementations = pallas.implementations
     return Conformance(implementations, pallas.item_backend(request.node), pallas.recorder,
-                       interpreter_chosen=pallas.options.interpreter_given
-                       or bool(request.config.getini("pallas_interpret"))
-                       or pallas.options.detect_races,
+                       interpreter_chosen=pallas.options.interpreter_chosen,
                        sweep_first=pallas.options.sweep_first)
 
 

@@ -319,6 +319,10 @@ class PallasSession:
             backend = "TPU (compiled)"
         else:
             backend = f"CPU, {options.interpreter} interpreter, standing in for TPU {options.chip}"
+            if options.conformance and not options.interpreter_chosen:
+                backend = (f"CPU, {options.interpreter} interpreter (the conformance suite runs "
+                           "its value, deterministic and vmap examples in the plain one, for "
+                           f"speed), standing in for TPU {options.chip}")
         seed = f"seed {options.seed}"
         if not options.seed_given and options.profile == "ci":
             seed += ", the ci profile's fixed seed"

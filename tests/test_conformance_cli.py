@@ -247,3 +247,28 @@ def test_reproduce_line_reruns_only_the_failed_property_its_sweep_case_first(pyt
     assert traced[0] == "int32", traced
     assert "input (sweep case 6)" in again.stdout.str()
     assert "Failing explicit example" not in again.stdout.str()  # the input line says it
+
+
+def test_table_says_what_it_counts_and_where_each_property_ran(pytester, user_module):
+    # "passed" counted properties while pytest counts tests, and the header named the TPU
+    # interpreter while value ran in the plain one: both are labelled.
+    result = run(pytester, "--pallas-impl", "add=my_kernels:add", "--pallas-report=r.json")
+    assert result.ret == 0
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([
+        "pallas: CPU, tpu interpreter (the conformance suite runs its value, deterministic and "
+        "vmap examples in the plain one, for speed), *",
+        "*pallas conformance*",
+        "op   implementation  properties passed  failed  examples  *  interpreters  restrictions",
+        "add  my_kernels:add  6                  0       *  plain/tpu     none",
+        "properties passed/failed: of shape_dtype, finite, value, written, deterministic and "
+        "vmap; pytest counts tests *",
+        "interpreters: where value, deterministic and vmap ran / where written ran *",
+    ])
+    properties = json.loads((pytester.path / "r.json").read_text())["ops"]["add"]["properties"]
+    assert properties["value"]["interpreter"] == "plain"
+    assert properties["written"]["interpreter"] == "tpu"
+
+    chosen = run(pytester, "--pallas-impl", "add=my_kernels:add", "--pallas-interpret=tpu")
+    chosen.stdout.fnmatch_lines(["pallas: CPU, tpu interpreter, standing in for TPU *",
+                                 "add  my_kernels:add  6 * tpu           none"])
