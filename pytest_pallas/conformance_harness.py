@@ -132,6 +132,8 @@ class Conformance:
         self._keys: dict[str, str] = {}
         self._quiet = False  # a failing call in the plain interpreter is not a verdict
         self._plain_crashed: dict[str, str] = {}  # op -> why the plain interpreter cannot run it
+        # Jitted implementations, for this test only: examples of one signature compile once.
+        self._compiled: dict = {}
 
     @contextlib.contextmanager
     def _failures_unrecorded(self):
@@ -234,7 +236,7 @@ class Conformance:
         import jax
 
         try:
-            return properties.run(implementation.function, case)
+            return properties.run(implementation.function, case, self._compiled)
         except jax.errors.TracerArrayConversionError:
             message = (f"{implementation.label} turned a traced input into a NumPy array; the "
                        "suite calls implementations under jax.jit, so they must compute with "
@@ -326,7 +328,7 @@ class Conformance:
 
         def call() -> Any:
             if prop is None:
-                return properties.run(implementation.function, case)
+                return properties.run(implementation.function, case, self._compiled)
             return self._call(op, prop, implementation, case)
 
         return run_on_poisoned_and_zeroed_memory(call, self.backend.interpret_params)
