@@ -70,6 +70,15 @@ def seed_with_run_settings(function: Any, seed: int,
     return restore
 
 
+def change_settings(function: Any, **changes: Any) -> None:
+    """Change settings of the ``@given`` test ``function`` for its next run (after the
+    plugin has given it the run's profile): ``phases=...``, ``database=None``, ..."""
+    from hypothesis import settings
+
+    current = getattr(function, _SETTINGS, None) or settings.default
+    setattr(function, _SETTINGS, settings(current, **changes))
+
+
 def current_profile_name() -> str:
     """The name of the loaded Hypothesis settings profile ("default" if it cannot be read)."""
     from hypothesis import settings
