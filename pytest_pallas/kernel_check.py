@@ -61,8 +61,9 @@ STATIC_CHECKS = "the static TPU rules"
 class CheckOptions:
     """How strict the checks are.
 
-    packed_sublanes: also require 16-row (16-bit) and 32-row (8-bit) block
-        multiples, XLA's packed tiling; Mosaic itself asks only for 8.
+    packed_sublanes: also require 16-row block multiples of 16-bit types,
+        XLA's packed tiling (the TPU compiler accepts 8). 8- and 4-bit blocks
+        need their native 32 or 64 rows either way.
     vmem_bound: "scoped" checks the VMEM footprint against the limit the
         kernel compiles under (``vmem_limit_bytes`` or the chip's default
         scoped limit); "capacity" only against the chip's VMEM.
