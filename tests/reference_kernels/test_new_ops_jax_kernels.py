@@ -136,6 +136,19 @@ jax_all_gather_ring = supports(multiple_of={"devices": 4, "rows": 2})(
 # --- through the conformance suite ------------------------------------------------------------
 
 
+@pytest.fixture
+def _tpu_interpreter(pallas_backend):
+    """Remote DMAs, semaphores and devices exist in the TPU interpreter only."""
+    if pallas_backend.interpreter == "plain":
+        pytest.skip("remote DMAs need TPU interpret mode (--pallas-interpret=tpu)")
+
+
+def _in_the_tpu_interpreter(cls):
+    """A ``conformance_tests`` class that skips under ``--pallas-interpret=plain``."""
+    cls.pytestmark = [*cls.pytestmark, pytest.mark.usefixtures("_tpu_interpreter")]
+    return cls
+
+
 def _value_expected_to_fail(cls, reason):
     """A ``conformance_tests`` class whose value property is a strict expected failure.
 
@@ -169,33 +182,26 @@ TestJaxPagedAttentionFloat32 = _value_expected_to_fail(conformance_tests(
     operations.paged_attention, jax_paged_attention_float32, examples=PAGED_EXAMPLES,
     label="jax paged_attention, float32"), PAGED_FLOAT32_DEFECT)
 
-TestJaxAllGather = conformance_tests(
+TestJaxAllGather = _in_the_tpu_interpreter(conformance_tests(
     operations.all_gather, jax_all_gather_two_devices, examples=EXAMPLES,
-    label="jax all_gather, 2 devices")
+    label="jax all_gather, 2 devices"))
 
 ALL_GATHER_RING_DEFECT = (
     "JAX's all_gather waits on one receive semaphore per direction across the ring's steps: "
     "a later step's copy satisfies the wait for an earlier one and the device forwards rows "
     "that have not arrived (NaN-poisoned in the TPU interpreter); evidence: "
     "test_jax_all_gather_forwards_rows_before_they_arrive")
-TestJaxAllGatherRing = _value_expected_to_fail(conformance_tests(
+TestJaxAllGatherRing = _in_the_tpu_interpreter(_value_expected_to_fail(conformance_tests(
     operations.all_gather, jax_all_gather_ring, examples=EXAMPLES,
-    label="jax all_gather, 4 and 8 devices"), ALL_GATHER_RING_DEFECT)
+    label="jax all_gather, 4 and 8 devices"), ALL_GATHER_RING_DEFECT))
 
 
 # --- the evidence for the expected failures ---------------------------------------------------
 
 
-@pytest.fixture
-def _tpu_interpreter(pallas_backend):
-    if pallas_backend.interpreter == "plain":
-        pytest.skip("manual DMAs need TPU interpret mode (--pallas-interpret=tpu)")
-
-
 PAGED_DIMS = dict(b=4, h=4, g=2, d=128, pages=40, page_size=16, pages_per_sequence=4)
 
 
-@pytest.mark.usefixtures("_tpu_interpreter")
 def test_jax_paged_attention_float32_error_is_the_bfloat16_rounding_of_k_and_v():
     """With K and V rounded to bfloat16 first, the float64 oracle agrees with JAX's float32
     result within the float32 allowance; without the rounding it does not."""
