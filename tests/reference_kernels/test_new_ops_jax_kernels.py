@@ -4,21 +4,23 @@ suite (``conformance_tests``): the same drawn inputs, oracles, allowances, ``wri
 second implementation must pass (no false alarm); a documented defect must fail, as a strict
 expected failure whose evidence is a test of its own below.
 
-Adapters to the contract signatures (docs/contract.md, "Operations added in version 0.2"):
+Adapters to the contract signatures (docs/contract.md, "Operations added in version 0.2"),
+with the part of each op's domain the kernel handles declared by ``@supports`` (the report's
+"restrictions" column) and an evidence test for each restriction:
 
 * ``flash_attention.flash_attention``: MHA only, so the adapter repeats k and v to the query
-  heads (GQA, MQA); its blocks are at most 128 and divide the sequence lengths;
-* megablox ``gmm``: m must be a multiple of its row tile (``@supports``, m % 16);
-* ``paged_attention``: pages_per_compute_block must divide pages_per_sequence (the adapter
-  takes one page per compute block, so every table qualifies);
+  heads (GQA, MQA); key blocks divide t, 128 by default (t % 128);
+* megablox ``gmm``: m must be a multiple of its row tile (m % 16);
+* ``paged_attention``: one page per compute block (it must divide pages_per_sequence); the
+  TPU compiler takes it only with a head dimension that is a multiple of 128 (d % 128);
 * ``all_gather``: JAX's wrapper makes its own ``shard_map``; the adapter calls its kernel
   (``ag_kernel``) the way the wrapper does, inside the suite's ``shard_map``. It sends each
-  block as two halves of rows, so rows must be even (``@supports``, rows % 2).
+  block as two halves of rows, so rows must be even (rows % 2).
 
-Verdicts, on jax 0.10.2 and 0.12.0.1 alike (the kernels' logic is the same in both):
-flash attention, megablox gmm, paged attention in bfloat16 and all_gather on 2 devices pass;
-paged attention in float32 fails (it rounds K and V to bfloat16), and all_gather on 4 and 8
-devices fails (one receive semaphore per direction is reused across the ring's steps).
+Verdicts, the same on jax 0.10.2 and 0.12.0.1: flash attention, megablox gmm, paged
+attention in bfloat16 and all_gather on 2 devices pass; paged attention in float32 fails (it
+rounds K and V to bfloat16), and all_gather on 4 and 8 devices fails (one receive semaphore
+per direction is reused across the ring's steps).
 """
 
 import functools
@@ -37,9 +39,16 @@ from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kern
 from jax.sharding import PartitionSpec as P
 from test_paged_attention import assert_within_allowance as paged_within_allowance
 
-from pytest_pallas import _jax_compat, check_kernel, conformance_tests, operations, supports
+from pytest_pallas import (
+    _jax_compat,
+    check_kernel,
+    conformance_tests,
+    op_inputs,
+    operations,
+    supports,
+)
+from pytest_pallas.domains import declared_domain
 from pytest_pallas.kernel_check import kernel_exits_checked
-from pytest_pallas.reference_kernels import paged_attention as pa
 from pytest_pallas.tpu_checks import TpuRuleViolation
 
 pytestmark = pytest.mark.pallas
@@ -199,20 +208,29 @@ TestJaxAllGatherRing = _in_the_tpu_interpreter(_value_expected_to_fail(conforman
 # --- the evidence for the expected failures ---------------------------------------------------
 
 
-PAGED_DIMS = dict(b=4, h=4, g=2, d=128, pages=40, page_size=16, pages_per_sequence=4)
+# The suite's float32 sweep cases whose values bfloat16 cannot hold ("ties" and "offset" are
+# small integers, which it holds exactly): the examples the expected failure fails on.
+_PAGED_FLOAT32_DOMAIN = declared_domain(jax_paged_attention_float32)
+_ROUNDED_BY_BFLOAT16 = [
+    index for index, (_, profile) in enumerate(op_inputs.sweep(operations.paged_attention,
+                                                               _PAGED_FLOAT32_DOMAIN))
+    if profile not in ("ties", "offset")]
 
 
-def test_jax_paged_attention_float32_error_is_the_bfloat16_rounding_of_k_and_v():
-    """With K and V rounded to bfloat16 first, the float64 oracle agrees with JAX's float32
-    result within the float32 allowance; without the rounding it does not."""
-    q, k_pages, v_pages, lengths, page_indices = pa.paged_attention_inputs(
-        PAGED_DIMS, "float32", np.random.default_rng(2))
-    out = jax.jit(jax_paged_attention)(q, k_pages, v_pages, lengths, page_indices)
+@pytest.mark.parametrize("sweep_case", _ROUNDED_BY_BFLOAT16)
+def test_jax_paged_attention_float32_error_is_the_bfloat16_rounding_of_k_and_v(sweep_case):
+    """The evidence for the float32 expected failure, on the suite's own sweep case: with K
+    and V rounded to bfloat16, the float64 oracle agrees with JAX's float32 result within the
+    float32 allowance; the oracle of the inputs as given does not."""
+    case = op_inputs.sweep_case(operations.paged_attention, _PAGED_FLOAT32_DOMAIN, sweep_case)
+    q, k_pages, v_pages, lengths, page_indices = case.args
+    assert case.dtype == "float32"
+    out = jax.jit(jax_paged_attention)(*case.args)
     rounded = [np.asarray(jnp.asarray(p).astype(jnp.bfloat16).astype(jnp.float32))
                for p in (k_pages, v_pages)]
     paged_within_allowance(out, q, *rounded, lengths, page_indices)
     with pytest.raises(AssertionError):
-        paged_within_allowance(out, q, k_pages, v_pages, lengths, page_indices)
+        paged_within_allowance(out, *case.args)
 
 
 @pytest.fixture
