@@ -161,8 +161,9 @@ def _in_the_tpu_interpreter(cls):
 def _value_expected_to_fail(cls, reason):
     """A ``conformance_tests`` class whose value property is a strict expected failure.
 
-    Its other properties are left out: they are the passing class's, on the same kernel, and
-    each costs as much again.
+    Its other properties are left out, each costing as much again: paged attention's are the
+    bfloat16 class's on the same kernel; the ring's ``written`` fails on the same unwritten
+    rows.
     """
     cls.test_value = pytest.mark.xfail(strict=True, raises=AssertionError,
                                        reason=reason)(cls.test_value)
