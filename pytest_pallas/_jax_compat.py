@@ -1197,6 +1197,74 @@ def bind_pallas_call(params: dict[str, Any], *args: Any) -> Any:
     return pallas_call_primitive().bind(*args, **{**params, "interpret": False})
 
 
+def as_compiled_for_the_chip(closed: Any) -> Callable[..., Any]:
+    """A function that runs a traced (closed) jaxpr with every ``pallas_call`` in it, nested
+    ones included, as Mosaic compiles it: ``interpret`` dropped.
+
+    jax 0.10 reads a forced interpreter when ``pl.pallas_call(...)`` is *built*, not when it
+    is called: a pallas_call object made inside a Pallas test keeps the TPU interpreter in
+    its params whatever mode is forced when it is traced later, and lowering it for the TPU
+    then lowers the interpreter's host callbacks ("the platform for the specified backend
+    cpu is different from the lowering platform tpu"), or, for the plain interpreter, the
+    kernel as plain XLA with no Mosaic check at all. Takes the arguments flat, as
+    ``jax.make_jaxpr`` traced them.
+    """
+    as_function = _private(_CORE, "jaxpr_as_fun")
+    primitive = pallas_call_primitive()
+
+    # The interpreter's host callbacks gave the call (and every jaxpr around it) I/O effects
+    # that Mosaic's kernel does not have: each rewritten level drops the effects that went
+    # away below it and that nothing else at that level still has.
+    def compiled_effects(equation: Any, params: dict[str, Any]) -> Any:
+        _, effects = primitive.abstract_eval(*(v.aval for v in equation.invars), **params)
+        return effects
+
+    def jaxpr_without(jaxpr: Any) -> tuple[Any, set[Any]]:
+        equations, dropped, changed = [], set(), False
+        for equation in jaxpr.eqns:
+            if equation.primitive is primitive:
+                if equation.params.get("interpret") in (False, None):
+                    equations.append(equation)
+                    continue
+                params = {**equation.params, "interpret": False}
+                effects = compiled_effects(equation, params)
+            else:
+                params, gone = {}, set()
+                for name, value in equation.params.items():
+                    params[name], lost = value_without(value)
+                    gone |= lost
+                if all(params[n] is equation.params[n] for n in params):
+                    equations.append(equation)
+                    continue
+                effects = set(equation.effects) - gone
+            dropped |= set(equation.effects) - set(effects)
+            equations.append(equation.replace(params=params, effects=effects))
+            changed = True
+        if not changed:
+            return jaxpr, set()
+        dropped -= set().union(*(e.effects for e in equations))
+        return jaxpr.replace(eqns=equations, effects=set(jaxpr.effects) - dropped), dropped
+
+    def value_without(value: Any) -> tuple[Any, set[Any]]:
+        if hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):  # a ClosedJaxpr
+            inner, dropped = jaxpr_without(value.jaxpr)
+            return (value if inner is value.jaxpr else value.replace(jaxpr=inner)), dropped
+        if hasattr(value, "eqns"):
+            return jaxpr_without(value)
+        if isinstance(value, (tuple, list)):
+            pairs = [value_without(item) for item in value]
+            if any(new is not old for (new, _), old in zip(pairs, value)):
+                return type(value)(new for new, _ in pairs), set().union(*(d for _, d in pairs))
+        return value, set()
+
+    try:
+        return as_function(value_without(closed)[0])
+    except (AttributeError, TypeError) as error:
+        raise JaxInternalsChanged(
+            f"jaxprs can no longer be rewritten here ({error!r}); check_kernel lowers the "
+            "function as traced") from error
+
+
 def pallas_call_fingerprint(params: dict[str, Any]) -> str:
     """Text that is equal for two traces of the same kernel with the same grid and params.
 
