@@ -1129,6 +1129,44 @@ def own_interpret_params_kept(
         module._pallas_call = original
 
 
+@contextlib.contextmanager
+def forced_interpreter_when_called() -> Iterator[bool]:
+    """Inside the block, a forced TPU interpret mode reaches every ``pallas_call`` traced, even
+    one built before it was forced.
+
+    JAX (0.10 to 0.12) reads the forced mode when ``pl.pallas_call(...)`` is *built*: a call
+    built at import time, as in Pallas's own ``@functools.partial(pl.pallas_call,
+    out_shape=...)`` idiom, kept ``interpret=False`` and failed in a Pallas test with "Only
+    interpret mode is supported on CPU backend". Here the forced mode replaces a call's
+    ``interpret=False`` when the call is traced, which is what ``force_tpu_interpret_mode``
+    promises; a call's own interpreter parameters are left alone. Yields False (JAX's
+    behaviour) when the primitive cannot be hooked.
+    """
+    try:
+        primitive = pallas_call_primitive()
+        context = _private("jax._src.config", "pallas_tpu_interpret_mode_context_manager")
+    except JaxInternalsChanged:
+        yield False
+        return
+    had_own = "bind" in vars(primitive)
+    previous = primitive.bind
+
+    def bind(*args: Any, **params: Any) -> Any:
+        forced = context.value
+        if forced is not None and params.get("interpret") is False:
+            params = {**params, "interpret": forced}
+        return previous(*args, **params)
+
+    primitive.bind = bind
+    try:
+        yield True
+    finally:
+        if had_own:
+            primitive.bind = previous
+        else:
+            del primitive.bind
+
+
 # --- crashes inside JAX's own interpreters ------------------------------------------------
 #
 # Some kernels make JAX's Pallas interpreters fail with an error of their own

@@ -196,6 +196,31 @@ def test_as_compiled_for_the_chip_drops_a_recorded_interpreter_in_nested_calls()
         jax.jit(jax.extend.core.jaxpr_as_fun(closed)).trace(x).lower(lowering_platforms=("tpu",))
 
 
+def test_forced_interpreter_when_called_reaches_a_call_built_before_and_restores_bind():
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    call = pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    primitive = _jax_compat.pallas_call_primitive()
+    x = jnp.ones((8, 128))
+    params = _jax_compat.interpret_params()
+    with _jax_compat.forced_interpreter_when_called() as hooked:
+        assert hooked
+        with pltpu.force_tpu_interpret_mode(params):
+            interpreted = [p["interpret"] for p in _jax_compat.pallas_call_params_in(
+                jax.make_jaxpr(call)(x))]
+        unforced = [p["interpret"] for p in _jax_compat.pallas_call_params_in(
+            jax.make_jaxpr(call)(x))]
+    assert interpreted == [params] and unforced == [False]
+    assert "bind" not in vars(primitive)
+
+
+def test_forced_interpreter_when_called_is_off_when_the_primitive_moved(monkeypatch):
+    monkeypatch.delattr(importlib.import_module("jax._src.pallas.pallas_call"), "pallas_call_p")
+    with _jax_compat.forced_interpreter_when_called() as hooked:
+        assert hooked is False
+
+
 # --- a JAX release that moved an internal ------------------------------------------------------
 
 

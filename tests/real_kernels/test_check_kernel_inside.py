@@ -192,3 +192,47 @@ def test_check_kernel_gives_the_same_verdict_inside_and_outside_a_pallas_test(
         assert seen["outside"] == expected, (name, judge, seen)
     # the one kernel Mosaic rejects is rejected by whichever judge (never passed)
     assert verdicts[("cumsum_mosaic_rejects", "None")]["inside"] != "pass"
+
+
+IMPORT_TIME_KERNEL = textwrap.dedent(
+    """
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import pytest
+    from jax.experimental import pallas as pl
+
+    from pytest_pallas import check_kernel
+
+
+    # Pallas's own idiom: the pallas_call is built when the module is imported.
+    @functools.partial(pl.pallas_call, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    def add_vectors(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+
+    @pytest.mark.pallas
+    def test_runs_in_a_pallas_test():
+        x = jnp.ones((8, 128))
+        np.testing.assert_array_equal(add_vectors(x, x), 2 * np.ones((8, 128)))
+        check_kernel(add_vectors, x, x, use_compiler=False)
+
+
+    def test_outside_a_pallas_test_the_plugin_changes_nothing():
+        check_kernel(add_vectors, jnp.ones((8, 128)), jnp.ones((8, 128)), use_compiler=False)
+        with pytest.raises(Exception, match="Only interpret mode is supported on CPU"):
+            add_vectors(jnp.ones((8, 128)), jnp.ones((8, 128)))
+    """
+)
+
+
+@pytest.mark.parametrize("interpreter", ["tpu", "plain"])
+def test_a_pallas_call_built_at_import_time_runs_in_the_forced_interpreter(
+        run_pytest, pytester, interpreter):
+    """Same root: a call built before the interpreter was forced kept ``interpret=False`` and
+    failed a Pallas test with "Only interpret mode is supported on CPU backend"."""
+    pytester.makepyfile(test_import_time=IMPORT_TIME_KERNEL)
+    pytester.makeini(f"[pytest]\npallas_interpret = {interpreter}\n")
+    run_pytest().assert_outcomes(passed=2)
