@@ -272,3 +272,12 @@ def test_table_says_what_it_counts_and_where_each_property_ran(pytester, user_mo
     chosen = run(pytester, "--pallas-impl", "add=my_kernels:add", "--pallas-interpret=tpu")
     chosen.stdout.fnmatch_lines(["pallas: CPU, tpu interpreter, standing in for TPU *",
                                  "add  my_kernels:add  6 * tpu           none"])
+
+
+def test_collectives_skip_in_the_plain_interpreter_with_the_reason(pytester):
+    # JAX's plain interpreter crashes inside JAX on remote copies ("unsupported operand
+    # type(s) for ==: 'DynamicJaxprTracer' and 'tuple'"): not a verdict on the kernel.
+    result = run(pytester, "--pallas-ops=ppermute", "--pallas-interpret=plain", "-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*ppermute: remote copies between devices run only in the TPU "
+                                 "interpreter; drop --pallas-interpret=plain to check this op"])
