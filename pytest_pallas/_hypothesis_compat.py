@@ -29,6 +29,7 @@ _ABSENT = object()
 _OTHER_EXAMPLES = re.compile(
     r"\(note: (\d+) other explicit examples? also failed with this error; "
     r"use Verbosity\.verbose to view\)")
+_EXPLICIT_EXAMPLE = re.compile(r"(Falsifying|Failing) explicit example: ")
 _REPRODUCE_FAILURE = re.compile(r"\s*You can reproduce this test case by temporarily adding "
                                 r"@reproduce_failure\(")
 
@@ -69,6 +70,15 @@ def seed_with_run_settings(function: Any, seed: int,
     return restore
 
 
+def change_settings(function: Any, **changes: Any) -> None:
+    """Change settings of the ``@given`` test ``function`` for its next run (after the
+    plugin has given it the run's profile): ``phases=...``, ``database=None``, ..."""
+    from hypothesis import settings
+
+    current = getattr(function, _SETTINGS, None) or settings.default
+    setattr(function, _SETTINGS, settings(current, **changes))
+
+
 def current_profile_name() -> str:
     """The name of the loaded Hypothesis settings profile ("default" if it cannot be read)."""
     from hypothesis import settings
@@ -80,12 +90,13 @@ def current_profile_name() -> str:
 
 
 def restate_notes(error: BaseException, *, examples: str = "explicit examples",
-                  reproduce: str | None = None) -> None:
+                  reproduce: str | None = None, explicit_example: bool = True) -> None:
     """Reword Hypothesis's notes on ``error`` (and on the errors it groups) for pytest users.
 
     ``examples`` names what Hypothesis calls explicit examples ("sweep cases" in the
     conformance suite); ``reproduce``, if given, replaces the ``@reproduce_failure`` note
-    (for tests the user cannot edit).
+    (for tests the user cannot edit); ``explicit_example=False`` drops the "Failing explicit
+    example: test(...)" note (the conformance suite notes the sweep case's input itself).
     """
     pending, seen = [error], set()
     while pending:
@@ -95,7 +106,8 @@ def restate_notes(error: BaseException, *, examples: str = "explicit examples",
         seen.add(id(current))
         notes = getattr(current, "__notes__", None)
         if isinstance(notes, list):
-            notes[:] = [_restated(note, examples, reproduce) for note in notes]
+            notes[:] = [_restated(note, examples, reproduce) for note in notes
+                         if explicit_example or not _EXPLICIT_EXAMPLE.match(note)]
             notes[:] = [note for note in notes if note]
         if isinstance(current, BaseExceptionGroup):
             pending += current.exceptions

@@ -1129,6 +1129,44 @@ def own_interpret_params_kept(
         module._pallas_call = original
 
 
+@contextlib.contextmanager
+def forced_interpreter_when_called() -> Iterator[bool]:
+    """Inside the block, a forced TPU interpret mode reaches every ``pallas_call`` traced, even
+    one built before it was forced.
+
+    JAX (0.10 to 0.12) reads the forced mode when ``pl.pallas_call(...)`` is *built*: a call
+    built at import time, as in Pallas's own ``@functools.partial(pl.pallas_call,
+    out_shape=...)`` idiom, kept ``interpret=False`` and failed in a Pallas test with "Only
+    interpret mode is supported on CPU backend". Here the forced mode replaces a call's
+    ``interpret=False`` when the call is traced, which is what ``force_tpu_interpret_mode``
+    promises; a call's own interpreter parameters are left alone. Yields False (JAX's
+    behaviour) when the primitive cannot be hooked.
+    """
+    try:
+        primitive = pallas_call_primitive()
+        context = _private("jax._src.config", "pallas_tpu_interpret_mode_context_manager")
+    except JaxInternalsChanged:
+        yield False
+        return
+    had_own = "bind" in vars(primitive)
+    previous = primitive.bind
+
+    def bind(*args: Any, **params: Any) -> Any:
+        forced = context.value
+        if forced is not None and params.get("interpret") is False:
+            params = {**params, "interpret": forced}
+        return previous(*args, **params)
+
+    primitive.bind = bind
+    try:
+        yield True
+    finally:
+        if had_own:
+            primitive.bind = previous
+        else:
+            del primitive.bind
+
+
 # --- crashes inside JAX's own interpreters ------------------------------------------------
 #
 # Some kernels make JAX's Pallas interpreters fail with an error of their own
@@ -1195,6 +1233,74 @@ def bind_pallas_call(params: dict[str, Any], *args: Any) -> Any:
     in its params, and the compiler must see the kernel Mosaic would lower.
     """
     return pallas_call_primitive().bind(*args, **{**params, "interpret": False})
+
+
+def as_compiled_for_the_chip(closed: Any) -> Callable[..., Any]:
+    """A function that runs a traced (closed) jaxpr with every ``pallas_call`` in it, nested
+    ones included, as Mosaic compiles it: ``interpret`` dropped.
+
+    jax 0.10 reads a forced interpreter when ``pl.pallas_call(...)`` is *built*, not when it
+    is called: a pallas_call object made inside a Pallas test keeps the TPU interpreter in
+    its params whatever mode is forced when it is traced later, and lowering it for the TPU
+    then lowers the interpreter's host callbacks ("the platform for the specified backend
+    cpu is different from the lowering platform tpu"), or, for the plain interpreter, the
+    kernel as plain XLA with no Mosaic check at all. Takes the arguments flat, as
+    ``jax.make_jaxpr`` traced them.
+    """
+    as_function = _private(_CORE, "jaxpr_as_fun")
+    primitive = pallas_call_primitive()
+
+    # The interpreter's host callbacks gave the call (and every jaxpr around it) I/O effects
+    # that Mosaic's kernel does not have: each rewritten level drops the effects that went
+    # away below it and that nothing else at that level still has.
+    def compiled_effects(equation: Any, params: dict[str, Any]) -> Any:
+        _, effects = primitive.abstract_eval(*(v.aval for v in equation.invars), **params)
+        return effects
+
+    def jaxpr_without(jaxpr: Any) -> tuple[Any, set[Any]]:
+        equations, dropped, changed = [], set(), False
+        for equation in jaxpr.eqns:
+            if equation.primitive is primitive:
+                if equation.params.get("interpret") in (False, None):
+                    equations.append(equation)
+                    continue
+                params = {**equation.params, "interpret": False}
+                effects = compiled_effects(equation, params)
+            else:
+                params, gone = {}, set()
+                for name, value in equation.params.items():
+                    params[name], lost = value_without(value)
+                    gone |= lost
+                if all(params[n] is equation.params[n] for n in params):
+                    equations.append(equation)
+                    continue
+                effects = set(equation.effects) - gone
+            dropped |= set(equation.effects) - set(effects)
+            equations.append(equation.replace(params=params, effects=effects))
+            changed = True
+        if not changed:
+            return jaxpr, set()
+        dropped -= set().union(*(e.effects for e in equations))
+        return jaxpr.replace(eqns=equations, effects=set(jaxpr.effects) - dropped), dropped
+
+    def value_without(value: Any) -> tuple[Any, set[Any]]:
+        if hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):  # a ClosedJaxpr
+            inner, dropped = jaxpr_without(value.jaxpr)
+            return (value if inner is value.jaxpr else value.replace(jaxpr=inner)), dropped
+        if hasattr(value, "eqns"):
+            return jaxpr_without(value)
+        if isinstance(value, (tuple, list)):
+            pairs = [value_without(item) for item in value]
+            if any(new is not old for (new, _), old in zip(pairs, value)):
+                return type(value)(new for new, _ in pairs), set().union(*(d for _, d in pairs))
+        return value, set()
+
+    try:
+        return as_function(value_without(closed)[0])
+    except (AttributeError, TypeError) as error:
+        raise JaxInternalsChanged(
+            f"jaxprs can no longer be rewritten here ({error!r}); check_kernel lowers the "
+            "function as traced") from error
 
 
 def pallas_call_fingerprint(params: dict[str, Any]) -> str:

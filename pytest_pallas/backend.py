@@ -89,6 +89,8 @@ class Backend:
             stack.enter_context(optional(
                 "the TPU interpreter's vmap fix", _jax_compat.vmapped_grid_semantics_fixed))
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
+            # A pallas_call built before (at import time) is interpreted too.
+            stack.enter_context(_jax_compat.forced_interpreter_when_called())
             stack.enter_context(_jax_compat.own_interpret_params_kept(
                 merge_interpret_params, self.own_params_changed.append_change))
             yield self

@@ -79,6 +79,7 @@ import pytest
 
 from . import _jax_compat
 from . import ops as _ops
+from ._benchmark_compat import benchmark_session, timer_of, use_timer
 from .operation import Operation
 
 __all__ = [
@@ -303,7 +304,7 @@ class PallasBenchmark:
             # Interpreted on the CPU, the kernel is work for this process, and its CPU time
             # is that work whatever else the machine runs; on a TPU, wall time is the only
             # clock the chip's time shows on.
-            benchmark._timer = time.process_time
+            use_timer(benchmark, time.process_time)
 
     @classmethod
     def for_test(cls, request: pytest.FixtureRequest, benchmark: Any, backend: Any,
@@ -372,7 +373,7 @@ class PallasBenchmark:
             return self.benchmark.pedantic(lambda *a: jax.block_until_ready(kernel(*a)),
                                            args=args)
 
-        timer = getattr(self.benchmark, "_timer", time.perf_counter)
+        timer = timer_of(self.benchmark)
         first_call_seconds = _time_call(timer, kernel, args)  # tracing, compiling, running
         baseline = None if xla_fn is None else jax.jit(functools.partial(xla_fn, **kwargs))
         if baseline is not None:
@@ -596,7 +597,7 @@ def withhold_interrupted_run(config: pytest.Config, exitstatus: int) -> None:
     if exitstatus != pytest.ExitCode.INTERRUPTED or not config.stash.get(RESULTS, None):
         return
     # pytest-benchmark's session object: its save/autosave options, read when it saves.
-    session = getattr(config, "_benchmarksession", None)
+    session = benchmark_session(config)
     saving = session is not None and (
         getattr(session, "save", None) or getattr(session, "autosave", None))
     if not saving:

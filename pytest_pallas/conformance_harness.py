@@ -119,7 +119,8 @@ class Conformance:
     """The object behind the ``conformance`` fixture."""
 
     def __init__(self, implementations: dict[str, Implementation | str], backend: Backend,
-                 recorder: ConformanceRecorder, *, interpreter_chosen: bool = False) -> None:
+                 recorder: ConformanceRecorder, *, interpreter_chosen: bool = False,
+                 sweep_first: int | None = None) -> None:
         self._implementations = implementations
         self.backend = backend
         self.recorder = recorder
@@ -130,9 +131,12 @@ class Conformance:
         # outputs and uninitialised accumulators. Ops whose kernels need
         # simulated DMAs or devices always run in the TPU interpreter.
         self.interpreter_chosen = interpreter_chosen
+        self.sweep_first = sweep_first  # --pallas-sweep-first: 1-based, as failures number them
         self._keys: dict[str, str] = {}
         self._quiet = False  # a failing call in the plain interpreter is not a verdict
         self._plain_crashed: dict[str, str] = {}  # op -> why the plain interpreter cannot run it
+        # Jitted implementations, for this test only: examples of one signature compile once.
+        self._compiled: dict = {}
 
     @contextlib.contextmanager
     def _failures_unrecorded(self):
@@ -177,6 +181,14 @@ class Conformance:
                         "(slower, same verdicts)."), stacklevel=1)
         return call()
 
+    def _test_interpreter(self) -> str:
+        return "TPU" if self.backend.is_tpu else str(self.backend.interpreter)
+
+    def _ran_in_breadth(self, op: str, *names: str) -> None:
+        """Record where ``names`` ran the example that just passed through ``_in_breadth``."""
+        self.recorder.ran_in(self._key(op), names,
+                             "plain" if self._plain_breadth(op) else self._test_interpreter())
+
     def implementation(self, op: str) -> Implementation:
         bound = self._implementations[op]
         if isinstance(bound, str):
@@ -203,10 +215,19 @@ class Conformance:
              op: str) -> tuple[Implementation, op_inputs.Case | None]:
         """The input of one example: drawn, or the sweep's (None past the op's last)."""
         implementation = self.implementation(op)
+        if implementation.operation.collective and self.backend.interpreter == "plain":
+            import pytest
+
+            # JAX's plain interpreter has no remote DMAs: it crashes inside JAX on them.
+            pytest.skip(f"{op}: remote copies between devices run only in the TPU "
+                        "interpreter; drop --pallas-interpret=plain to check this op")
         if isinstance(data, op_inputs.SweepSlot):
-            case = op_inputs.sweep_case(implementation.operation, implementation.domain,
-                                        data.index)
+            index = op_inputs.sweep_order(implementation.operation, implementation.domain,
+                                          self.sweep_first)[data.index:data.index + 1]
+            case = (op_inputs.sweep_case(implementation.operation, implementation.domain,
+                                         index[0]) if index else None)
             if case is not None:
+                data.case = index[0]
                 note(f"input ({data!r}): {case!r}")
         else:
             case = data.draw(op_inputs.cases(implementation.operation, implementation.domain),
@@ -252,7 +273,7 @@ class Conformance:
         import jax
 
         try:
-            return properties.run(implementation.function, case)
+            return properties.run(implementation.function, case, self._compiled)
         except jax.errors.TracerArrayConversionError:
             message = (f"{implementation.label} turned a traced input into a NumPy array; the "
                        "suite calls implementations under jax.jit, so they must compute with "
@@ -285,6 +306,7 @@ class Conformance:
         if not isinstance(data, op_inputs.SweepSlot):
             # Steer the drawn examples towards grids with several steps and ragged ends.
             target(float(grid_coverage.example_score(runs)), label="grid axes exercised")
+        self._ran_in_breadth(op, "shape_dtype", "finite", "value")
         self.recorder.example(self._key(op), "shape_dtype")
         problem = properties.output_type_problem(case, result)
         if problem:
@@ -318,6 +340,8 @@ class Conformance:
         once, again = self._in_breadth(op, lambda: (
             self._call(op, "deterministic", implementation, case),
             self._call(op, "deterministic", implementation, case)))
+        self.recorder.ran_in(self._key(op), ("written",), self._test_interpreter())
+        self._ran_in_breadth(op, "deterministic")
         problem = properties.output_type_problem(case, first)
         if problem:
             self._fail(op, "shape_dtype", problem)
@@ -346,7 +370,7 @@ class Conformance:
 
         def call() -> Any:
             if prop is None:
-                return properties.run(implementation.function, case)
+                return properties.run(implementation.function, case, self._compiled)
             return self._call(op, prop, implementation, case)
 
         return run_on_poisoned_and_zeroed_memory(call, self.backend.interpret_params)
@@ -394,6 +418,7 @@ class Conformance:
         except Exception as error:
             self.recorder.outcome(self._key(op), "vmap", False, f"{type(error).__name__}: {error}")
             raise
+        self._ran_in_breadth(op, "vmap")
         worst = 0.0
         for index in range(batched_args[0].shape[0]):
             slice_case = case.with_args(tuple(a[index] for a in batched_args))

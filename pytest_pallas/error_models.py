@@ -43,20 +43,32 @@ def attention_allowance(q: Any, k: Any, v: Any, *,
 
     q is (..., s, d), k and v (..., t, d) with broadcastable leading axes; for
     a scaled kernel pass ``q * sm_scale``. With B = max sum |q||k| (the largest
-    logit a rounding can touch):
+    logit a rounding can touch) and u = eps32 / 2, in natural units:
 
-    * each logit is a d-term dot rounded to the accumulator: an absolute error
-      up to ``eps_acc * B``;
-    * a kernel that exponentiates in base 2 (``exp2(s * log2(e) - m2)``, the
-      usual TPU formulation) rounds ``s * log2(e)`` (half an ulp of the logit
-      and half of the constant ``log2(e)``, for the logit and for the row max)
-      before subtracting: at most ``2 * eps32 * B`` more, in natural units,
-      always in float32 (the scaling is elementwise, not on the MXU).
+    * each logit is a d-term dot rounded to the accumulator: an error of
+      ``eps_acc * B`` (the model of a dot product's rounding, not the worst
+      case of a d-term sum);
+    * a kernel that exponentiates in base 2 rounds more, in float32 whatever
+      the inputs' dtype (the scaling is elementwise, not on the MXU). Scaling
+      after the dot (``exp2(s * log2(e) - m2)``) rounds each logit by u * B;
+      scaling q before it, as tokamax's TPU flash attention does (``q *=
+      LOG2E``), rounds each element of q by u, which moves a logit by u * B
+      too, and makes the dot inexact even where the base-e one is exact
+      (integer q and k: the dot's term above then counts). The constant
+      log2(e) rounded to float32 moves a logit by u * B more, and ``s2 - m2``
+      (up to 2 B apart) rounds by 2u * B: ``4u * B = 2 * eps32 * B`` in all.
 
-    Softmax turns an absolute logit error e into a relative weight error of
-    about e, so the output may move by ``(eps_acc + 2 * eps32) * B * max|v|``.
-    A missing rescale, a missing max subtraction or a dropped mask is still
-    off by far more (tests/test_compare.py).
+    Softmax turns logit errors e into weight errors w * (e - mean_w e), so the
+    output moves by ``sum_j w_j (e_j - mean_w e) v_j``, at most the logit
+    error times max|v|: ``(eps_acc + 2 * eps32) * B * max|v|``. Measured:
+    tokamax's kernel, and the same online softmax written in base 2 in
+    tests/test_exp2_attention.py, reach 0.51 of the tolerance on mha's offset
+    sweep case (1.5 with the base-e term alone: the scaled q's roundings, at
+    partial sums near -256 * log2(e)). A missing rescale, a missing max
+    subtraction, exp2 of logits not scaled by log2(e) or a dropped mask
+    still fail: in float32 by 1,700 to 22,000 times the tolerance or with
+    non-finite outputs, in bfloat16 by 3.4 to 18 times (tests/test_compare.py,
+    tests/test_exp2_attention.py).
 
     Returns ``(atol, reason)``.
 

@@ -61,8 +61,9 @@ STATIC_CHECKS = "the static TPU rules"
 class CheckOptions:
     """How strict the checks are.
 
-    packed_sublanes: also require 16-row (16-bit) and 32-row (8-bit) block
-        multiples, XLA's packed tiling; Mosaic itself asks only for 8.
+    packed_sublanes: also require 16-row block multiples of 16-bit types,
+        XLA's packed tiling (the TPU compiler accepts 8). 8- and 4-bit blocks
+        need their native 32 or 64 rows either way.
     vmem_bound: "scoped" checks the VMEM footprint against the limit the
         kernel compiles under (``vmem_limit_bytes`` or the chip's default
         scoped limit); "capacity" only against the chip's VMEM.
@@ -162,8 +163,25 @@ def check_kernel(
         if compiler_chip is not None:
             _compile_each(calls, reports, compiler_chip)
         elif options.lower_for_tpu and reports:
-            _lower_for_tpu(target, args, info, _function_name(fn))
+            _lower_for_tpu(*_as_the_chip_compiles(target, args, closed), info,
+                           _function_name(fn))
     return reports
+
+
+def _as_the_chip_compiles(target: Callable[..., Any], args: Sequence[Any],
+                          closed: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """What lowering for the TPU lowers, and its arguments: the traced program with every
+    pallas_call as Mosaic compiles it, even one built under a forced interpreter (jax 0.10
+    records a forced interpreter in a pallas_call when it is built, so one made inside a
+    Pallas test keeps it). ``target`` as it is where this JAX's jaxprs cannot be rewritten."""
+    import jax
+
+    try:
+        return _jax_compat.as_compiled_for_the_chip(closed), tuple(jax.tree.leaves(args))
+    except _jax_compat.JaxInternalsChanged as error:
+        _jax_compat.feature_off("check_kernel's lowering of pallas_calls built under a "
+                                "forced interpreter", error)
+        return target, tuple(args)
 
 
 def _compiler_chip(info: Any, use_compiler: bool | None) -> str | None:

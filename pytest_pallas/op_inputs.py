@@ -269,9 +269,12 @@ class SweepSlot:
 
     def __init__(self, index: int) -> None:
         self.index = index
+        # The case this slot ran: itself, unless --pallas-sweep-first moved another case
+        # ahead. Hypothesis prints the slot of a failing example: it names the case.
+        self.case = index
 
     def __repr__(self) -> str:
-        return f"sweep case {self.index + 1}"
+        return f"sweep case {self.case + 1}"
 
 
 def sweep(op: Operation | str, domain: Domain = Domain()) -> list[tuple[str, str]]:
@@ -293,6 +296,15 @@ def sweep(op: Operation | str, domain: Domain = Domain()) -> list[tuple[str, str
 def sweep_slots(op: Operation | str) -> int:
     """How many sweep cases ``op`` has over its whole domain (the explicit examples it needs)."""
     return len(sweep(op))
+
+
+def sweep_order(op: Operation | str, domain: Domain, first: int | None) -> list[int]:
+    """The order the sweep cases of ``op`` run in: case ``first`` (1-based, as failures
+    number them) first when ``op`` has it, then the others in turn."""
+    order = list(range(len(sweep(op, domain))))
+    if first is not None and 1 <= first <= len(order):
+        order.insert(0, order.pop(first - 1))
+    return order
 
 
 # The sweep's two shapes, taken in turn by its cases (even cases the first, odd ones the

@@ -50,6 +50,7 @@ class PallasOptions:
     chip: str = DEFAULT_CHIP
     chip_given: bool = False
     interpreter_given: bool = False
+    interpreter_in_ini: bool = False  # pallas_interpret set in the ini file
     detect_races: bool = False
     devices: int = DEFAULT_DEVICES
     devices_requested: bool = False
@@ -62,6 +63,8 @@ class PallasOptions:
     implementations: tuple[tuple[str, str], ...] = ()
     ops: tuple[str, ...] = ()
     report_path: str | None = None
+    # --pallas-sweep-first: the value property's sweep case (1-based) to run before the others.
+    sweep_first: int | None = None
     # --pallas-compile: the chips every traced pallas_call is compiled for (empty: off).
     compile_chips: tuple[str, ...] = ()
     compile_given: bool = False
@@ -80,6 +83,12 @@ class PallasOptions:
             or self.detect_races
             or self.conformance
         )
+
+    @property
+    def interpreter_chosen(self) -> bool:
+        """Whether the user chose the interpreter (a flag or the ini file): the suite then
+        runs every example in it, instead of its breadth examples in the plain one."""
+        return self.interpreter_given or self.interpreter_in_ini or self.detect_races
 
     @property
     def backend_name(self) -> str:
@@ -141,6 +150,11 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--pallas-ops", metavar="OP[,OP...]", default=None,
         help="restrict the conformance suite to these ops.",
+    )
+    group.addoption(
+        "--pallas-sweep-first", metavar="N", default=None,
+        help="run sweep case N of each op's value property first (the reproduce line of a "
+        "failed sweep case sets it).",
     )
     group.addoption(
         "--pallas-compile", metavar="CHIP[,CHIP...]", default=None,
@@ -259,6 +273,9 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
     ops = implementations.parse_ops_flag(ops_value)
     implementations.check_ops_have_implementations(ops, impls, ops_value)
     report_path = _report_path(config.getoption("--pallas-report"))
+    sweep_first_value = config.getoption("--pallas-sweep-first")
+    sweep_first = (None if sweep_first_value is None
+                   else _positive_int(sweep_first_value, "--pallas-sweep-first"))
 
     return PallasOptions(
         tpu=tpu,
@@ -266,6 +283,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         chip=chip,
         chip_given=config.getoption("--pallas-chip") is not None,
         interpreter_given=config.getoption("--pallas-interpret") is not None,
+        interpreter_in_ini=bool(config.getini("pallas_interpret")),
         detect_races=detect_races,
         devices=devices,
         devices_requested=devices_value is not None,
@@ -281,6 +299,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         implementations=impls,
         ops=ops,
         report_path=report_path,
+        sweep_first=sweep_first,
         compile_chips=compile_chips,
         compile_given=compile_value is not None,
         libtpu=libtpu,

@@ -135,10 +135,19 @@ def _configure_conformance(config: pytest.Config, session: PallasSession,
     # The suite is part of the install, so it runs from any directory. Given
     # no paths, pytest would also collect the current directory: only paths
     # the user named are collected beside the suite.
+    # A path into the suite (a reproduce line's test id) selects from it: adding the whole
+    # directory beside it would rerun every test of the op.
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args[:] = [CONFORMANCE_DIRECTORY]
-    elif CONFORMANCE_DIRECTORY not in config.args:
+    elif not any(_inside_suite(arg, config.invocation_params.dir) for arg in config.args):
         config.args.append(CONFORMANCE_DIRECTORY)
+
+
+def _inside_suite(arg: str, invocation_dir: Any) -> bool:
+    import os
+
+    path = os.path.abspath(os.path.join(str(invocation_dir), arg.partition("::")[0]))
+    return os.path.commonpath([path, CONFORMANCE_DIRECTORY]) == CONFORMANCE_DIRECTORY
 
 
 @pytest.hookimpl(wrapper=True)
@@ -316,7 +325,8 @@ def _restate_hypothesis_notes(item: pytest.Item, error: BaseException) -> None:
     if is_conformance_item(item):
         # The suite's explicit examples are its sweep cases, and its tests are not the
         # user's to decorate: the pallas section below gives the command that reproduces.
-        restate_notes(error, examples="sweep cases", reproduce="")
+        # The harness notes a sweep case's input, so Hypothesis's call of the test goes.
+        restate_notes(error, examples="sweep cases", reproduce="", explicit_example=False)
     else:
         restate_notes(error)
 
@@ -396,13 +406,37 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         if records:
             report.user_properties.append((_WORKER_RECORDS, records))
     if report.failed and call.when == "call" and pallas.uses_pallas(item):
-        text = (f"seed {pallas.options.seed}; reproduce with:\n"
-                f"  {pallas.reproduce_command(item.nodeid)}")
+        command = pallas.reproduce_command(_rerunnable_nodeid(item),
+                                           sweep_case=_failed_sweep_case(item, report))
+        text = f"seed {pallas.options.seed}; reproduce with:\n  {command}"
+
         note = pallas.uninitialized_read_note(item, call.excinfo.value) if call.excinfo else None
         kept = "\n".join(pallas.item_backend(item).own_params_changed)
         text = f"{kept}\n{text}" if kept else text
         report.sections.append(("pallas", f"{note}\n\n{text}" if note else text))
     return report
+
+
+def _rerunnable_nodeid(item: pytest.Item) -> str:
+    """``item``'s test id with its file as a path from where pytest was run: the packaged
+    suite's files live in site-packages, outside the user's project and its rootdir."""
+    import os
+
+    _, separator, rest = item.nodeid.partition("::")
+    path = os.path.relpath(item.path, item.config.invocation_params.dir)
+    if path.startswith(os.pardir):
+        path = str(item.path)
+    return path + separator + rest
+
+
+def _failed_sweep_case(item: pytest.Item, report: pytest.TestReport) -> int | None:
+    """The number of the first sweep case a conformance property failed on, if any."""
+    import re
+
+    if not is_conformance_item(item):
+        return None
+    found = re.search(r"input \(sweep case (\d+)\)", report.longreprtext)
+    return int(found.group(1)) if found else None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -518,9 +552,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(pallas.header())
     for line in pallas.recorder.summary_lines():
         terminalreporter.write_line(line)
-    terminalreporter.write_line(
-        "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)"
-    )
+    for line in _SUMMARY_LEGEND:
+        terminalreporter.write_line(line)
     for line in pallas.recorder.coverage_lines():
         terminalreporter.write_line(f"not exercised: {line}", yellow=True)
     for reason in pallas.incomplete_reasons:
@@ -530,6 +563,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(f"report written to {pallas.options.report_path}" + (
             f" (directory {created} created)" if created else ""))
 
+
+_SUMMARY_LEGEND = (
+    "properties passed/failed: of shape_dtype, finite, value, written, deterministic and vmap; "
+    "pytest counts tests (test_value, test_written_and_deterministic, test_vmap per op)",
+    "interpreters: where value, deterministic and vmap ran / where written ran (plain: "
+    "interpret=True, fast; tpu: JAX's TPU interpreter, NaN-poisoned memory; TPU: compiled)",
+    "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)",
+)
 
 _COMPILES_BEFORE: dict[int, tuple[int, int, float]] = {}
 
@@ -626,9 +667,8 @@ def conformance(request: pytest.FixtureRequest):
     else:
         implementations = pallas.implementations
     return Conformance(implementations, pallas.item_backend(request.node), pallas.recorder,
-                       interpreter_chosen=pallas.options.interpreter_given
-                       or bool(request.config.getini("pallas_interpret"))
-                       or pallas.options.detect_races)
+                       interpreter_chosen=pallas.options.interpreter_chosen,
+                       sweep_first=pallas.options.sweep_first)
 
 
 assert set(FIXTURE_NAMES) == {"pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark"}, (

@@ -47,15 +47,37 @@ def oracle_args(case: Case) -> tuple[np.ndarray, ...]:
                  for a in case.args)
 
 
-def run(implementation: Callable, case: Case) -> Any:
-    """Call ``implementation`` on ``case`` as the contract says; return the raw result."""
+def run(implementation: Callable, case: Case, compiled: dict | None = None) -> Any:
+    """Call ``implementation`` on ``case`` as the contract says; return the raw result.
+
+    ``compiled``, if given, keeps the jitted callable per implementation and keyword
+    arguments, so that examples of one signature (the sweep's profiles of a dtype, the
+    deterministic property's two calls) compile once. The interpreter JAX is forced to
+    use is part of jit's cache key, so a plain-interpreted executable never answers for
+    a TPU-interpreted call.
+    """
     import jax
 
     if case.operation.collective:
         return _run_collective(implementation, case)
-    function = jax.jit(functools.partial(implementation, **call_kwargs(case)))
+    function = _jitted(implementation, call_kwargs(case), compiled)
     result = function(*case.args)
     return jax.block_until_ready(result)
+
+
+def _jitted(implementation: Callable, kwargs: dict[str, Any], compiled: dict | None) -> Any:
+    import jax
+
+    try:
+        key = (implementation, tuple(sorted(kwargs.items())))
+        hash(key)
+    except TypeError:  # an unhashable parameter value: compile afresh
+        key = None
+    if compiled is None or key is None:
+        return jax.jit(functools.partial(implementation, **kwargs))
+    if key not in compiled:
+        compiled[key] = jax.jit(functools.partial(implementation, **kwargs))
+    return compiled[key]
 
 
 # The mesh axis a collective op is called over.

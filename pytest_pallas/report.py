@@ -28,6 +28,9 @@ class PropertyResult:
     examples: int = 0
     worst_error: float = 0.0
     first_failure: str = ""
+    # Where the examples ran: "plain", "tpu" (JAX's interpreters) or "TPU" (compiled),
+    # comma-separated if several (a kernel the plain interpreter cannot run moves to tpu).
+    interpreter: str = ""
 
     @property
     def verdict(self) -> str:
@@ -43,7 +46,13 @@ class PropertyResult:
             "examples": self.examples,
             "worst_error_in_tolerances": None if math.isinf(self.worst_error) else self.worst_error,
             "first_failure": self.first_failure or None,
+            "interpreter": self.interpreter or None,
         }
+
+    def ran_in(self, interpreter: str) -> None:
+        names = set(filter(None, self.interpreter.split(","))) | set(
+            filter(None, interpreter.split(",")))
+        self.interpreter = ",".join(sorted(names))
 
 
 @dataclasses.dataclass
@@ -76,6 +85,16 @@ class OpRecord:
     compile: dict[str, CompileResult] = dataclasses.field(default_factory=dict)
     grid_coverage: GridCoverage = dataclasses.field(default_factory=GridCoverage)
 
+    @property
+    def interpreters_text(self) -> str:
+        """Where the breadth properties ran / where written ran: "plain/tpu", or one name."""
+        def where(name: str) -> str:
+            result = self.properties.get(name)
+            return result.interpreter if result is not None and result.interpreter else "-"
+
+        breadth, depth = where("value"), where("written")
+        return breadth if depth in ("-", breadth) else f"{breadth}/{depth}"
+
 
 class ConformanceRecorder:
     """Collects outcomes while the suite runs; one per pytest process."""
@@ -96,6 +115,11 @@ class ConformanceRecorder:
         result.examples += 1
         if not math.isnan(worst_error):
             result.worst_error = max(result.worst_error, worst_error)
+
+    def ran_in(self, op: str, names: tuple[str, ...], interpreter: str) -> None:
+        """Record that properties ``names`` of ``op`` ran an example in ``interpreter``."""
+        for name in names:
+            self.property(op, name).ran_in(interpreter)
 
     def outcome(self, op: str, name: str, passed: bool, message: str = "") -> None:
         result = self.property(op, name)
@@ -162,6 +186,7 @@ class ConformanceRecorder:
                 mine.examples += values["examples"]
                 mine.worst_error = max(mine.worst_error, values["worst_error"])
                 mine.first_failure = mine.first_failure or values["first_failure"]
+                mine.ran_in(values.get("interpreter", ""))
             for chip, values in record.get("compile", {}).items():
                 mine = self.ops[op].compile.setdefault(chip, CompileResult())
                 mine.compiled += values["compiled"]
@@ -176,8 +201,9 @@ class ConformanceRecorder:
 
     def summary_lines(self) -> list[str]:
         compiles = any(record.compile for record in self.ops.values())
-        header = ("op", "implementation", "passed", "failed", "examples", "worst/tol",
-                  *(("compiled",) if compiles else ()), "restrictions")
+        header = ("op", "implementation", "properties passed", "failed", "examples",
+                  "worst/tol", "interpreters", *(("compiled",) if compiles else ()),
+                  "restrictions")
         rows = []
         for op, record in self.ops.items():
             results = record.properties.values()
@@ -193,7 +219,7 @@ class ConformanceRecorder:
                 if compiles else ())
             rows.append((op, record.implementation, str(passed),
                          ",".join(failed) if failed else "0", str(examples), worst,
-                         *compiled, record.restrictions_text))
+                         record.interpreters_text, *compiled, record.restrictions_text))
         widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(header, widths)).rstrip()]
         lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()

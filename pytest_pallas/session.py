@@ -294,7 +294,9 @@ class PallasSession:
         """A per-test seed: stable across processes and workers for the same --pallas-seed."""
         return (self.options.seed * 1_000_003 + zlib.crc32(nodeid.encode())) % 2**31
 
-    def reproduce_command(self, nodeid: str) -> str:
+    def reproduce_command(self, nodeid: str, *, sweep_case: int | None = None) -> str:
+        """The command that reruns test ``nodeid`` alone with this run's seed and Pallas flags;
+        ``sweep_case`` (1-based): the failed sweep case, which the rerun tries first."""
         words = ["pytest", nodeid, f"--pallas-seed={self.options.seed}"]
         args = list(self.invocation)
         while args:
@@ -305,8 +307,10 @@ class PallasSession:
             option = [arg]
             if "=" not in arg and name not in _SWITCHES and args:
                 option.append(args.pop(0))  # "--pallas-impl add=m:f": the value is the next word
-            if name not in ("--pallas-seed", "--pallas-report"):
+            if name not in ("--pallas-seed", "--pallas-report", "--pallas-sweep-first"):
                 words += option
+        if sweep_case is not None:
+            words.append(f"--pallas-sweep-first={sweep_case}")
         return " ".join(shlex.quote(word) for word in words)
 
     def header(self) -> str:
@@ -315,6 +319,10 @@ class PallasSession:
             backend = "TPU (compiled)"
         else:
             backend = f"CPU, {options.interpreter} interpreter, standing in for TPU {options.chip}"
+            if options.conformance and not options.interpreter_chosen:
+                backend = (f"CPU, {options.interpreter} interpreter (the conformance suite runs "
+                           "its value, deterministic and vmap examples in the plain one, for "
+                           f"speed), standing in for TPU {options.chip}")
         seed = f"seed {options.seed}"
         if not options.seed_given and options.profile == "ci":
             seed += ", the ci profile's fixed seed"

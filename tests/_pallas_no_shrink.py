@@ -5,14 +5,14 @@ already found, cost minutes of interpreted kernel calls, and do not change
 the verdict.
 """
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import Phase
+
+from pytest_pallas._hypothesis_compat import change_settings, is_given_test
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-pallas has given the test its settings and seed
 def pytest_runtest_setup(item):
     function = getattr(item, "obj", None)
     function = getattr(function, "__func__", function)
-    if getattr(function, "is_hypothesis_test", False):
-        current = getattr(function, "_hypothesis_internal_use_settings", None) or settings.default
-        function._hypothesis_internal_use_settings = settings(
-            current, phases=(Phase.explicit, Phase.generate), database=None)
+    if is_given_test(function):
+        change_settings(function, phases=(Phase.explicit, Phase.generate), database=None)

@@ -1,6 +1,8 @@
 """The conformance suite from a user's seat: flags, mistakes, broken kernels, reports, xdist."""
 
 import json
+import re
+import shlex
 import textwrap
 
 import pytest
@@ -213,3 +215,69 @@ def test_the_report_creates_its_missing_directory_and_says_so(run_pytest, pytest
     assert report["complete"] is True and report["ops_selected"] == ["add"]
     result.stdout.fnmatch_lines([
         "report written to out/nightly/report.json (directory out/nightly created)"])
+
+
+WRONG_FOR_INT32 = textwrap.dedent(
+    """
+    import jax.numpy as jnp
+
+    def add(x, y):
+        print("TRACED", x.dtype, x.shape)  # once per input type: the order cases ran in
+        return x + y + 1 if x.dtype == jnp.int32 else x + y
+    """
+)
+
+
+def test_reproduce_line_reruns_only_the_failed_property_its_sweep_case_first(pytester):
+    # The packaged suite lives outside the user's project, as in site-packages: the
+    # reproduce line must name it so that pytest finds it from here, and select the one
+    # failed test, not append the whole suite again (which reran every test of the op).
+    pytester.makepyfile(my_kernels=WRONG_FOR_INT32)
+    pytester.syspathinsert()
+    first = run(pytester, "-s", "--pallas-impl", "add=my_kernels:add")
+    first.assert_outcomes(failed=1, passed=2)
+    commands = [line.strip() for line in first.stdout.lines
+                if line.startswith("  pytest ") and "test_value" in line]
+    assert len(commands) == 1, first.stdout.str()
+    words = shlex.split(commands[0])
+    assert words[-1] == "--pallas-sweep-first=6", commands[0]  # int32 is add's sixth case
+    again = pytester.runpytest("-p", "no:cacheprovider", "-s", *words[1:])
+    again.assert_outcomes(failed=1)
+    traced = re.findall(r"TRACED (\w+)", again.stdout.str())
+    assert traced[0] == "int32", traced
+    assert "input (sweep case 6)" in again.stdout.str()
+    assert "Failing explicit example" not in again.stdout.str()  # the input line says it
+
+
+def test_table_says_what_it_counts_and_where_each_property_ran(pytester, user_module):
+    # "passed" counted properties while pytest counts tests, and the header named the TPU
+    # interpreter while value ran in the plain one: both are labelled.
+    result = run(pytester, "--pallas-impl", "add=my_kernels:add", "--pallas-report=r.json")
+    assert result.ret == 0
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([
+        "pallas: CPU, tpu interpreter (the conformance suite runs its value, deterministic and "
+        "vmap examples in the plain one, for speed), *",
+        "*pallas conformance*",
+        "op   implementation  properties passed  failed  examples  *  interpreters  restrictions",
+        "add  my_kernels:add  6                  0       *  plain/tpu     none",
+        "properties passed/failed: of shape_dtype, finite, value, written, deterministic and "
+        "vmap; pytest counts tests *",
+        "interpreters: where value, deterministic and vmap ran / where written ran *",
+    ])
+    properties = json.loads((pytester.path / "r.json").read_text())["ops"]["add"]["properties"]
+    assert properties["value"]["interpreter"] == "plain"
+    assert properties["written"]["interpreter"] == "tpu"
+
+    chosen = run(pytester, "--pallas-impl", "add=my_kernels:add", "--pallas-interpret=tpu")
+    chosen.stdout.fnmatch_lines(["pallas: CPU, tpu interpreter, standing in for TPU *",
+                                 "add  my_kernels:add  6 * tpu           none"])
+
+
+def test_collectives_skip_in_the_plain_interpreter_with_the_reason(pytester):
+    # JAX's plain interpreter crashes inside JAX on remote copies ("unsupported operand
+    # type(s) for ==: 'DynamicJaxprTracer' and 'tuple'"): not a verdict on the kernel.
+    result = run(pytester, "--pallas-ops=ppermute", "--pallas-interpret=plain", "-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*ppermute: remote copies between devices run only in the TPU "
+                                 "interpreter; drop --pallas-interpret=plain to check this op"])

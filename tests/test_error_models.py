@@ -3,7 +3,9 @@
 A user's own test of an attention kernel gets the allowance the conformance
 suite applies (``assert_allclose(out, ref, op="attention", inputs=(q, k, v))``),
 and that allowance covers the usual TPU formulation of softmax in base 2
-(``exp2(s * log2(e) - m2)``), while the usual wrong kernels still fail.
+(``exp2(s * log2(e) - m2)``), while the usual wrong kernels still fail. The
+formulation that needed the base-2 term (q scaled by log2(e) before the dot, as
+tokamax's kernel does) is tested in test_exp2_attention.py.
 """
 
 import jax

@@ -81,6 +81,19 @@ def test_a_test_with_its_own_settings_keeps_them():
 ADD_WRONG = "def add(x, y):\n    return x - y\n"
 
 
+def test_changed_settings_apply_to_the_next_run():
+    calls = []
+
+    @given(st.integers())
+    @settings(max_examples=50, database=None)
+    def test(value):
+        calls.append(value)
+
+    _hypothesis_compat.change_settings(test, max_examples=3)
+    test()
+    assert len(calls) == 3
+
+
 def test_the_suites_failure_says_how_to_see_the_other_failing_sweep_cases(run_pytest, pytester):
     pytester.makepyfile(wrong_add=ADD_WRONG)
     args = ("-p", "no:xdist", "--pallas-impl", "add=wrong_add:add", "-k", "value",
@@ -95,4 +108,4 @@ def test_the_suites_failure_says_how_to_see_the_other_failing_sweep_cases(run_py
     # And that flag does show them, though the plugin loads its own settings profile.
     verbose = run_pytest(*args, "--hypothesis-verbosity=verbose").stdout.str()
     assert "distinct failures in explicit examples" in verbose
-    assert "data=sweep case 1," in verbose and "data=sweep case 2," in verbose
+    assert "input (sweep case 1)" in verbose and "input (sweep case 2)" in verbose

@@ -177,6 +177,50 @@ def test_pallas_call_primitive_is_the_one_in_a_traced_kernel():
     assert "grid_mapping" in jaxpr.jaxpr.eqns[0].params
 
 
+def test_as_compiled_for_the_chip_drops_a_recorded_interpreter_in_nested_calls():
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    with pltpu.force_tpu_interpret_mode(_jax_compat.interpret_params()):
+        call = pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    x = jnp.ones((8, 128))
+    closed = jax.make_jaxpr(jax.jit(lambda x: call(x) + 1))(x)
+    recorded = [p["interpret"] for p in _jax_compat.pallas_call_params_in(closed)]
+    assert recorded and all(isinstance(i, pltpu.InterpretParams) for i in recorded)
+    compiled = _jax_compat.as_compiled_for_the_chip(closed)
+    assert [p["interpret"] for p in _jax_compat.pallas_call_params_in(
+        jax.make_jaxpr(compiled)(x))] == [False]
+    # the rewritten program lowers for the TPU with Mosaic (the interpreter would not)
+    jax.jit(compiled).trace(x).lower(lowering_platforms=("tpu",))
+    with pytest.raises(ValueError, match="different from the lowering platform tpu"):
+        jax.jit(jax.extend.core.jaxpr_as_fun(closed)).trace(x).lower(lowering_platforms=("tpu",))
+
+
+def test_forced_interpreter_when_called_reaches_a_call_built_before_and_restores_bind():
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    call = pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    primitive = _jax_compat.pallas_call_primitive()
+    x = jnp.ones((8, 128))
+    params = _jax_compat.interpret_params()
+    with _jax_compat.forced_interpreter_when_called() as hooked:
+        assert hooked
+        with pltpu.force_tpu_interpret_mode(params):
+            interpreted = [p["interpret"] for p in _jax_compat.pallas_call_params_in(
+                jax.make_jaxpr(call)(x))]
+        unforced = [p["interpret"] for p in _jax_compat.pallas_call_params_in(
+            jax.make_jaxpr(call)(x))]
+    assert interpreted == [params] and unforced == [False]
+    assert "bind" not in vars(primitive)
+
+
+def test_forced_interpreter_when_called_is_off_when_the_primitive_moved(monkeypatch):
+    monkeypatch.delattr(importlib.import_module("jax._src.pallas.pallas_call"), "pallas_call_p")
+    with _jax_compat.forced_interpreter_when_called() as hooked:
+        assert hooked is False
+
+
 # --- a JAX release that moved an internal ------------------------------------------------------
 
 
@@ -190,8 +234,10 @@ def test_pallas_call_primitive_is_the_one_in_a_traced_kernel():
      _jax_compat.backends_are_initialized),
     (importlib.import_module("jax._src.pallas.pallas_call"), "pallas_call_p",
      _jax_compat.pallas_call_primitive),
+    (importlib.import_module("jax._src.core"), "jaxpr_as_fun",
+     lambda: _jax_compat.as_compiled_for_the_chip(jax.make_jaxpr(jnp.sin)(1.0))),
 ], ids=["chip_version_from_device_kind", "registry", "races", "backends_are_initialized",
-        "pallas_call_p"])
+        "pallas_call_p", "jaxpr_as_fun"])
 def test_a_moved_internal_is_a_clear_error(monkeypatch, module, attribute, call):
     monkeypatch.delattr(module, attribute)
     with pytest.raises(JaxInternalsChanged) as raised:

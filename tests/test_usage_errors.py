@@ -41,6 +41,7 @@ CASES = [
     (["--pallas-examples=0"], None, "--pallas-examples=0 must be at least 1."),
     (["--pallas-examples=-3"], None, "--pallas-examples=-3 must be at least 1."),
     (["--pallas-examples=many"], None, "--pallas-examples='many' is not a whole number"),
+    (["--pallas-sweep-first=0"], None, "--pallas-sweep-first=0 must be at least 1."),
     (["--pallas-seed=-1"], None, "--pallas-seed=-1 must be at least 0."),
     (["--pallas-devices=0"], None, "--pallas-devices=0 must be at least 1."),
     (["--pallas-timeout=soon"], None, "--pallas-timeout='soon' is not a number of seconds"),
