@@ -157,13 +157,16 @@ class GridCoverage:
                          if key not in ("kernel", "axis")})
 
     def unexercised(self, op: str) -> list[str]:
-        """One line per axis no example ran with more than one step.
+        """One line per kernel with axes no example ran with more than one step.
 
         An axis never run with a ragged last block is in the report (``ragged_last``
         false) but not here: a kernel that pads or picks dividing blocks never has one.
         """
-        return [f"{op}: kernel {kernel} grid axis {axis}"
-                + (f" ({entry['walks']})" if entry["walks"] else "")
-                + " never ran more than one step"
-                for (kernel, axis), entry in sorted(self.axes.items())
-                if not entry["multi_step"]]
+        per_kernel: dict[str, list[str]] = {}
+        for (kernel, axis), entry in sorted(self.axes.items()):
+            if not entry["multi_step"]:
+                per_kernel.setdefault(kernel, []).append(
+                    f"{axis}" + (f" ({entry['walks']})" if entry["walks"] else ""))
+        return [f"{op}: kernel {kernel} grid {'axis' if len(axes) == 1 else 'axes'} "
+                f"{', '.join(axes)} never ran more than one step"
+                for kernel, axes in per_kernel.items()]

@@ -150,8 +150,8 @@ def test_the_summary_and_the_report_name_the_axes_that_never_ran_several_steps(r
                                "--pallas-seed=0", "--pallas-examples=1")
     assert result.ret == 0
     result.stdout.fnmatch_lines([
-        "not exercised: matmul: kernel matmul grid axis 0 (m) never ran more than one step",
-        "not exercised: matmul: kernel matmul grid axis 1 (n) never ran more than one step",
+        "not exercised: matmul: kernel matmul grid axes 0 (m), 1 (n)* never ran more than one "
+        "step",
     ])
     axes = {entry["walks"]: entry for entry in report["grid_coverage"]}
     assert set(axes) == {"m", "n", "k"}
