@@ -24,8 +24,9 @@ def legal_by_the_tpu_rule(block, shape, dtype_name, packed=False):
     written from that source rather than from the module.
 
     Rank >= 2: the last dimension of a block is a multiple of 128 lanes or the whole
-    dimension; the one before it a multiple of 8 rows (whatever the dtype; of the packed
-    tile, 16 rows of 16-bit and 32 of 8-bit values, when ``packed``) or the whole dimension.
+    dimension; the one before it a multiple of 8 rows (of 32 for 8-bit values, their
+    native tile, which the TPU compiler asks though Mosaic's lowering accepts 8; of 16 for
+    16-bit values too when ``packed``) or the whole dimension.
     Rank 1: the whole dimension, a multiple of 1024, or a power of two of at least
     128 x (32 / bits). And every dimension fits in the array.
     """
@@ -39,7 +40,7 @@ def legal_by_the_tpu_rule(block, shape, dtype_name, packed=False):
         return b == a or b % 1024 == 0 or (b >= 128 * 32 // bits and b & (b - 1) == 0)
     if not (block[-1] % 128 == 0 or block[-1] == shape[-1]):
         return False
-    rows = 8 * 32 // bits if packed else 8
+    rows = 8 * 32 // bits if packed or bits < 16 else 8
     return block[-2] % rows == 0 or block[-2] == shape[-2]
 
 

@@ -205,7 +205,8 @@ def test_suite_fails_seeded_bug(conformance_run, op, target, properties):
 
 
 _REJECTED_BY_THE_TPU_COMPILER = ("attention_jax_flash_fitted_blocks",
-                                 "mha_jax_flash_fitted_blocks", "ppermute_in_chunks")
+                                 "mha_jax_flash_fitted_blocks", "ppermute_in_chunks",
+                                 "copy_double_buffered_small_blocks")
 
 
 @pytest.mark.parametrize("op, alternative, restrictions", CORRECT,
@@ -214,7 +215,8 @@ def test_suite_passes_correct_alternative(conformance_run, op, alternative, rest
     # These are correct in value but the TPU compiler (on by default where libtpu is
     # installed) rejects them at some drawn shapes: JAX's flash attention on bfloat16
     # with a single key ("'vector.broadcast' op failed to verify"), and ppermute_in_chunks'
-    # 12-row VMEM slices ("Slice sizes along tiled dimensions must be aligned to tiles").
+    # 12-row VMEM slices ("Slice sizes along tiled dimensions must be aligned to tiles"), as
+    # the reference double_buffered_copy(block_rows=16) on the sweep's 29 rows (a 13-row tail).
     # What this test measures is the suite's value properties, so they run without it.
     flags = (("--pallas-compile=none",) if alternative in _REJECTED_BY_THE_TPU_COMPILER
              else ())

@@ -32,22 +32,23 @@ def test_paged_attention_matches_a_reference_with_bfloat16_keys_and_values():
         assert_allclose(out, case.reference(*args), **case.comparison(args))
 
 
+# On 8 devices: the race detector reports the race in every run (10 of 10); on 4 it does
+# in 7 or 8 of 10, the others failing on the NaN rows alone, by thread timing.
 ALL_GATHER_TEST = '''
 import pytest
 from pytest_pallas import assert_allclose
-from real_kernels.corpus import BY_NAME
+from real_kernels.corpus import _all_gather, _all_gather_args, _f64
 
 
 @pytest.mark.pallas
-@pytest.mark.devices(4)
-def test_all_gather_4_devices():
-    case = BY_NAME["all_gather_4_devices"]
-    (x,) = case.args()
-    assert_allclose(case.kernel(x), case.reference(x))
+@pytest.mark.devices(8)
+def test_all_gather_8_devices():
+    (x,) = _all_gather_args(8)()
+    assert_allclose(_all_gather(8)(x), _f64(x))
 '''
 
 
-def test_all_gather_on_4_devices_is_a_data_race_for_the_race_detector(pytester, monkeypatch):
+def test_all_gather_on_8_devices_is_a_data_race_for_the_race_detector(pytester, monkeypatch):
     import pathlib
 
     monkeypatch.setenv("PYTHONPATH", str(pathlib.Path(__file__).resolve().parent.parent))
