@@ -107,8 +107,8 @@ def is_tile_legal_block(block_shape: Sequence[int | None], array_shape: Sequence
     The rule is ``tiling.is_legal_block``, the one the static check applies:
     the minor dimension a multiple of 128 or the full dimension; the
     second-minor a multiple of 8 (32 for 8-bit types, their native tile; of
-    ``sublane_multiple(dtype)`` with ``packed=True``) or the full dimension; leading dimensions free; a rank-1
-    block as Mosaic lowers it. ``None`` (squeezed) counts as 1.
+    ``sublane_multiple(dtype)`` with ``packed=True``) or the full dimension;
+    leading dimensions free; a rank-1 block as Mosaic lowers it. ``None`` (squeezed) counts as 1.
     """
     block = [1 if b is None else b for b in block_shape]
     if len(block) != len(array_shape):
