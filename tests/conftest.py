@@ -34,3 +34,23 @@ def run_pytest(pytester):
         return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=timeout)
 
     return run
+
+
+@pytest.fixture
+def run_value_property(pytester):
+    """Run the suite's value property on one op and implementation ("module:attr", the
+    seeded bugs importable) without shrinking; returns the result and the op's report."""
+    import json
+    import pathlib
+
+    pytester.syspathinsert(pathlib.Path(__file__).resolve().parent)
+
+    def run(op, implementation, *args):
+        report = pytester.path / "report.json"
+        result = pytester.runpytest(
+            "-p", "no:cacheprovider", "-p", "_pallas_no_shrink", "--pallas-conformance",
+            f"--pallas-ops={op}", "--pallas-impl", f"{op}={implementation}",
+            "-k", "test_value", f"--pallas-report={report}", *args)
+        return result, json.loads(report.read_text())["ops"][op]
+
+    return run

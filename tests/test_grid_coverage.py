@@ -11,7 +11,6 @@ whole tiles, so that neither bug depends on the seed.
 from __future__ import annotations
 
 import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +22,6 @@ from pytest_pallas import _jax_compat, grid_coverage, op_inputs
 from pytest_pallas.domains import Domain
 from pytest_pallas.ops import OP_NAMES, get_operation
 from pytest_pallas.report import ConformanceRecorder
-
-TESTS_DIR = pathlib.Path(__file__).resolve().parent
 
 
 def _copy_kernel(x_ref, o_ref):
@@ -112,42 +109,28 @@ def test_the_sweep_has_a_ragged_multi_tile_and_a_whole_multi_tile_size_on_every_
                 f"{op}: no {kind} size of several whole tiles of {tile} in {tried}")
 
 
-@pytest.fixture
-def run_suite(pytester):
-    pytester.syspathinsert(TESTS_DIR)
-
-    def run(op, implementation, *args):
-        report = pytester.path / "report.json"
-        result = pytester.runpytest(
-            "-p", "no:cacheprovider", "-p", "_pallas_no_shrink", "--pallas-conformance",
-            f"--pallas-ops={op}", "--pallas-impl", f"{op}={implementation}",
-            "-k", "test_value", f"--pallas-report={report}", *args)
-        return result, json.loads(report.read_text())["ops"][op]
-
-    return run
-
-
 @pytest.mark.parametrize("op, bug", [
     # k blocked by 128 only when 128 divides it: k = 300 is one block, k = 512 four.
     ("matmul", "matmul_last_k_step_dropped"),
     # rows in blocks of 8: 24 and 40 rows are whole blocks, 29 has a ragged last one.
     ("add", "add_ragged_row_block_not_written"),
 ])
-def test_a_bug_on_one_grid_axis_fails_on_the_sweep_alone(run_suite, op, bug):
+def test_a_bug_on_one_grid_axis_fails_on_the_sweep_alone(run_value_property, op, bug):
     # One drawn example (seed 0 draws no revealing size): the sweep's shapes must catch it.
-    result, report = run_suite(op, f"seeded_bugs.kernels:{bug}", "--pallas-seed=0",
-                               "--pallas-examples=1")
+    result, report = run_value_property(op, f"seeded_bugs.kernels:{bug}", "--pallas-seed=0",
+                                        "--pallas-examples=1")
     assert result.ret == 1
     assert "input (sweep case" in result.stdout.str()  # a sweep case, not a drawn one
     assert report["properties"]["value"]["verdict"] == "fail" or (
         report["properties"]["finite"]["verdict"] == "fail")
 
 
-def test_the_summary_and_the_report_name_the_axes_that_never_ran_several_steps(run_suite):
+def test_the_summary_and_the_report_name_the_axes_that_never_ran_several_steps(run_value_property):
     # The reference matmul takes a dimension of up to 512 in one block: m and n, at most 40
     # and 384 in the contract's sizes, never run more than one step.
-    result, report = run_suite("matmul", "pytest_pallas.reference_kernels.matmul:matmul",
-                               "--pallas-seed=0", "--pallas-examples=1")
+    result, report = run_value_property(
+        "matmul", "pytest_pallas.reference_kernels.matmul:matmul",
+        "--pallas-seed=0", "--pallas-examples=1")
     assert result.ret == 0
     result.stdout.fnmatch_lines([
         "not exercised: matmul: kernel matmul grid axes 0 (m), 1 (n)* never ran more than one "

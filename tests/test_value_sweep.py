@@ -5,8 +5,6 @@ one run in four; the sweep's explicit examples do not depend on the seed or on
 --pallas-examples. And a NaN the suite finds comes with its cause, found out, not guessed.
 """
 
-import json
-import pathlib
 import re
 
 import pytest
@@ -14,8 +12,6 @@ import pytest
 from pytest_pallas import op_inputs
 from pytest_pallas.domains import Domain
 from pytest_pallas.ops import OP_NAMES, get_operation
-
-TESTS_DIR = pathlib.Path(__file__).resolve().parent
 
 
 @pytest.mark.parametrize("op", OP_NAMES)
@@ -50,27 +46,13 @@ def test_sweep_cases_are_inside_the_op_domain_and_the_users(op):
             assert [arg.shape for arg in case.args] == [tuple(shape) for shape in shapes]
 
 
-@pytest.fixture
-def run_suite(pytester, monkeypatch):
-    pytester.syspathinsert(TESTS_DIR)
-
-    def run(op, bug, *args):
-        report = pytester.path / "report.json"
-        result = pytester.runpytest(
-            "-p", "no:cacheprovider", "-p", "_pallas_no_shrink", "--pallas-conformance",
-            f"--pallas-ops={op}", "--pallas-impl", f"{op}=seeded_bugs.kernels:{bug}",
-            "-k", "test_value", f"--pallas-report={report}", *args)
-        return result, json.loads(report.read_text())["ops"][op]
-
-    return run
-
-
 @pytest.mark.parametrize("seed", [6, 11])
-def test_an_overflowing_softmax_fails_whatever_the_seed_and_says_why(run_suite, seed):
+def test_an_overflowing_softmax_fails_whatever_the_seed_and_says_why(run_value_property, seed):
     # Seeds 6 and 11 drew no "large" input in ten examples before the sweep; one example
     # here (--pallas-examples=1), so the sweep alone must catch it.
-    result, report = run_suite("softmax", "softmax_no_max_subtraction",
-                               f"--pallas-seed={seed}", "--pallas-examples=1")
+    result, report = run_value_property(
+        "softmax", "seeded_bugs.kernels:softmax_no_max_subtraction",
+        f"--pallas-seed={seed}", "--pallas-examples=1")
     assert report["properties"]["finite"]["verdict"] == "fail"
     output = result.stdout.str()
     assert re.search(r"input \(sweep case \d+\): Case\(softmax: .*values=large", output)
@@ -79,9 +61,10 @@ def test_an_overflowing_softmax_fails_whatever_the_seed_and_says_why(run_suite, 
     assert "uninitialized-read" not in output  # not the guess of the comparator's hint
 
 
-def test_a_nan_from_an_uninitialised_accumulator_is_named_as_such(run_suite):
-    result, report = run_suite("sum", "sum_uninitialized_accumulator",
-                               "--pallas-seed=0", "--pallas-examples=1")
+def test_a_nan_from_an_uninitialised_accumulator_is_named_as_such(run_value_property):
+    result, report = run_value_property(
+        "sum", "seeded_bugs.kernels:sum_uninitialized_accumulator",
+        "--pallas-seed=0", "--pallas-examples=1")
     assert report["properties"]["finite"]["verdict"] == "fail"
     output = result.stdout.str()
     assert ("cause: TPU rule [uninitialized-read] broken by kernel "
