@@ -196,6 +196,27 @@ def _with_head_axis(array: Any) -> jax.ShapeDtypeStruct:
 # --- the kernel ---------------------------------------------------------------------
 
 
+def _online_softmax_step(m_prev, l_prev, acc_prev, logits, v):
+    """Fold one block of ``logits`` (float32, masked entries -inf) and its values ``v``
+    into the online softmax's running maximum ``m``, denominator ``l`` and
+    unnormalised output ``acc``; returns the new ``(m, l, acc)``.
+
+    The flash, causal and paged attention kernels all take this step: the old
+    partial sums are rescaled by ``exp(m_prev - m_new)`` (0 at the first step,
+    where ``m_prev`` is -inf) before the block's own are added.
+    """
+    m_new = jnp.maximum(m_prev, logits.max(axis=1, keepdims=True))
+    correction = jnp.exp(m_prev - m_new)
+    p = jnp.exp(logits - m_new)
+    l_new = correction * l_prev + p.sum(axis=1, keepdims=True)
+    # p stays float32: rounding the weights to bfloat16 for a bfloat16 MXU pass
+    # would add an error as large as the output's own rounding.
+    acc_new = correction * acc_prev + jnp.dot(
+        p, v.astype(jnp.float32), preferred_element_type=jnp.float32
+    )
+    return m_new, l_new, acc_new
+
+
 def _flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *,
                             num_batch_axes: int, block_kv: int, kv_len: int,
                             num_kv_blocks: int):
@@ -223,17 +244,8 @@ def _flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *
         column = kv_index * block_kv + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
         logits = jnp.where(column < kv_len, logits, -jnp.inf)
 
-    m_prev = m_ref[...]
-    m_new = jnp.maximum(m_prev, logits.max(axis=1, keepdims=True))
-    correction = jnp.exp(m_prev - m_new)  # 0 at the first step, where m_prev = -inf
-    p = jnp.exp(logits - m_new)
-    l_ref[...] = correction * l_ref[...] + p.sum(axis=1, keepdims=True)
-    # p stays float32: rounding the weights to bfloat16 for a bfloat16 MXU pass
-    # would add an error as large as the output's own rounding.
-    acc_ref[...] = correction * acc_ref[...] + jnp.dot(
-        p, v_ref[...].astype(jnp.float32), preferred_element_type=jnp.float32
-    )
-    m_ref[...] = m_new
+    m_ref[...], l_ref[...], acc_ref[...] = _online_softmax_step(
+        m_ref[...], l_ref[...], acc_ref[...], logits, v_ref[...])
 
     @pl.when(kv_index == num_kv_blocks - 1)
     def _write_back():

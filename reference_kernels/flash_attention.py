@@ -67,7 +67,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ._tiling import output_struct, pad_to, round_up
-from .attention import DEFAULT_BLOCK_KV, DEFAULT_BLOCK_Q, _check_dtypes, _resolve_blocks
+from .attention import (
+    DEFAULT_BLOCK_KV,
+    DEFAULT_BLOCK_Q,
+    _check_dtypes,
+    _online_softmax_step,
+    _resolve_blocks,
+)
 
 __all__ = [
     "DEFAULT_BLOCK_KV",
@@ -280,15 +286,8 @@ def _flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *
         if visible is not None:
             logits = jnp.where(visible, logits, -jnp.inf)
 
-        m_prev = m_ref[...]
-        m_new = jnp.maximum(m_prev, logits.max(axis=1, keepdims=True))
-        correction = jnp.exp(m_prev - m_new)  # 0 at the first block, where m_prev = -inf
-        p = jnp.exp(logits - m_new)
-        l_ref[...] = correction * l_ref[...] + p.sum(axis=1, keepdims=True)
-        acc_ref[...] = correction * acc_ref[...] + jnp.dot(
-            p, v_ref[...].astype(jnp.float32), preferred_element_type=jnp.float32
-        )
-        m_ref[...] = m_new
+        m_ref[...], l_ref[...], acc_ref[...] = _online_softmax_step(
+            m_ref[...], l_ref[...], acc_ref[...], logits, v_ref[...])
 
     if causal:
         # Blocks wholly above the diagonal: no work (and no copy, see the index maps).

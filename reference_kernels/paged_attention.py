@@ -59,7 +59,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ._tiling import output_struct
-from .attention import _SUPPORTED_DTYPES
+from .attention import _SUPPORTED_DTYPES, _online_softmax_step
 
 __all__ = [
     "paged_attention",
@@ -234,13 +234,7 @@ def _paged_attention_kernel(lengths_smem, pages_smem, q_ref, k_hbm, v_hbm, o_ref
                                  preferred_element_type=jnp.float32)
         position = page * page_size + lax.broadcasted_iota(jnp.int32, logits.shape, 1)
         logits = jnp.where(position < length, logits, -jnp.inf)
-        m_new = jnp.maximum(m_prev, logits.max(axis=1, keepdims=True))
-        correction = jnp.exp(m_prev - m_new)
-        p = jnp.exp(logits - m_new)
-        l_new = correction * l_prev + p.sum(axis=1, keepdims=True)
-        acc_new = correction * acc_prev + jnp.dot(
-            p, v_buffers[slot].astype(jnp.float32), preferred_element_type=jnp.float32)
-        return m_new, l_new, acc_new
+        return _online_softmax_step(m_prev, l_prev, acc_prev, logits, v_buffers[slot])
 
     heads = q.shape[0]
     initial = (jnp.full((heads, 1), -jnp.inf, jnp.float32), jnp.zeros((heads, 1), jnp.float32),
