@@ -129,7 +129,7 @@ class GridCoverage:
     def add(self, runs: Iterable[AxisRun]) -> None:
         for run in runs:
             self._merge(run.kernel, run.axis, {
-                "walks": run.walks, "multi_step": run.steps > 1, "most_steps": run.steps,
+                "walks": run.walks, "most_steps": run.steps,
                 "ragged_last": run.ragged_last, "examples": 1})
 
     def _merge(self, kernel: str, axis: int, entry: dict[str, Any]) -> None:
@@ -138,7 +138,6 @@ class GridCoverage:
             self.axes[(kernel, axis)] = dict(entry)
             return
         mine["walks"] = mine["walks"] or entry["walks"]
-        mine["multi_step"] = mine["multi_step"] or entry["multi_step"]
         mine["most_steps"] = max(mine["most_steps"], entry["most_steps"])
         if entry["ragged_last"] is not None:
             mine["ragged_last"] = bool(mine["ragged_last"]) or entry["ragged_last"]
@@ -147,14 +146,15 @@ class GridCoverage:
     def to_list(self) -> list[dict[str, Any]]:
         """Plain values, one dict per axis (the report's ``grid_coverage``, and what
         pytest-xdist workers send)."""
-        return [{"kernel": kernel, "axis": axis, **entry}
+        return [{"kernel": kernel, "axis": axis, **entry,
+                 "multi_step": entry["most_steps"] > 1}
                 for (kernel, axis), entry in sorted(self.axes.items())]
 
     def merge(self, entries: Iterable[dict[str, Any]]) -> None:
         for entry in entries:
             self._merge(entry["kernel"], entry["axis"],
                         {key: value for key, value in entry.items()
-                         if key not in ("kernel", "axis")})
+                         if key not in ("kernel", "axis", "multi_step")})
 
     def unexercised(self, op: str) -> list[str]:
         """One line per kernel with axes no example ran with more than one step.
@@ -164,7 +164,7 @@ class GridCoverage:
         """
         per_kernel: dict[str, list[str]] = {}
         for (kernel, axis), entry in sorted(self.axes.items()):
-            if not entry["multi_step"]:
+            if entry["most_steps"] <= 1:
                 per_kernel.setdefault(kernel, []).append(
                     f"{axis}" + (f" ({entry['walks']})" if entry["walks"] else ""))
         return [f"{op}: kernel {kernel} grid {'axis' if len(axes) == 1 else 'axes'} "
