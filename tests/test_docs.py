@@ -163,3 +163,17 @@ def test_the_installing_page_shows_each_extra_from_a_clone(extra):
     assert f"pip install -c constraints/ci.txt '.[{extra}]'" in section \
         or f"-e '.[{extra}]'" in section
     assert "pip wheel" in section
+
+
+def test_the_readmes_two_commands_are_what_ci_runs_and_what_the_site_shows():
+    readme = read("README.md")
+    commands = re.findall(r"^    (python3\.11 -m venv .*)$", readme, re.MULTILINE)
+    assert len(commands) == 2, commands
+    main_job, test_command = commands
+    assert main_job.endswith("pytest --pallas-conformance")
+    ci_run = read(".ci/run")
+    assert test_command.split(" && ", 2)[2] in ci_run, (
+        "the README's test command is the one .ci/run runs")
+    for page in ("docs/index.md", "docs/developing.md"):
+        shown = re.findall(r"^    (python3\.11 -m venv .*)$", read(page), re.MULTILINE)
+        assert set(shown) <= set(commands) and shown, f"{page} shows other commands: {shown}"
