@@ -34,7 +34,3 @@ html_theme_options = {
     "show_toc_level": 2,
     "home_page_in_toc": True,
 }
-# No search index of the source files and no "view source" links to .md files
-# that the site already shows.
-html_copy_source = False
-html_show_sourcelink = False
