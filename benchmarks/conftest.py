@@ -12,7 +12,7 @@ With ``--pallas-impl OP=MODULE:ATTR`` only the benchmarks of those ops run,
 each twice: ``[reference]`` and ``[user]``.
 
 On the CPU, XLA runs single-threaded (the plugin does that for every run of
-``pallas_benchmark``; see the README's Benchmarks section), a run that includes a
+``pallas_benchmark``; see docs/benchmarks.md), a run that includes a
 multi-device benchmark (marked ``devices(n)``) keeps to one core, and the fixture
 times in process CPU time unless ``--benchmark-timer`` is given: together they
 keep the kernel/XLA ratio of a run independent of the runner's cores and

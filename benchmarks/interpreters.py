@@ -4,7 +4,7 @@
 
 Prints, per kernel, the first call (trace + compile + run) and the median of
 the following calls in each interpreter, and the ratio TPU / plain. The
-README's "Interpreters" table comes from this script.
+table of docs/interpreters.md comes from this script.
 """
 
 from __future__ import annotations

@@ -22,13 +22,13 @@ kernel's time over its round's XLA time. ``--statistic min`` or ``median``
 judges by one; ``both`` (the default) by the smaller of the two changes, so a
 regression must show in the fastest rounds and in the typical one: a single
 lucky or unlucky round cannot raise an alarm, and a kernel that really got
-slower is slower in both (the README gives the measurements behind this).
+slower is slower in both (docs/evidence/regression-gate.md has the measurements).
 
 A slower or busier machine slows the kernel and XLA alike and leaves the ratio
 nearly alone, so the baseline may come from another runner. (Nearly: on the CPU
 the interpreted kernel is Python and XLA's version native code, which a busy
-neighbour slows somewhat differently; the README gives the spread measured.) Given several baseline
-files, the baseline ratio is the median of theirs. ``change > max_slowdown``
+neighbour slows somewhat differently; docs/evidence/regression-gate.md has the spread.)
+Given several baseline files, the baseline ratio is the median of theirs. ``change > max_slowdown``
 is a regression; ``change < 1 / max_slowdown`` an improvement (reported, never
 failing). A benchmark whose shapes, dtypes, backend or chip changed is not
 compared; one without an XLA time (``xla_fn=None``) cannot be.

@@ -3,8 +3,8 @@
 Two users of the same generator:
 
 * ``conformance_tests(op, implementation)``: a pytest test class for one op
-  and one implementation, for a user's test module (public, see the README
-  section "Testing your own op");
+  and one implementation, for a user's test module (public, see
+  docs/your-own-op.md);
 * the packaged suite (``conformance/test_*.py``), whose modules each hold the
   built-in ops of one kernel module (``conformance/test_matmul.py``: the ops
   whose reference kernels live in ``reference_kernels/matmul.py``), and

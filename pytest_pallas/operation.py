@@ -138,8 +138,8 @@ def parse_signature(signature: str) -> tuple[tuple[tuple[str, ...], ...], tuple[
 class Operation:
     """One op of the conformance suite: its signature, oracle, domain and tolerances.
 
-    Only ``name``, ``signature`` and ``oracle`` are required; see the README
-    section "Testing your own op".
+    Only ``name``, ``signature`` and ``oracle`` are required; see
+    docs/your-own-op.md.
 
     Args:
       name: the op's name (``--pallas-impl NAME=...``, the report's key).

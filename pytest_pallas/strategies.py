@@ -58,7 +58,7 @@ PROFILE_EXAMPLES = {"ci": 10, "dev": 10, "thorough": 100}
 
 
 # Shrinking a failure to its smallest input re-runs the kernel hundreds of times: for a broken
-# `sum` kernel, 302 s against 9 s without it (README, Strategies). It changes no verdict, and
+# `sum` kernel, 302 s against 9 s without it (docs/strategies.md). It changes no verdict, and
 # the input found first is shown all the same, so only the nightly profile shrinks.
 _FAST_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
 

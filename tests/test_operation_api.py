@@ -1,6 +1,6 @@
 """Your own op through the public API only: ``Operation`` and ``conformance_tests``.
 
-The README's RMSNorm example runs as written and gets every property; its
+The RMSNorm example of docs/your-own-op.md runs as written and gets every property; its
 seeded bugs (an uninitialised accumulator, a wrong epsilon, a dropped weight)
 fail the property that should catch them, with the suite's messages,
 reproduce lines and report rows; an op with ``params`` and an ``inputs``
@@ -19,15 +19,13 @@ import pytest
 from pytest_pallas import Operation, operations
 from pytest_pallas.operation import OperationError
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+GUIDE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "your-own-op.md"
 PROPERTIES = {"shape_dtype", "finite", "value", "written", "deterministic", "vmap"}
 
 
-def readme_example() -> str:
-    """The first Python block of the README section "Testing your own op"."""
-    text = README.read_text()
-    section = text[text.index("## Testing your own op"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def guide_example() -> str:
+    """The first Python block of the page "Testing your own op"."""
+    return re.search(r"```python\n(.*?)```", GUIDE.read_text(), re.S).group(1)
 
 
 def _report(pytester) -> dict:
@@ -39,8 +37,8 @@ def _run(pytester, *args):
                               "--pallas-seed=0", *args)
 
 
-def test_the_readme_example_gets_every_property(pytester):
-    pytester.makepyfile(test_rms_norm=readme_example())
+def test_the_guides_example_gets_every_property(pytester):
+    pytester.makepyfile(test_rms_norm=guide_example())
     result = _run(pytester)
     output = result.stdout.str()
     assert result.ret == 0, output[-3000:]
@@ -55,7 +53,7 @@ def test_the_readme_example_gets_every_property(pytester):
                                  "my_rms_norm  test_rms_norm:rms_norm  6 *0 *none"])
 
 
-# Bugs of the README kernel, each a module of its own that imports the README's op.
+# Bugs of the guide's kernel, each a module of its own that imports the guide's op.
 _UNINITIALISED = '''
 def buggy(x, w, *, eps):
     """The mean square accumulated in a VMEM scratch that is never zeroed."""
@@ -105,7 +103,7 @@ def _bug_module(body: str) -> str:
     (_DROPPED_WEIGHT, "test_value", "value", "[my_rms_norm: value] Arrays are not close*"),
 ], ids=["uninitialised-accumulator", "wrong-epsilon", "dropped-weight"])
 def test_bugs_of_your_op_fail_the_right_property(pytester, body, test, prop, message):
-    pytester.makepyfile(rms_norm_example=readme_example().replace(
+    pytester.makepyfile(rms_norm_example=guide_example().replace(
         "TestRmsNorm = conformance_tests(RMS_NORM, rms_norm)", ""))
     pytester.makepyfile(test_bug=_bug_module(body))
     result = _run(pytester, "-k", test)
@@ -189,7 +187,7 @@ def test_an_op_with_params_and_an_inputs_builder(pytester):
 
 
 def test_registered_op_is_accepted_by_pallas_impl(pytester):
-    pytester.makepyfile(rms_norm_example=readme_example().replace(
+    pytester.makepyfile(rms_norm_example=guide_example().replace(
         "TestRmsNorm = conformance_tests(RMS_NORM, rms_norm)", ""))
     pytester.makeconftest("""
         def pytest_pallas_operations(config):

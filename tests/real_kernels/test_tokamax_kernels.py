@@ -1,6 +1,6 @@
 """tokamax's Pallas TPU kernels through the plugin's checks (skipped when tokamax is absent).
 
-``tox -e real-kernels`` installs it; see the README's "Real kernels".
+``tox -e real-kernels`` installs it; see docs/real-kernels.md.
 """
 
 import pytest

@@ -98,7 +98,7 @@ def test_copy_is_bit_exact_on_special_values(dtype):
                      # ("Slice sizes along tiled dimensions must be aligned to tiles").
                      marks=pytest.mark.xfail(
                          _LIBTPU, strict=True,
-                         reason="the TPU compile check rejects this kernel (README)")),
+                         reason="the TPU compile check rejects this kernel (docs/hardware.md)")),
     ],
 )
 def test_copy_under_vmap(kernel, dtype):

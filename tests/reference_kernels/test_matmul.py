@@ -69,7 +69,7 @@ ACTIVATIONS = [
     pytest.param(jax.nn.relu, id="relu"),
     pytest.param(jax.nn.gelu, id="gelu-tanh"),
     # Known limit: Pallas TPU does not lower erfc (exact gelu); the TPU compile
-    # check, on with libtpu installed, rejects the kernel (README).
+    # check, on with libtpu installed, rejects the kernel (docs/hardware.md).
     pytest.param(functools.partial(jax.nn.gelu, approximate=False), id="gelu-erf",
                  marks=pytest.mark.xfail(libtpu_version() is not None, strict=True,
                                          reason="erfc is not lowered for the TPU")),
