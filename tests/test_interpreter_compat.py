@@ -33,3 +33,45 @@ def test_a_collective_of_large_blocks_on_eight_devices_ends(pytester, run_pytest
     result = run_pytest("--pallas-interpret=tpu", "--pallas-devices=8", "--pallas-timeout=120",
                         "-p", "no:xdist", timeout=180)
     result.assert_outcomes(passed=1)
+
+
+# Each of 8 devices waits for a remote copy that no device sends: --pallas-timeout must end
+# the collective and fail the test with its message, on every device at once.
+NEVER_SIGNALLED_ON_EIGHT = textwrap.dedent('''
+    import functools
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.sharding import Mesh, PartitionSpec
+
+    def waits_forever(x_ref, o_ref, recv_sem):
+        copy = pltpu.make_async_copy(x_ref, o_ref, recv_sem)
+        copy.wait()  # never started, by this device or another
+
+    def per_device(x):
+        return pl.pallas_call(
+            waits_forever, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )(x)
+
+    @pytest.mark.pallas
+    @pytest.mark.devices(8)
+    def test_stuck_collective():
+        mesh = Mesh(np.array(jax.devices()[:8]), ("ring",))
+        sharded = jax.shard_map(per_device, mesh=mesh, in_specs=PartitionSpec("ring"),
+                                out_specs=PartitionSpec("ring"), check_vma=False)
+        jax.block_until_ready(sharded(jnp.ones((8 * 8, 128), jnp.float32)))
+''')
+
+
+def test_the_timeout_ends_a_stuck_kernel_on_eight_devices(pytester, run_pytest):
+    pytester.makepyfile(test_stuck=NEVER_SIGNALLED_ON_EIGHT)
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-devices=8", "--pallas-timeout=5",
+                        "-p", "no:xdist", timeout=120)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*KernelTimeout: pallas: kernel 'waits_forever at test_stuck.py:*' (in "
+        "test_stuck.py::test_stuck_collective) ran longer than --pallas-timeout=5s and was "
+        "stopped.*"])
