@@ -55,11 +55,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # The ops of conftests first: --pallas-impl and --pallas-ops may name them.
     _register_operations(config)
     parsed = options_module.parse_options(config)
-    if not parsed.tpu:
-        from .compile_check import quiet_libtpu_environment
-
-        # Before anything starts JAX: libtpu's start-up warnings never reach the user.
-        quiet_libtpu_environment()
     scope = config.getini("pallas_scope") or "marked"
     if scope not in ("marked", "all"):
         raise pytest.UsageError(f"ini option pallas_scope={scope!r} must be 'marked' or 'all'.")
@@ -178,6 +173,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     ours = [item for item in items if pallas.uses_pallas(item)]
     if not ours:
         return
+    if not pallas.options.tpu:
+        from .compile_check import quiet_libtpu_environment
+
+        # A Pallas test is going to run: before it starts JAX's backends, keep libtpu's
+        # start-up warnings away. Never at load: a run without Pallas keeps its environment.
+        quiet_libtpu_environment()
     if not pallas.options.tpu and any(
             "pallas_benchmark" in getattr(item, "fixturenames", ()) for item in ours):
         from .benchmarking import request_single_threaded_xla
