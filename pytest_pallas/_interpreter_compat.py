@@ -64,3 +64,66 @@ def interpreter_callbacks_on_host_arrays() -> Iterator[bool]:
         yield True
     finally:
         module.io_callback_impl = original
+
+
+# The public builders of kernels over a mesh, which read JAX's forced interpret mode when
+# they are built and called, in place of the interpret= the kernel passed.
+_MESH_KERNEL_BUILDERS = ("core_map", "kernel")
+
+
+@contextlib.contextmanager
+def own_interpret_params_kept_on_meshes(
+    merge: Any, changed: Any,
+) -> Iterator[bool]:
+    """``pl.core_map`` and ``pl.kernel`` keep a kernel's own ``pltpu.InterpretParams``, as
+    ``_jax_compat.own_interpret_params_kept`` does for ``pallas_call``.
+
+    JAX (0.10 to 0.12) reads ``force_tpu_interpret_mode``'s parameters in place of
+    the ``interpret=`` a ``core_map`` passed, so a kernel that allowed HBM in
+    ``run_scoped`` ("Cannot allocate HBM in run_scoped") or chose its cores lost
+    that under the plugin. Inside the block, such a call is built and traced
+    with ``merge(own, forced)[0]``; ``changed(kernel name, changes)`` hears what
+    the merge changed. Yields False when JAX's builders cannot be wrapped.
+    """
+    try:
+        pallas = _private("jax.experimental.pallas")
+        context = _private("jax._src.config", "pallas_tpu_interpret_mode_context_manager")
+        from jax.experimental.pallas import tpu as pltpu
+    except (JaxInternalsChanged, AttributeError, ImportError):
+        yield False
+        return
+    originals = {name: getattr(pallas, name) for name in _MESH_KERNEL_BUILDERS
+                 if callable(getattr(pallas, name, None))}
+
+    def without_forcing(function: Any, params: Any) -> Any:
+        # What the builder returns (a decorator, a kernel) reads the forced mode again when
+        # called: it runs with the merged parameters alone too.
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with pltpu.force_tpu_interpret_mode(None):
+                result = function(*args, **kwargs)
+            return without_forcing(result, params) if callable(result) else result
+
+        return call
+
+    def keeping(name: str, original: Any) -> Any:
+        @functools.wraps(original)
+        def build(*args: Any, **kwargs: Any) -> Any:
+            own, forced = kwargs.get("interpret"), context.value
+            if not (isinstance(own, pltpu.InterpretParams)
+                    and isinstance(forced, pltpu.InterpretParams)):
+                return original(*args, **kwargs)
+            merged, changes = merge(own, forced)
+            if changes:
+                changed(kwargs.get("name") or f"pl.{name}", changes)
+            return without_forcing(original, merged)(*args, **{**kwargs, "interpret": merged})
+
+        return build
+
+    for name, original in originals.items():
+        setattr(pallas, name, keeping(name, original))
+    try:
+        yield True
+    finally:
+        for name, original in originals.items():
+            setattr(pallas, name, original)

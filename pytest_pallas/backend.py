@@ -96,6 +96,8 @@ class Backend:
             stack.enter_context(_jax_compat.forced_interpreter_when_called())
             stack.enter_context(_jax_compat.own_interpret_params_kept(
                 merge_interpret_params, self.own_params_changed.append_change))
+            stack.enter_context(_interpreter_compat.own_interpret_params_kept_on_meshes(
+                merge_interpret_params, self.own_params_changed.append_change))
             yield self
 
 

@@ -209,6 +209,11 @@ class PallasSession:
                 "barrier); wait on the DMA before reading its buffer, or make the racing grid "
                 "axis 'arbitrary'. The interpreter's log above names the buffers."
             )
+        if not self.options.detect_races:
+            # A race found without --pallas-detect-races was asked for by the kernel's own
+            # InterpretParams(detect_races=True): the test judges it (JAX's own race tests
+            # assert that the detector fires), not the plugin.
+            exits = [dataclasses.replace(state, race_found=False) for state in exits]
         violations = kernel_exit_violations(exits)
         if violations:
             _jax_compat.reset_interpreter_state()

@@ -75,3 +75,82 @@ def test_the_timeout_ends_a_stuck_kernel_on_eight_devices(pytester, run_pytest):
         "*KernelTimeout: pallas: kernel 'waits_forever at test_stuck.py:*' (in "
         "test_stuck.py::test_stuck_collective) ran longer than --pallas-timeout=5s and was "
         "stopped.*"])
+
+
+# A kernel over a TensorCore mesh that allocates HBM in run_scoped, which JAX's TPU
+# interpreter allows only when the kernel's own InterpretParams say so.
+CORE_MAP_WITH_OWN_PARAMS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from pytest_pallas._jax_compat import tensorcore_mesh
+
+    @pytest.mark.pallas
+    def test_hbm_in_run_scoped():
+        mesh = tensorcore_mesh("core", 1)
+
+        @jax.jit
+        def f(x):
+            def inner(refs):
+                x_ref, y_ref = refs
+
+                @pl.core_map(mesh, interpret=pltpu.InterpretParams(
+                    allow_hbm_allocation_in_run_scoped=True))
+                def _():
+                    def copy(hbm):
+                        pltpu.sync_copy(x_ref, hbm)
+                        pltpu.sync_copy(hbm, y_ref)
+
+                    pl.run_scoped(copy, pltpu.HBM(x_ref.shape, x_ref.dtype))
+
+            _, y = pl.run_state(inner)((x, jnp.zeros_like(x)))
+            return y
+
+        np.testing.assert_array_equal(f(jnp.arange(8.0)), np.arange(8.0))
+''')
+
+
+def test_core_map_keeps_its_own_interpret_params(pytester, run_pytest):
+    pytester.makepyfile(test_core_map=CORE_MAP_WITH_OWN_PARAMS)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+
+
+# A kernel that reads a DMA's destination before waiting on it, and a test that asks JAX's
+# race detector (its own detect_races=True) to find that: the race is the test's to judge.
+RACE_THE_TEST_DETECTS_ITSELF = textwrap.dedent('''
+    import dataclasses
+    import jax, jax.numpy as jnp, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpreter
+
+    def reads_before_wait(x_hbm, o_ref, scratch, sem):
+        copy = pltpu.make_async_copy(x_hbm, scratch, sem)
+        copy.start()
+        o_ref[...] = scratch[...]  # the race: the copy may still be writing scratch
+        copy.wait()
+
+    @pytest.mark.pallas
+    def test_jax_detects_the_race():
+        fields = {field.name for field in dataclasses.fields(pltpu.InterpretParams)}
+        params = pltpu.InterpretParams(detect_races=True, **(
+            {"on_race": "warn"} if "on_race" in fields else {}))
+        x = jnp.ones((8, 128), jnp.float32)
+        jax.block_until_ready(pl.pallas_call(
+            reads_before_wait, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            scratch_shapes=[pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA],
+            interpret=params)(x))
+        assert interpreter.races.races_found
+''')
+
+
+def test_a_race_the_test_asked_jax_to_detect_is_the_tests_to_judge(pytester, run_pytest):
+    pytester.makepyfile(test_race=RACE_THE_TEST_DETECTS_ITSELF)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+    # With --pallas-detect-races the run asks for races to be judged: the plugin fails it.
+    judged = run_pytest("--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist")
+    judged.assert_outcomes(failed=1)
+    judged.stdout.fnmatch_lines(["*[[]data-race[]]*"])
