@@ -542,6 +542,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
     benchmark_summary(terminalreporter, config)
     pallas = _session(config)
+    if pallas._backend is not None and not pallas._backend.is_tpu:
+        from .device_skips import summary_lines
+
+        for line in summary_lines(terminalreporter.stats.get("skipped", ()),
+                                  pallas._backend.device_count):
+            terminalreporter.write_line(line, yellow=True)
     compile_line = _compile_summary(pallas)
     if compile_line:
         terminalreporter.write_line(compile_line)
