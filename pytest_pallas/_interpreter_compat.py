@@ -127,3 +127,36 @@ def own_interpret_params_kept_on_meshes(
     finally:
         for name, original in originals.items():
             setattr(pallas, name, original)
+
+
+@contextlib.contextmanager
+def chip_as_abstract_device(device_kind: str, num_cores: int) -> Iterator[bool]:
+    """Inside the block, JAX's "current device" for Pallas is the chip the run stands in for.
+
+    ``pltpu.create_tensorcore_mesh`` and ``pltpu.TensorCoreMesh`` count the
+    TensorCores of ``jax.devices()[0]`` (a CPU device has no ``num_cores``: an
+    ``AttributeError``) unless the abstract mesh in context names a device;
+    ``pltpu.get_tpu_info`` reads the same. This enters an abstract mesh with no
+    axes (so it shards nothing: ``empty`` to every sharding rule) whose
+    ``AbstractDevice`` has ``device_kind`` (the CPU device's kind, which the
+    backend registers as answering for the chip), the chip's ``num_cores`` and
+    platform "cpu" (an explicit ``.lower()`` keeps lowering for the CPU). A mesh
+    the test already entered is left alone. Works the same from jax 0.10 to 0.12;
+    yields False where this JAX has no abstract device.
+    """
+    try:
+        mesh_lib = _private("jax._src.mesh")
+        current = mesh_lib.get_abstract_mesh()
+        if getattr(current, "abstract_device", None) is not None or not current.empty:
+            yield False
+            return
+        device = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
+                                         platform="cpu")
+        context = mesh_lib.use_abstract_mesh(
+            mesh_lib.AbstractMesh((), (), abstract_device=device))
+    except (AttributeError, TypeError) as error:
+        raise JaxInternalsChanged(
+            f"jax._src.mesh has no abstract device of this shape ({error}); pl.kernel and "
+            "TensorCoreMesh cannot see the stand-in chip on this JAX.") from error
+    with context:
+        yield True

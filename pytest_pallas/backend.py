@@ -10,6 +10,7 @@ answer for the chip the run stands in for; on a TPU it changes nothing.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -86,6 +87,13 @@ class Backend:
                 "pltpu.get_tpu_info() answering for the chip on the CPU",
                 lambda: _jax_compat.device_kind_answers_as(self.device_kind,
                                                            lambda: self.tpu_info)))
+            # TensorCoreMesh, pl.kernel and pl.core_map count the chip's TensorCores.
+            stack.enter_context(optional(
+                "the stand-in chip as JAX's abstract device",
+                lambda: _interpreter_compat.chip_as_abstract_device(
+                    self.device_kind, self.tpu_info.num_cores)))
+            token = _ACTIVE_BACKEND.set(self)
+            stack.callback(_ACTIVE_BACKEND.reset, token)
             stack.enter_context(optional(
                 "the TPU interpreter's vmap fix", _jax_compat.vmapped_grid_semantics_fixed))
             # The interpreter's callbacks must not wait on XLA's thread pool (a hang on
@@ -99,6 +107,15 @@ class Backend:
             stack.enter_context(_interpreter_compat.own_interpret_params_kept_on_meshes(
                 merge_interpret_params, self.own_params_changed.append_change))
             yield self
+
+
+_ACTIVE_BACKEND: contextvars.ContextVar[Backend | None] = contextvars.ContextVar(
+    "pallas_active_backend", default=None)
+
+
+def active_backend() -> Backend | None:
+    """The backend of the Pallas test running now (inside ``Backend.activate``), else None."""
+    return _ACTIVE_BACKEND.get()
 
 
 class ParamsChanges(list):

@@ -254,7 +254,8 @@ def test_header_line_only_with_a_pallas_flag(pytester):
     flagged = pytester.runpytest(*NO_CACHE, "--pallas-interpret=tpu", "--pallas-seed=11")
     flagged.assert_outcomes(passed=2)
     flagged.stdout.fnmatch_lines([
-        ("pallas: CPU, tpu interpreter, standing in for TPU v5e; * CPU devices* simulated, for "
+        ("pallas: CPU, tpu interpreter, standing in for TPU v5e (1 TensorCore); * CPU devices* "
+         "simulated, for "
          "multi-device kernels (--pallas-devices=N to change; tests that need an exact count "
          "skip under another); seed 11 (reproduce with --pallas-seed=11); hypothesis profile "
          "pallas-*"),
