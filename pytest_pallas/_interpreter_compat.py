@@ -160,3 +160,54 @@ def chip_as_abstract_device(device_kind: str, num_cores: int) -> Iterator[bool]:
             "TensorCoreMesh cannot see the stand-in chip on this JAX.") from error
     with context:
         yield True
+
+
+def _empty_and_in_bounds(rnge: tuple[Any, ...], shape: tuple[int, ...]) -> bool:
+    """Whether ``rnge`` selects nothing, every start within ``shape`` (an end is in bounds)."""
+    empty = False
+    for index, size in zip(rnge, shape):
+        if isinstance(index, slice):
+            start = 0 if index.start is None else int(index.start)
+            stop = size if index.stop is None else int(index.stop)
+            if start > size:
+                return False
+            empty = empty or stop <= start
+        elif int(index) >= size:
+            return False
+    return empty
+
+
+@contextlib.contextmanager
+def empty_slices_in_bounds() -> Iterator[bool]:
+    """An empty slice that starts at a dimension's end (``x.at[pl.ds(3, 0)]`` of a dimension
+    of 3) reads and writes nothing in JAX's TPU interpreter, as on the chip, instead of
+    raising "entirely out of bounds" (reported as ``[out-of-bounds-access]``).
+
+    Kernels that size the DMA of a no-op tile to zero (tpu-inference's ragged conv1d)
+    start such slices at the end of the array. Yields False where the interpreter's
+    buffers cannot be wrapped.
+    """
+    try:
+        buffer_class = _private(f"{_INTERPRETER_PACKAGE}.shared_memory", "Buffer")
+        original_get, original_set = buffer_class.__getitem__, buffer_class.__setitem__
+        normalize = buffer_class._normalize_range
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+
+    def getitem(self: Any, rnge: Any) -> Any:
+        full = normalize(self, tuple(rnge))
+        if _empty_and_in_bounds(full, tuple(self.shape)):
+            return self.content[full]
+        return original_get(self, rnge)
+
+    def setitem(self: Any, rnge: Any, value: Any) -> None:
+        if _empty_and_in_bounds(normalize(self, tuple(rnge)), tuple(self.shape)):
+            return
+        original_set(self, rnge, value)
+
+    buffer_class.__getitem__, buffer_class.__setitem__ = getitem, setitem
+    try:
+        yield True
+    finally:
+        buffer_class.__getitem__, buffer_class.__setitem__ = original_get, original_set

@@ -99,6 +99,8 @@ class Backend:
             # The interpreter's callbacks must not wait on XLA's thread pool (a hang on
             # 8 simulated devices): see _interpreter_compat.
             stack.enter_context(_interpreter_compat.interpreter_callbacks_on_host_arrays())
+            # An empty slice at a dimension's end is in bounds, as on the chip.
+            stack.enter_context(_interpreter_compat.empty_slices_in_bounds())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
             # A pallas_call built before (at import time) is interpreted too.
             stack.enter_context(_jax_compat.forced_interpreter_when_called())

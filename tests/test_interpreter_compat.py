@@ -154,3 +154,44 @@ def test_a_race_the_test_asked_jax_to_detect_is_the_tests_to_judge(pytester, run
     judged = run_pytest("--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist")
     judged.assert_outcomes(failed=1)
     judged.stdout.fnmatch_lines(["*[[]data-race[]]*"])
+
+
+# The DMAs of a no-op tile sized to zero, as tpu-inference's ragged causal conv1d does: rows
+# [start, start + size) with start = 3, the end of a 3-row input, and size 0, then a real copy
+# on the same semaphore. The chip moves nothing for the first; it is neither an
+# out-of-bounds access nor a DMA left unwaited. The TPU compiler (--pallas-compile, on by
+# default where libtpu is installed) must accept the kernel.
+ZERO_LENGTH_DMAS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def no_op_tile_then_copy(start_ref, x_hbm, o_ref, buf, sem):
+        start = start_ref[0]
+        size = 0  # the no-op tile's: jnp.where(is_no_op, 0, tile) in the kernel it comes from
+        empty = pltpu.make_async_copy(x_hbm.at[pl.ds(start, size)], buf.at[pl.ds(0, size)], sem)
+        whole = pltpu.make_async_copy(x_hbm.at[pl.ds(0, 1)], buf.at[pl.ds(0, 1)], sem)
+        empty.start()
+        whole.start()
+        empty.wait()
+        whole.wait()
+        o_ref[...] = buf[0] * 2
+
+    @pytest.mark.pallas
+    def test_zero_length_dmas():
+        x = jnp.arange(3 * 8 * 128, dtype=jnp.float32).reshape(3, 8, 128)
+        out = pl.pallas_call(
+            no_op_tile_then_copy, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+            scratch_shapes=[pltpu.VMEM((3, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
+        )(jnp.array([3], jnp.int32), x)
+        np.testing.assert_array_equal(out, np.asarray(x[0]) * 2)
+''')
+
+
+def test_a_zero_length_dma_at_the_end_of_an_array_is_no_finding(pytester, run_pytest):
+    pytester.makepyfile(test_zero_length=ZERO_LENGTH_DMAS)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+    if "TPU compiler check for" in result.stdout.str():  # libtpu installed: it compiled
+        result.stdout.fnmatch_lines(["pallas: TPU compiler check: 1 kernel compiles*"])
