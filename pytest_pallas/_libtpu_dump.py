@@ -154,14 +154,19 @@ def _read_bundles(text: str, schedule: Schedule, delay_slots: int) -> None:
              for m in [_EXIT_TEST.search(body)] if m]
     backward = [(address, int(m.group(2))) for address, _, body in bundles
                 for m in [_BRANCH.search(body)] if m
-                and address > (starts[-1] if starts else address)]
+                and address > (starts[0] if starts else address)]
     if not starts or not exits or not backward:
         schedule.notes.append("final-bundles: no grid loop found (no 'LB:' bundle, loop exit "
                               "test or backward branch); one step is the whole kernel")
         schedule.loop_steps = 1
         schedule.loop_start, schedule.loop_end = 0, bundles[-1][0] + 1
     else:
-        schedule.loop_start = starts[-1]
+        # Loops nest: the grid loop opens first and closes (its backward branch,
+        # its exit test) last.
+        schedule.loop_start = starts[0]
+        if len(starts) > 1:
+            schedule.notes.append(f"{len(starts) - 1} loop(s) inside the grid step are counted "
+                                  "once per step, not once per trip: the estimate is low")
         last_branch = backward[-1][0]
         schedule.loop_end = last_branch + 1 + delay_slots
         schedule.loop_steps = max(exits[-1][1] - 2, 1)
