@@ -95,10 +95,10 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
     from .backend import chip_info, chip_timing
 
     timing = chip_timing(chip)
-    calls: list[tuple[dict[str, Any], tuple[Any, ...]]] = []
-    with _jax_compat.observe_pallas_calls(lambda p, a: calls.append((p, a)), with_avals=True):
-        jax.jit(lambda *a: fn(*a, **kwargs)).trace(*args)
-    calls = [(p, a) for p, a in calls
+    # From the traced program, not from observing binds: a kernel inside a jit whose
+    # trace JAX cached binds nothing when traced again.
+    jaxpr = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
+    calls = [(p, a) for p, a, _ in _jax_compat.pallas_call_equations_in(jaxpr)
              if _jax_compat.describe_pallas_call(p).for_tensor_core]
     info = chip_info(chip)
     exported = [_jax_compat.exported_pallas_call(p, a, info) for p, a in calls]
