@@ -10,6 +10,7 @@ answer None rather than fail when the internals are not what they expect.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Any
 
@@ -84,33 +85,48 @@ def when_frequencies(params: dict[str, Any], grid: tuple[int, ...]) -> list[floa
     return frequencies
 
 
-def copied_bytes(params: dict[str, Any]) -> tuple[int | None, int, int, list[str]]:
-    """HBM bytes the pipeline copies over the whole grid; the first step's copy-in; the
-    last step's write-back; notes. None for the total when an index map cannot be followed."""
-    notes: list[str] = []
+@dataclasses.dataclass
+class Copies:
+    """The HBM traffic of a pallas_call's pipeline over its whole grid."""
+
+    total: int | None  # bytes copied in and out; None when an index map cannot be followed
+    first_in: int = 0  # the first step's input blocks (filling the pipeline)
+    last_out: int = 0  # the last step's output blocks (draining it)
+    serial: int = 0  # bytes of single-buffered blocks (pl.Buffered(1)): not overlapped
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def copied_bytes(params: dict[str, Any]) -> Copies:
+    """What Pallas' pipeline copies between HBM and VMEM over the kernel's grid."""
     try:
         info = _jax_compat.describe_pallas_call(params)
     except _jax_compat.JaxInternalsChanged as error:
-        return None, 0, 0, [str(error)]
+        return Copies(None, notes=[str(error)])
     grid = tuple(g or 1 for g in info.grid)
     points = grid_points(grid)
-    total = first = last = 0
+    copies = Copies(0)
     for operand in info.operands:
         if operand.memory_space != "vmem":
             if operand.memory_space in ("any", "hbm"):
-                notes.append(f"{operand.origin} stays in HBM: its manual copies are not counted")
+                copies.notes.append(
+                    f"{operand.origin} stays in HBM: its manual copies are not counted")
             continue
         block = int(np.prod(operand.block_shape)) * np.dtype(operand.dtype).itemsize
         try:
             indices = operand.block_indices(points)
         except Exception as error:  # noqa: BLE001  # data-dependent maps (scalar prefetch)
-            notes.append(f"{operand.origin}: index map not followed ({type(error).__name__})")
-            return None, 0, 0, notes
-        changes = 1 + int(np.any(indices[1:] != indices[:-1], axis=1).sum())
+            copies.notes.append(
+                f"{operand.origin}: index map not followed ({type(error).__name__})")
+            return Copies(None, notes=copies.notes)
+        changes = int(np.any(indices[1:] != indices[:-1], axis=1).sum())
         scale = (int(np.prod(grid)) / len(points)) if len(points) > 1 else 1.0
-        total += int(round(block * (1 + (changes - 1) * scale)))
+        moved = int(round(block * (1 + changes * scale)))
+        copies.total += moved  # type: ignore[operator]
+        if operand.buffer_count == 1 and changes:
+            # One buffer: the next block cannot arrive while this one is in use.
+            copies.serial += moved
         if operand.role == "input":
-            first += block
+            copies.first_in += block
         else:
-            last += block
-    return total, first, last, notes
+            copies.last_out += block
+    return copies

@@ -137,9 +137,11 @@ def _kernel_estimate(name: str, grid: tuple[int, ...], schedule: Any, params: di
 
     notes = list(schedule.notes)
     grid_steps = int(np.prod(grid)) if grid else 1
-    total, first_in, last_out, copy_notes = kernel_grid.copied_bytes(params)
-    notes += copy_notes
-    dma_per_step = None if total is None else total / grid_steps
+    copied = kernel_grid.copied_bytes(params)
+    notes += copied.notes
+    first_in, last_out = copied.first_in, copied.last_out
+    dma_per_step = None if copied.total is None else copied.total / grid_steps
+    serial_per_step = copied.serial / grid_steps
     steps = schedule.loop_steps
     bundles = cp = None
     if schedule.loop_bundles is not None:
@@ -148,10 +150,14 @@ def _kernel_estimate(name: str, grid: tuple[int, ...], schedule: Any, params: di
     seconds = bound = None
     if cp is not None and steps is not None:
         compute = cp / timing.clock_hz
-        copies = 0.0 if not dma_per_step else (
-            timing.dma_latency_seconds + dma_per_step / timing.hbm_bytes_per_second)
-        step = max(compute, copies)
-        if compute >= copies:
+        overlapped = (dma_per_step or 0.0) - serial_per_step
+        copies = 0.0 if not overlapped else (
+            timing.dma_latency_seconds + overlapped / timing.hbm_bytes_per_second)
+        # Single-buffered blocks are copied between steps, not while one computes.
+        serial = 0.0 if not serial_per_step else (
+            timing.dma_latency_seconds + serial_per_step / timing.hbm_bytes_per_second)
+        step = max(compute, copies) + serial
+        if compute >= copies + serial:
             bound = "compute"
         elif (dma_per_step or 0) / timing.hbm_bytes_per_second >= timing.dma_latency_seconds:
             bound = "memory"

@@ -97,10 +97,10 @@ def test_pl_when_regions_are_weighted_by_the_share_of_steps_that_run_them():
     with _jax_compat.observe_pallas_calls(lambda p, a: seen.append(p), with_avals=True):
         jax.jit(functools.partial(guide_matmul, bm=128, bk=128, bn=128)).trace(x, x)
     assert _kernel_grid.when_frequencies(seen[0], (4, 4, 4)) == [0.25, 0.25]
-    total, first, last, notes = _kernel_grid.copied_bytes(seen[0])
+    copies = _kernel_grid.copied_bytes(seen[0])
     block = 128 * 128 * 2
     # x and y change every step (64 copies each), the output once per (i, j): 16.
-    assert (total, first, last, notes) == ((64 + 64 + 16) * block, 2 * block, block, [])
+    assert copies == _kernel_grid.Copies((64 + 64 + 16) * block, 2 * block, block, 0, [])
 
 
 # --- estimate() ----------------------------------------------------------------------
