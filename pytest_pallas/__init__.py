@@ -32,6 +32,7 @@ _PUBLIC = {
     "estimate": "pytest_pallas.schedule_estimate",
     "Estimate": "pytest_pallas.schedule_estimate",
     "EstimateUnavailable": "pytest_pallas.schedule_estimate",
+    "rank_blocks": "pytest_pallas.schedule_estimate",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -72,6 +72,10 @@ class EstimateUnavailable(RuntimeError):
     """estimate() cannot run here (no libtpu, a chip libtpu does not compile for)."""
 
 
+class KernelRejected(EstimateUnavailable):
+    """The TPU compiler (or Mosaic's lowering) rejects the kernel for the chip."""
+
+
 def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: Any) -> Estimate:
     """Estimate ``fn(*args, **kwargs)``'s Pallas kernels on TPU ``chip`` from its schedule.
 
@@ -101,14 +105,22 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
     calls = [(p, a) for p, a, _ in _jax_compat.pallas_call_equations_in(jaxpr)
              if _jax_compat.describe_pallas_call(p).for_tensor_core]
     info = chip_info(chip)
-    exported = [_jax_compat.exported_pallas_call(p, a, info) for p, a in calls]
+    exported = []
+    for params, avals in calls:
+        try:
+            exported.append(_jax_compat.exported_pallas_call(params, avals, info))
+        except Exception as error:  # noqa: BLE001  # Mosaic's lowering rejects the kernel
+            title = _jax_compat.describe_pallas_call(params).title
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            raise KernelRejected(f"kernel {title}: Mosaic cannot lower it for {chip}: "
+                                 f"{first}") from None
     libtpu_seen, schedules = _compile_in_child(exported, chip, timing.branch_delay_slots)
     kernels = []
     for (params, _), schedule in zip(calls, schedules):
         described = _jax_compat.describe_pallas_call(params)
         grid = tuple(g or 1 for g in described.grid)
         if isinstance(schedule, str):
-            raise EstimateUnavailable(f"kernel {described.title}: {schedule}")
+            raise KernelRejected(f"kernel {described.title}: {schedule}")
         kernels.append(_kernel_estimate(described.name, grid, schedule, params, timing,
                                         _kernel_grid))
     return Estimate(chip, libtpu_seen or libtpu, tuple(kernels))
@@ -200,3 +212,45 @@ def _weighted_step(schedule: Any, params: dict[str, Any], grid: tuple[int, ...],
     for block, following in zip(placed, addresses[1:]):
         stall += max(0, block.cycles - (following - block.address)) * weight[block.address - start]
     return bundles, float(bundles + stall), notes
+
+
+# --- Ranking block sizes ------------------------------------------------------------------
+
+#: Estimates within this factor of each other are not told apart (docs/estimate.md, Limits).
+RESOLUTION = 1.05
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockCandidate:
+    """One candidate of :func:`rank_blocks`: its blocks, its estimate or why it has none."""
+
+    blocks: dict[str, Any]
+    seconds: float | None
+    bound: str | None
+    within_resolution_of_best: bool  # the model cannot say it is slower than the best
+    problem: str | None = None  # the compiler's rejection (VMEM, tiling), in one line
+
+
+def rank_blocks(fn: Callable[..., Any], candidates: list[dict[str, Any]], *args: Any,
+                chip: str = "v5e", **kwargs: Any) -> list[BlockCandidate]:
+    """Candidate block sizes of ``fn`` ranked for ``chip`` by :func:`estimate`, fastest first.
+
+    Each candidate is a dict of keyword arguments of ``fn`` (``{"bm": 512, "bk":
+    1024}``). Candidates the TPU compiler rejects come last, with its reason.
+    Within :data:`RESOLUTION` of the fastest, candidates are marked as ties:
+    near the MXU's peak the model cannot separate close configurations.
+    """
+    ranked = []
+    for blocks in candidates:
+        try:
+            est = estimate(fn, *args, chip=chip, **kwargs, **blocks)
+        except KernelRejected as error:
+            ranked.append(BlockCandidate(dict(blocks), None, None, False, str(error)))
+            continue
+        bounds = {k.bound for k in est.kernels}
+        ranked.append(BlockCandidate(dict(blocks), est.seconds, "/".join(sorted(
+            b for b in bounds if b)) or None, False))
+    timed = sorted((c for c in ranked if c.seconds is not None), key=lambda c: c.seconds)
+    best = timed[0].seconds if timed else None
+    return [dataclasses.replace(c, within_resolution_of_best=c.seconds <= best * RESOLUTION)
+            for c in timed] + [c for c in ranked if c.seconds is None]

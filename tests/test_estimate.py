@@ -20,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas import _jax_compat, _kernel_grid, _libtpu_dump, compile_check
 from pytest_pallas.backend import chip_timing
-from pytest_pallas.schedule_estimate import EstimateUnavailable, estimate
+from pytest_pallas.schedule_estimate import EstimateUnavailable, estimate, rank_blocks
 
 DUMP = pathlib.Path(__file__).parent / "data" / "libtpu_dump_matmul_v5e"
 needs_libtpu = pytest.mark.skipif(
@@ -151,3 +151,17 @@ def test_float32_operands_cost_more_than_bfloat16():
     f32 = estimate(kernel, shapes[jnp.float32], shapes[jnp.float32]).kernels[0]
     assert f32.dma_bytes_per_step == 2 * bf16.dma_bytes_per_step
     assert f32.critical_path_per_step > bf16.critical_path_per_step
+
+
+@needs_libtpu
+def test_rank_blocks_orders_candidates_and_puts_rejected_ones_last_with_the_reason():
+    x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+    candidates = [{"bm": 128, "bk": 128, "bn": 128}, {"bm": 100, "bk": 128, "bn": 128},
+                  {"bm": 512, "bk": 512, "bn": 512}]
+    ranked = rank_blocks(guide_matmul, candidates, x, x, chip="v5e")
+    assert [c.blocks["bm"] for c in ranked] == [512, 128, 100]
+    best, small, rejected = ranked
+    assert best.within_resolution_of_best and best.seconds < small.seconds
+    assert not small.within_resolution_of_best
+    # 100 rows: not a multiple of the (8, 128) tile; the compiler's reason is kept.
+    assert rejected.seconds is None and "divisible by 8 and 128" in rejected.problem
