@@ -565,13 +565,13 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     """The rows of the table printed at the end of a benchmark run."""
     from .benchmark_estimate import estimate_cell, estimate_columns
 
-    chips = estimate_columns(records)  # the TPU compiler's estimates, where libtpu made them
-    header = ("kernel", "median", *(f"{chip} est." for chip in chips), "vs XLA",
+    estimated = estimate_columns(records)  # chips with the TPU compiler's estimate
+    header = ("kernel", "median", *(f"{chip} est." for chip in estimated), "vs XLA",
               "fraction of roofline")
     rows = [(
         record["name"],
         format_seconds(record["median"]),
-        *(estimate_cell(record, chip, format_seconds) for chip in chips),
+        *(estimate_cell(record, chip, format_seconds) for chip in estimated),
         format_versus_xla(record.get("speedup_vs_xla")),
         format_roofline(record.get("fraction_of_roofline"), record.get("roofline_bound")),
     ) for record in records]
@@ -586,6 +586,9 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
             "compares with XLA's native CPU code; both mean something only with --pallas-tpu. "
             "Regressions are judged by the ratio to XLA (python -m pytest_pallas.benchmark_gate)."
         )
+    if estimated:
+        lines.append("'<chip> est.': the TPU compiler's schedule of the kernel for that chip as "
+                     "time (libtpu, no TPU; docs/estimate.md); the gate judges it without noise.")
     if any(record.get("xla_threads") == "multi-threaded" for record in records):
         lines.append(
             "XLA ran multi-threaded: JAX had started before the benchmarks were collected, so "

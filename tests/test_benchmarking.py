@@ -156,6 +156,7 @@ def test_the_table_shows_the_tpu_estimate_per_chip_where_one_was_made():
     assert lines[0].split()[:6] == ["kernel", "median", "v5e", "est.", "v6e", "est."]
     assert lines[2].split()[:6] == ["bench_a", "12.3", "ms", "25", "us", "-"]
     assert lines[3].split()[:5] == ["bench_b", "420", "us", "-", "-"]
+    assert any(line.startswith("'<chip> est.': the TPU compiler's schedule") for line in lines)
 
 
 # --- the ratio gate on synthetic files ------------------------------------------------------------
