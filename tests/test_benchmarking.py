@@ -433,7 +433,7 @@ def plot_input(tmp_path):
         {"name": "bench_matmul", "stats": {"median": 1e-3}, "extra_info": {
             **roof, "flops": 1e11, "bytes_accessed": 1e8, "arithmetic_intensity": 1000.0,
             "achieved_flops_per_second": 1e14, "fraction_of_roofline": 0.51,
-            "xla_median": 1.2e-3}},
+            "xla_median": 1.2e-3, "tpu_estimate": {"v5e": {"seconds": 6e-4}}}},
         {"name": "bench_copy", "stats": {"median": 1e-3}, "extra_info": {
             **roof, "flops": 0, "bytes_accessed": 5e8, "arithmetic_intensity": 0.0,
             "achieved_flops_per_second": 0.0, "achieved_bytes_per_second": 5e11,
@@ -453,6 +453,7 @@ def test_the_roofline_plot_command_writes_the_image(tmp_path):
     assert completed.returncode == 0, completed.stderr
     assert output.read_text().lstrip().startswith(("<?xml", "<svg"))
     assert "bench_matmul" in output.read_text()
+    assert "the TPU compiler's estimate for the chip" in output.read_text()
 
 
 def test_the_roofline_plot_without_matplotlib_says_so_in_one_line(tmp_path):
