@@ -28,6 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 INSTALL = "pip install 'pytest-pallas[tpu]'"
+# A compile of one large kernel takes seconds; a child still busy after this is stuck.
+_CHILD_TIMEOUT_SECONDS = 900
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +136,14 @@ def _compile_in_child(exported: list[Any], chip: str, delay_slots: int) -> tuple
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [root, os.environ.get("PYTHONPATH", "")])), "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-m", "pytest_pallas._estimate_worker"],
-                          input=request, capture_output=True, env=env, check=False)
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest_pallas._estimate_worker"],
+                              input=request, capture_output=True, env=env, check=False,
+                              timeout=_CHILD_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise EstimateUnavailable(
+            f"compiling for {chip} took over {_CHILD_TIMEOUT_SECONDS} s in the schedule reader "
+            "and was stopped; estimate fewer or smaller kernels at a time") from None
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise EstimateUnavailable(f"compiling for {chip} failed in the schedule reader: {tail[0]}")
