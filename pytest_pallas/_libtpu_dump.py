@@ -79,6 +79,7 @@ class Schedule:
     dma_bytes_in_loop: int | None = None  # every copy the loop body issues, taken or not
     spills: int | None = None  # spill stores and fill loads in the loop body
     vmem_bytes: int | None = None
+    custom_call: bool = False  # a Pallas kernel (its entry bundle names a custom-call)
     notes: list[str] = dataclasses.field(default_factory=list)
     # Each instruction's bundle, for placing the critical-path file's blocks.
     addresses: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
@@ -149,6 +150,7 @@ def _read_bundles(text: str, schedule: Schedule, delay_slots: int) -> None:
     if not bundles:
         schedule.notes.append("final-bundles: no bundle lines recognised")
         return
+    schedule.custom_call = "custom-call(" in bundles[0][2]
     starts = [address for address, marker, _ in bundles if marker == "LB:"]
     exits = [(address, int(m.group(1))) for address, _, body in bundles
              for m in [_EXIT_TEST.search(body)] if m]

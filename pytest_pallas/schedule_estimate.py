@@ -189,7 +189,7 @@ def _kernel_estimate(name: str, grid: tuple[int, ...], schedule: Any, params: di
                  if last_out else 0.0)
         seconds = steps * step + fill + drain
     return KernelEstimate(name, grid_steps, bundles, cp, dma_per_step, schedule.spills,
-                          schedule.vmem_bytes, bound, seconds, tuple(notes))
+                          schedule.vmem_bytes, bound, seconds, tuple(dict.fromkeys(notes)))
 
 
 def _weighted_step(schedule: Any, params: dict[str, Any], grid: tuple[int, ...],

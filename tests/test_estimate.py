@@ -62,7 +62,7 @@ def guide_matmul(x, y, *, bm, bk, bn, out_dtype=None):
 
 def test_parser_reads_the_grid_loop_of_a_real_dump():
     schedule = _libtpu_dump.read_kernel_schedules(str(DUMP), delay_slots=4)["matmul.1"]
-    assert schedule.notes == []
+    assert schedule.notes == [] and schedule.custom_call
     assert schedule.loop_steps == 32 ** 3  # "loop exit test" 32770 = steps + 2
     assert schedule.total_bundles == 210
     # LB at 0x10 to the backward sbr.rel at 0xc7, then v5e's 4 delay slots.
