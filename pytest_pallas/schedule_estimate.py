@@ -133,6 +133,8 @@ def _compile_in_child(exported: list[Any], chip: str, delay_slots: int) -> tuple
         return "", []
     request = pickle.dumps({"chip": chip, "delay_slots": delay_slots, "kernels": exported})
     # The child's libtpu must start with the dump flags: a fresh interpreter, this package.
+    # JAX_PLATFORMS=cpu: it compiles for topologies only and must not claim a TPU that this
+    # process may hold.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [root, os.environ.get("PYTHONPATH", "")])), "JAX_PLATFORMS": "cpu"}
