@@ -258,11 +258,13 @@ class ChipTiming:
 
 
 # What JAX's chip table (pltpu.TpuInfo) does not hold. Delay slots: the bundles
-# after each `sbr.rel` in libtpu's final_bundles dumps (libtpu 0.0.42.1 and
-# 0.0.50.1). DMA latency: fitted once, on the two 128-block rows of JAX's
-# published v5e matmul timings (docs/estimate.md); no chip publishes it, so the
-# v5e value stands for every chip.
-_DELAY_SLOTS = {"v4": 4, "v5e": 4, "v5p": 4, "v6e": 4, "7x": 1}
+# between the grid loop's backward `sbr.rel` and the end of the loop's region in
+# libtpu 0.0.42.1's final_bundles dumps (v4: 1; v5e, v5p, v6e: 4). 7x: 1; its
+# dump has 6 empty bundles there, read as padding after the loop (unverified).
+# DMA latency: fitted once, on the two 128-block rows of JAX's published v5e
+# matmul timings (docs/estimate.md); no chip publishes it, so the v5e value
+# stands for every chip.
+_DELAY_SLOTS = {"v4": 1, "v5e": 4, "v5p": 4, "v6e": 4, "7x": 1}
 _DMA_LATENCY_SECONDS = 0.27e-6
 
 
@@ -293,7 +295,8 @@ def chip_timing(chip: str) -> ChipTiming:
             "hbm_bytes_per_second": jax_table,
             "peak_flops_per_second": jax_table,
             "tensorcores": jax_table,
-            "branch_delay_slots": "libtpu's final_bundles dump (bundles after sbr.rel)",
+            "branch_delay_slots": "libtpu's final_bundles dump (bundles after the loop's "
+                                  "sbr.rel inside its region; 7x unverified)",
             "dma_latency_seconds": "fitted on JAX's published v5e matmul timings "
                                    "(docs/estimate.md)",
         },
