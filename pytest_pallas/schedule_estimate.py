@@ -104,13 +104,23 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
     # From the traced program, not from observing binds: a kernel inside a jit whose
     # trace JAX cached binds nothing when traced again.
     jaxpr = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
-    calls = [(p, a) for p, a, _ in _jax_compat.pallas_call_equations_in(jaxpr)
-             if _jax_compat.describe_pallas_call(p).for_tensor_core]
+    calls = []
+    for params, avals, mesh_axes in _jax_compat.pallas_call_equations_in(jaxpr):
+        if not _jax_compat.describe_pallas_call(params).for_tensor_core:
+            continue
+        if mesh_axes and _jax_compat.pallas_call_communicates(params):
+            title = _jax_compat.describe_pallas_call(params).title
+            raise EstimateUnavailable(
+                f"kernel {title} copies between devices inside shard_map; estimate() reads "
+                "single-device schedules only: estimate it without the remote copies")
+        calls.append((params, avals))
     info = chip_info(chip)
     exported = []
     for params, avals in calls:
         try:
             exported.append(_jax_compat.exported_pallas_call(params, avals, info))
+        except _jax_compat.JaxInternalsChanged:
+            raise
         except Exception as error:  # noqa: BLE001  # Mosaic's lowering rejects the kernel
             title = _jax_compat.describe_pallas_call(params).title
             first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]

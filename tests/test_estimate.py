@@ -169,3 +169,19 @@ def test_rank_blocks_orders_candidates_and_puts_rejected_ones_last_with_the_reas
     assert not small.within_resolution_of_best
     # 100 rows: not a multiple of the (8, 128) tile; the compiler's reason is kept.
     assert rejected.seconds is None and "divisible by 8 and 128" in rejected.problem
+
+
+@needs_libtpu
+def test_a_kernel_copying_between_devices_is_a_one_line_error_not_a_crash():
+    import numpy as np
+    from jax.sharding import Mesh, PartitionSpec
+
+    from pytest_pallas.reference_kernels.collectives import ppermute
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("ring",))
+    body = functools.partial(ppermute, axis_name="ring", shift=1)
+    ring = jax.shard_map(body, mesh=mesh, in_specs=PartitionSpec("ring"),
+                         out_specs=PartitionSpec("ring"), check_vma=False)
+    x = jax.ShapeDtypeStruct((16, 128), jnp.float32)
+    with pytest.raises(EstimateUnavailable, match="copies between devices inside shard_map"):
+        estimate(ring, x, chip="v5e")
