@@ -29,6 +29,10 @@ _PUBLIC = {
     "Operation": "pytest_pallas.operation",
     "conformance_tests": "pytest_pallas.conformance_suite",
     "operations": "pytest_pallas.operations",
+    "estimate": "pytest_pallas.schedule_estimate",
+    "Estimate": "pytest_pallas.schedule_estimate",
+    "EstimateUnavailable": "pytest_pallas.schedule_estimate",
+    "rank_blocks": "pytest_pallas.schedule_estimate",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -1410,3 +1410,28 @@ def pallas_call_equations_in(
         for value in equation.params.values():
             for sub in _sub_jaxprs(value):
                 yield from pallas_call_equations_in(sub, axes)
+
+
+def exported_pallas_call(params: dict[str, Any], avals: Sequence[Any], tpu_info: Any) -> Any:
+    """One traced pallas_call, lowered for the TPU with ``jax.export``, ready to pickle.
+
+    Lowering needs no TPU; ``pltpu.get_tpu_info()`` answers for the chip meanwhile.
+    An ``Exported`` holds a local function (``_get_vjp``, for differentiation,
+    which the schedule does not need) that pickle refuses; it is dropped.
+    """
+    import jax
+    from jax import export
+    from jax.experimental.pallas import tpu as pltpu
+
+    def call(*args: Any) -> Any:
+        return bind_pallas_call(params, *args)
+
+    shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in avals]
+    host_kind = jax.devices()[0].device_kind
+    with (outside_current_trace(), suspend_pallas_call_observers(),
+          pltpu.force_tpu_interpret_mode(None),
+          device_kind_answers_as(host_kind, lambda: tpu_info)):
+        exported = export.export(jax.jit(call), platforms=["tpu"])(*shapes)
+    if dataclasses.is_dataclass(exported) and hasattr(exported, "_get_vjp"):
+        exported = dataclasses.replace(exported, _get_vjp=None)
+    return exported

@@ -259,3 +259,69 @@ def request_cpu_devices(count: int, environ) -> str:
 
     jax.config.update("jax_num_cpu_devices", count)
     return f"{count} CPU devices"
+
+
+# --- What the TPU compiler's schedule needs to become seconds --------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipTiming:
+    """The constants ``pytest_pallas.estimate`` turns a chip's schedule into time with.
+
+    One row per chip, each number with where it comes from (``sources``).
+    """
+
+    chip: str
+    clock_hz: float
+    hbm_bytes_per_second: float  # per TensorCore
+    peak_flops_per_second: float  # bfloat16, per TensorCore
+    tensorcores: int  # behind one JAX device (megacore: 2)
+    branch_delay_slots: int
+    dma_latency_seconds: float  # issue to completion of one step's copies, beyond bytes / bandwidth
+    sources: dict[str, str]
+
+
+# What JAX's chip table (pltpu.TpuInfo) does not hold. Delay slots: the bundles
+# between the grid loop's backward `sbr.rel` and the end of the loop's region in
+# libtpu 0.0.42.1's final_bundles dumps (v4: 1; v5e, v5p, v6e: 4). 7x: 1; its
+# dump has 6 empty bundles there, read as padding after the loop (unverified).
+# DMA latency: fitted once, on the two 128-block rows of JAX's published v5e
+# matmul timings (docs/estimate.md); no chip publishes it, so the v5e value
+# stands for every chip.
+_DELAY_SLOTS = {"v4": 1, "v5e": 4, "v5p": 4, "v6e": 4, "7x": 1}
+_DMA_LATENCY_SECONDS = 0.27e-6
+
+
+def chip_timing(chip: str) -> ChipTiming:
+    """The :class:`ChipTiming` row of a chip the TPU compiler compiles for (``v5e``, ...).
+
+        >>> round(chip_timing("v5e").clock_hz / 1e9, 2)
+        1.5
+    """
+    if chip not in _DELAY_SLOTS:
+        raise ValueError(f"no schedule timing for chip {chip!r}; known: {', '.join(_DELAY_SLOTS)}")
+    info = chip_info(chip)
+    macs_per_cycle = info.num_mxus * info.mxu_column_size ** 2
+    peak = float(info.bf16_ops_per_second)
+    jax_table = "JAX's chip table, pltpu.get_tpu_info_for_chip"
+    return ChipTiming(
+        chip=chip,
+        # Each MXU finishes mxu_column_size^2 multiply-adds (2 FLOPs each) per cycle.
+        clock_hz=peak / (2 * macs_per_cycle),
+        hbm_bytes_per_second=float(info.mem_bw_bytes_per_second),
+        peak_flops_per_second=peak,
+        tensorcores=int(info.num_cores),
+        branch_delay_slots=_DELAY_SLOTS[chip],
+        dma_latency_seconds=_DMA_LATENCY_SECONDS,
+        sources={
+            "clock_hz": f"derived: bf16 FLOP/s / (2 x {info.num_mxus} MXUs x "
+                        f"{info.mxu_column_size}^2), all from {jax_table}",
+            "hbm_bytes_per_second": jax_table,
+            "peak_flops_per_second": jax_table,
+            "tensorcores": jax_table,
+            "branch_delay_slots": "libtpu's final_bundles dump (bundles after the loop's "
+                                  "sbr.rel inside its region; 7x unverified)",
+            "dma_latency_seconds": "fitted on JAX's published v5e matmul timings "
+                                   "(docs/estimate.md)",
+        },
+    )

@@ -37,6 +37,10 @@ pytest-benchmark's own ``--benchmark-compare``/``--benchmark-compare-fail``
 compare absolute times, which is right on a dedicated machine and raises false
 alarms on shared runners; this gate is for the latter.
 
+Where the runs had libtpu, each benchmark also carries the TPU compiler's
+estimate per chip (``extra_info["tpu_estimate"]``); ``estimate_gate`` judges
+those without noise when the jax and libtpu versions match (``--max-estimate-change``).
+
 Exit status: 0 no regression, 1 a regression (or, with ``--fail-on-missing``, a
 baseline benchmark absent from the current run), 2 unusable input (unreadable
 file, no benchmark with an XLA time in common).
@@ -51,6 +55,8 @@ import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from . import estimate_gate
 
 DEFAULT_MAX_SLOWDOWN = 1.5
 DEFAULT_STATISTIC = "both"
@@ -259,6 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"regression must show in both (default {DEFAULT_STATISTIC})")
     parser.add_argument("--fail-on-missing", action="store_true",
                         help="also fail when a baseline benchmark is absent from the current run")
+    parser.add_argument("--max-estimate-change", type=float,
+                        default=estimate_gate.DEFAULT_MAX_CHANGE, metavar="FACTOR",
+                        help="largest allowed growth of a TPU-compiler estimate metric (seconds, "
+                        "cycles, HBM bytes, spills), judged when jax and libtpu match "
+                        f"(default {estimate_gate.DEFAULT_MAX_CHANGE})")
     options = parser.parse_args(argv)
     if options.max_slowdown <= 1:
         parser.error(f"--max-slowdown must be above 1, got {options.max_slowdown:g}")
@@ -271,7 +282,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdicts = judge(baseline, current, options.max_slowdown, options.statistic)
     for line in report_lines(verdicts, options.max_slowdown):
         print(line)
-    if not any(v.status in ("ok", "regressed", "improved") for v in verdicts):
+    # The TPU compiler's estimates (deterministic): the newest baseline file's against these.
+    regressions, compared, notes = estimate_gate.judge_estimates(
+        estimate_gate.estimates_of(options.baseline[-1]),
+        estimate_gate.estimates_of(options.current), options.max_estimate_change)
+    for line in estimate_gate.report(regressions, compared, notes, options.max_estimate_change):
+        print(line)
+    if regressions:
+        return 1
+    if not compared and not notes and not any(
+            v.status in ("ok", "regressed", "improved") for v in verdicts):
         print("benchmark gate: no benchmark with an XLA time is in both files; nothing was "
               "judged (were both runs made with pallas_benchmark, on the same sizes?)",
               file=sys.stderr)

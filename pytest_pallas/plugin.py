@@ -656,7 +656,8 @@ def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
 
     pallas = _session(request.config)
     return PallasBenchmark.for_test(request, benchmark, pallas.item_backend(request.node),
-                                    pallas.key_seed(request.node.nodeid))
+                                    pallas.key_seed(request.node.nodeid),
+                                    estimate_chips=pallas.options.compile_chips)
 
 
 @pytest.fixture

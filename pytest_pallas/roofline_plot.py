@@ -6,7 +6,9 @@ Log-log axes: arithmetic intensity (FLOPs per HBM byte, from each op's cost
 model) against achieved FLOP/s. The chip's roofline is drawn as
 ``min(peak FLOP/s, intensity x peak bytes/s)``; each kernel is a filled dot,
 the XLA version timed in the same run an open circle at the same intensity,
-joined to it by a thin line. Kernels that do no arithmetic (copies,
+joined to it by a thin line; where the run had libtpu, an open diamond places
+the kernel by the TPU compiler's estimate for the chip (``tpu_estimate``),
+joined by a dashed line. Kernels that do no arithmetic (copies,
 collectives) have no place on these axes and are listed under the plot with
 their fraction of the bandwidth roof. The format follows the output's suffix
 (``.svg``, ``.png``, ``.pdf``).
@@ -86,6 +88,14 @@ def draw(points: list[dict[str, Any]], output: str, *, title: str | None = None)
             axes.scatter([x], [y_xla], facecolors="none", edgecolors=color, marker=marker,
                          s=45, zorder=3)
             axes.plot([x, x], [y, y_xla], color=color, linewidth=0.8, alpha=0.6)
+        estimated = _estimated_seconds(point)
+        if estimated:
+            # Where the TPU compiler's schedule puts the kernel on the chip this roof is for.
+            y_est = point["flops"] / estimated
+            axes.scatter([x], [y_est], facecolors="none", edgecolors=color, marker="d",
+                         s=60, zorder=3)
+            axes.plot([x, x], [y, y_est], color=color, linewidth=0.8, alpha=0.6,
+                      linestyle="dashed")
 
     axes.set_xlabel("arithmetic intensity (FLOPs per HBM byte, from the cost model)")
     axes.set_ylabel("achieved FLOP/s (median time)")
@@ -99,6 +109,10 @@ def draw(points: list[dict[str, Any]], output: str, *, title: str | None = None)
     handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="none",
                           markeredgecolor="gray"))
     labels.append("open: the XLA version")
+    if any(_estimated_seconds(p) for p in plotted):
+        handles.append(Line2D([], [], linestyle="none", marker="d", markerfacecolor="none",
+                              markeredgecolor="gray"))
+        labels.append("open diamond: the TPU compiler's estimate for the chip")
     axes.legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
     if no_flops:
         lines = ["no arithmetic (bandwidth only):"] + [
@@ -109,6 +123,12 @@ def draw(points: list[dict[str, Any]], output: str, *, title: str | None = None)
         bottom = 0.03 + 0.03 * len(lines)
         figure.get_layout_engine().set(rect=(0, bottom, 1, 1 - bottom))
     figure.savefig(output)
+
+
+def _estimated_seconds(point: dict[str, Any]) -> float | None:
+    """The kernel's estimated time on the chip its roof is drawn for (``tpu_estimate``)."""
+    entry = (point.get("tpu_estimate") or {}).get(point.get("chip")) or {}
+    return entry.get("seconds")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from pytest_pallas import benchmark_gate
+from pytest_pallas import benchmark_gate, compile_check
 from pytest_pallas.benchmarking import (
     Roofline,
     performance_facts,
@@ -144,6 +144,19 @@ def test_the_table_says_what_vs_xla_and_roofline_mean():
     assert "420 us" in lines[3] and "1.50x faster" in lines[3] and "######...." in lines[3]
     assert "62.0% (compute)" in lines[3]
     assert "interpreted on the CPU" in lines[-1]
+
+
+def test_the_table_shows_the_tpu_estimate_per_chip_where_one_was_made():
+    records = [
+        {"name": "bench_a", "median": 0.0123, "speedup_vs_xla": 0.05, "chip": "v5e",
+         "tpu_estimate": {"v5e": {"seconds": 2.5e-5}, "v6e": {"error": "rejected"}}},
+        {"name": "bench_b", "median": 4.2e-4, "speedup_vs_xla": 1.5, "chip": "v5e"},
+    ]
+    lines = summary_lines(records)
+    assert lines[0].split()[:6] == ["kernel", "median", "v5e", "est.", "v6e", "est."]
+    assert lines[2].split()[:6] == ["bench_a", "12.3", "ms", "25", "us", "-"]
+    assert lines[3].split()[:5] == ["bench_b", "420", "us", "-", "-"]
+    assert any(line.startswith("'<chip> est.': the TPU compiler's schedule") for line in lines)
 
 
 # --- the ratio gate on synthetic files ------------------------------------------------------------
@@ -301,6 +314,17 @@ def test_a_benchmark_records_what_the_issue_asks_for(softmax_runs):
     assert "pallas benchmarks" in stdout
     assert any(line.startswith("bench_softmax[reference]") and "slower" in line
                for line in stdout.splitlines())
+    # With libtpu, the TPU compiler's estimate for the run's chip, beside the CPU time.
+    if compile_check.libtpu_version() is None:
+        assert "tpu_estimate" not in info
+        return
+    estimate = info["tpu_estimate"]["v5e"]
+    assert estimate["libtpu"] == compile_check.libtpu_version() and estimate["chip"] == "v5e"
+    [kernel] = estimate["kernels"]
+    assert kernel["grid_steps"] >= 1 and kernel["bound"] in ("compute", "memory", "overhead")
+    assert estimate["seconds"] == kernel["seconds"] > 0
+    header = next(line for line in stdout.splitlines() if line.startswith("kernel "))
+    assert "v5e est." in header
 
 
 def test_unchanged_code_passes_the_gate_and_an_8x_slower_kernel_fails_it(softmax_runs):
@@ -409,7 +433,7 @@ def plot_input(tmp_path):
         {"name": "bench_matmul", "stats": {"median": 1e-3}, "extra_info": {
             **roof, "flops": 1e11, "bytes_accessed": 1e8, "arithmetic_intensity": 1000.0,
             "achieved_flops_per_second": 1e14, "fraction_of_roofline": 0.51,
-            "xla_median": 1.2e-3}},
+            "xla_median": 1.2e-3, "tpu_estimate": {"v5e": {"seconds": 6e-4}}}},
         {"name": "bench_copy", "stats": {"median": 1e-3}, "extra_info": {
             **roof, "flops": 0, "bytes_accessed": 5e8, "arithmetic_intensity": 0.0,
             "achieved_flops_per_second": 0.0, "achieved_bytes_per_second": 5e11,
@@ -429,6 +453,7 @@ def test_the_roofline_plot_command_writes_the_image(tmp_path):
     assert completed.returncode == 0, completed.stderr
     assert output.read_text().lstrip().startswith(("<?xml", "<svg"))
     assert "bench_matmul" in output.read_text()
+    assert "the TPU compiler's estimate for the chip" in output.read_text()
 
 
 def test_the_roofline_plot_without_matplotlib_says_so_in_one_line(tmp_path):

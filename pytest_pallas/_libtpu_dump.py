@@ -1,0 +1,241 @@
+"""Reading libtpu's schedule dumps of one Pallas kernel (an undocumented, internal format).
+
+With ``LIBTPU_INIT_ARGS="--xla_jf_dump_to=DIR --xla_mosaic_dump_to=DIR"`` the TPU
+compiler writes, per compiled ``tpu_custom_call`` (the kernel's HLO name, e.g.
+``call.1``), among many files:
+
+``*-<name>-NN-final_bundles.txt``
+    the VLIW bundles as the chip runs them, one per line (``0x10 LB: > { ... }``).
+    The grid loop runs from the bundle marked ``LB:`` to the backward
+    ``sbr.rel``, then its branch delay slots; ``scmp.ge ... N /* loop exit test */``
+    holds the loop's trip count, the grid steps this core runs + 2 (the pipeline's
+    prologue and epilogue iterations). A forward ``sbr.rel ... target = $regionN``
+    skips a predicated region (a ``pl.when`` body, a copy the pipeline does only
+    when a block index changes) up to the bundle that opens ``regionN``.
+``*-<name>-NN-critical-path.txt``
+    per basic block, ``Length to end:`` of each instruction on its critical path,
+    in cycles: the MXU's result pops stall, so a matmul block's critical path
+    exceeds its bundle count.
+``*-<name>-NN-schedule-analysis_final_bundles.txt``
+    ``total scheduled bundles``.
+``*-<name>-NN-post-delay-converter.txt`` (or another late LLO file)
+    the kernel's allocations, ``space=vmem ... size = 0x...``, ``scoped``.
+
+Everything here is libtpu-internal: :func:`read_kernel_schedules` never raises on
+a format it does not know. A metric it cannot read is None and
+:attr:`Schedule.notes` says why in one line each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+#: Bytes of one DMA granule (``size_in_granules=``): a (128, 128) bfloat16 block is 1024.
+DMA_GRANULE_BYTES = 32
+
+_BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(LB:|LH:|LE:|PB:|PF:|CT:)?\s*:?\s*(>?)\s*\{(.*)$")
+_BRANCH = re.compile(r"sbr\.rel\s*(\([^)]*\))?\s*target = \$region(\d+)")
+_EXIT_TEST = re.compile(r"scmp\.ge\.s32\.totalorder %\w+, (\d+) /\* loop exit test \*/")
+_DMA_SIZE = re.compile(r"dma\.(hbm_to_vmem|vmem_to_hbm)\b.*?/\*size_in_granules=\*/(\d+)")
+_SPILL = re.compile(r"\b(sst|sld|vst|vld)\b[^;{}]*_spill\]")
+_DEFINED = re.compile(r"%([a-z]?)(\d+)(?:_[a-z]+\d+)? = ")
+_CP_BLOCK = re.compile(r"^New basic block in region: region(\d+) \{[^}]*parent=(\d+)")
+_CP_LENGTH = re.compile(r"^\s*Length to end: (\d+), %([a-z]?)(\d+)")
+_TOTAL = re.compile(r"total scheduled bundles:\s*(\d+)")
+_VMEM_ALLOC = re.compile(r"space=vmem, size = (0x[0-9a-f]+)[^\n]*\bscoped\b")
+
+_NOT_KERNELS = ("TLP", "<late-")  # the program around the kernels, libtpu's own code
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """A predicated region of the grid loop: bundles ``[start, end)`` run only when taken."""
+
+    start: int
+    end: int
+    has_dma: bool  # the pipeline's own copy-or-not regions (and the epilogue skip)
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One basic block of the critical-path file: where it starts and its length in cycles."""
+
+    address: int | None  # its first instruction's bundle, None when not found
+    cycles: int
+
+
+@dataclasses.dataclass
+class Schedule:
+    """What the dump of one kernel says; None where it could not be read (see ``notes``)."""
+
+    total_bundles: int | None = None
+    loop_steps: int | None = None  # grid steps this core runs (the loop's trip count - 2)
+    loop_start: int | None = None
+    loop_end: int | None = None  # one past the last delay slot
+    regions: list[Region] = dataclasses.field(default_factory=list)
+    blocks: list[Block] = dataclasses.field(default_factory=list)
+    dma_bytes_in_loop: int | None = None  # every copy the loop body issues, taken or not
+    spills: int | None = None  # spill stores and fill loads in the loop body
+    vmem_bytes: int | None = None
+    custom_call: bool = False  # a Pallas kernel (its entry bundle names a custom-call)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    # Each instruction's bundle, for placing the critical-path file's blocks.
+    addresses: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def loop_bundles(self) -> int | None:
+        if self.loop_start is None or self.loop_end is None:
+            return None
+        return self.loop_end - self.loop_start
+
+
+def kernel_files(directory: str) -> dict[str, dict[str, str]]:
+    """Per kernel name, its dump files by kind (``final_bundles``, ``critical_path``, ...)."""
+    found: dict[str, dict[str, str]] = {}
+    pattern = re.compile(r"^\d+-(.+)-(\d+)-(final_bundles|critical-path|"
+                         r"schedule-analysis_final_bundles|post-delay-converter)\.txt$")
+    for name in sorted(os.listdir(directory)):
+        match = pattern.match(name)
+        if not match or match.group(1).startswith(_NOT_KERNELS):
+            continue
+        kind = match.group(3).replace("-", "_")
+        found.setdefault(match.group(1), {})[kind] = os.path.join(directory, name)
+    return found
+
+
+def read_kernel_schedules(directory: str, delay_slots: int) -> dict[str, Schedule]:
+    """Every kernel's :class:`Schedule` in a dump directory (empty when there is none)."""
+    schedules = {}
+    for kernel, files in kernel_files(directory).items():
+        texts = {}
+        for kind, path in files.items():
+            try:
+                with open(path, errors="replace") as handle:
+                    texts[kind] = handle.read()
+            except OSError:
+                continue
+        schedules[kernel] = parse_schedule(texts, delay_slots)
+    return schedules
+
+
+def parse_schedule(texts: dict[str, str], delay_slots: int) -> Schedule:
+    """A :class:`Schedule` from a kernel's dump texts by kind; never raises."""
+    schedule = Schedule()
+    steps = (("final_bundles", _read_bundles), ("critical_path", _read_critical_path),
+             ("schedule_analysis_final_bundles", _read_total),
+             ("post_delay_converter", _read_vmem))
+    for kind, read in steps:
+        text = texts.get(kind)
+        if text is None:
+            schedule.notes.append(f"libtpu wrote no {kind.replace('_', '-')} file")
+            continue
+        try:
+            read(text, schedule, delay_slots)
+        except Exception as error:  # noqa: BLE001  # an unknown format is a note, never a failure
+            schedule.notes.append(f"{kind.replace('_', '-')}: format not understood ({error})")
+    return schedule
+
+
+def _read_bundles(text: str, schedule: Schedule, delay_slots: int) -> None:
+    bundles: list[tuple[int, str, str]] = []  # (address, marker, text)
+    for line in text.splitlines():
+        match = _BUNDLE.match(line)
+        if match:
+            bundles.append((int(match.group(1), 0), match.group(2) or "", match.group(4)))
+        elif bundles:  # a bundle's comment may run over several lines
+            address, marker, body = bundles[-1]
+            bundles[-1] = (address, marker, body + "\n" + line)
+    if not bundles:
+        schedule.notes.append("final-bundles: no bundle lines recognised")
+        return
+    schedule.custom_call = "custom-call(" in bundles[0][2]
+    starts = [address for address, marker, _ in bundles if marker == "LB:"]
+    exits = [(address, int(m.group(1))) for address, _, body in bundles
+             for m in [_EXIT_TEST.search(body)] if m]
+    backward = [(address, int(m.group(2))) for address, _, body in bundles
+                for m in [_BRANCH.search(body)] if m
+                and address > (starts[0] if starts else address)]
+    if not starts or not exits or not backward:
+        schedule.notes.append("final-bundles: no grid loop found (no 'LB:' bundle, loop exit "
+                              "test or backward branch); one step is the whole kernel")
+        schedule.loop_steps = 1
+        schedule.loop_start, schedule.loop_end = 0, bundles[-1][0] + 1
+    else:
+        # Loops nest: the grid loop opens first and closes (its backward branch,
+        # its exit test) last.
+        schedule.loop_start = starts[0]
+        if len(starts) > 1:
+            schedule.notes.append(f"{len(starts) - 1} loop(s) inside the grid step are counted "
+                                  "once per step, not once per trip: the estimate is low")
+        last_branch = backward[-1][0]
+        schedule.loop_end = last_branch + 1 + delay_slots
+        schedule.loop_steps = max(exits[-1][1] - 2, 1)
+    loop_start, loop_end = schedule.loop_start, schedule.loop_end
+    in_loop = [(a, m, b) for a, m, b in bundles if loop_start <= a < loop_end]
+    # Forward branches inside the loop: the region up to the bundle opening the target.
+    for index, (address, _, body) in enumerate(in_loop):
+        match = _BRANCH.search(body)
+        if not match:
+            continue
+        opens = re.compile(rf"\bregion {match.group(2)}\b|\$?region{match.group(2)}\b")
+        target = next((a for a, marker, later in in_loop[index + 1:]
+                       if marker == "PF:" and opens.search(later.split("/*", 1)[-1])), None)
+        if target is None:
+            continue  # the backward branch, or a target outside the loop
+        start = address + 1 + delay_slots
+        if target <= start:
+            continue
+        has_dma = any("dma." in later for a, _, later in in_loop if start <= a < target)
+        schedule.regions.append(Region(start, target, has_dma))
+    granules = 0
+    for _, _, body in in_loop:
+        for instruction in body.split(";;"):
+            if "shalt" in instruction:  # a bounds check quoting the copy it guards
+                continue
+            granules += sum(int(m.group(2)) for m in _DMA_SIZE.finditer(instruction))
+    schedule.dma_bytes_in_loop = granules * DMA_GRANULE_BYTES
+    schedule.spills = sum(len(_SPILL.findall(body)) for _, _, body in in_loop)
+    for address, _, body in bundles:
+        for m in _DEFINED.finditer(body):
+            schedule.addresses.setdefault(m.group(2), address)
+
+
+def _read_critical_path(text: str, schedule: Schedule, delay_slots: int) -> None:
+    addresses = schedule.addresses
+    block: list[tuple[int, str]] | None = None
+    blocks: list[list[tuple[int, str]]] = []
+    for line in text.splitlines():
+        if _CP_BLOCK.match(line):
+            block = []
+            blocks.append(block)
+            continue
+        length = _CP_LENGTH.match(line)
+        if length and block is not None:
+            block.append((int(length.group(1)), length.group(3)))
+    for lengths in blocks:
+        if not lengths:
+            continue
+        # The block starts at the earliest bundle of any instruction on its path
+        # (the first may have been folded into another by the scheduler).
+        found = [addresses[i] for _, i in lengths if i in addresses]
+        schedule.blocks.append(Block(min(found) if found else None, lengths[0][0]))
+    if not schedule.blocks:
+        schedule.notes.append("critical-path: no 'Length to end' blocks recognised")
+
+
+def _read_total(text: str, schedule: Schedule, delay_slots: int) -> None:
+    match = _TOTAL.search(text)
+    if match:
+        schedule.total_bundles = int(match.group(1))
+    else:
+        schedule.notes.append("schedule-analysis: no 'total scheduled bundles' line")
+
+
+def _read_vmem(text: str, schedule: Schedule, delay_slots: int) -> None:
+    sizes = [int(m.group(1), 16) for m in _VMEM_ALLOC.finditer(text)]
+    if sizes:
+        schedule.vmem_bytes = sum(sizes)
+    else:
+        schedule.notes.append("post-delay-converter: no scoped VMEM allocation lines")
