@@ -195,3 +195,43 @@ def test_a_zero_length_dma_at_the_end_of_an_array_is_no_finding(pytester, run_py
     result.assert_outcomes(passed=1)
     if "TPU compiler check for" in result.stdout.str():  # libtpu installed: it compiled
         result.stdout.fnmatch_lines(["pallas: TPU compiler check: 1 kernel compiles*"])
+
+
+# Loads and a DMA from ref.reshape(...) and ref.bitcast(...) views, as JAX's ragged paged
+# attention reads its KV buffer; the TPU interpreter stopped at them ("'ReshapeTransform'
+# object has no attribute 'indices'"). The expected values follow JAX's state discharge: a
+# bitcast from 16 to 32 bits packs rows 2i (low half) and 2i + 1 (high half).
+RESHAPED_AND_BITCAST_REFS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def views(x_hbm, rows_ref, words_ref, buf, sem):
+        copy = pltpu.make_async_copy(x_hbm.reshape(2, 8, 128), buf, sem)
+        copy.start()
+        copy.wait()
+        rows_ref[...] = buf.reshape(16, 128)[pl.ds(4, 8)]
+        words_ref[...] = buf.reshape(16, 128).bitcast(jnp.uint32)[...]
+
+    @pytest.mark.pallas
+    def test_views():
+        x = (jnp.arange(16 * 128, dtype=jnp.float32) / 7).astype(jnp.bfloat16).reshape(16, 128)
+        rows, words = pl.pallas_call(
+            views,
+            out_shape=(jax.ShapeDtypeStruct((8, 128), jnp.bfloat16),
+                       jax.ShapeDtypeStruct((8, 128), jnp.uint32)),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            scratch_shapes=[pltpu.VMEM((2, 8, 128), jnp.bfloat16), pltpu.SemaphoreType.DMA],
+        )(x)
+        flat = np.asarray(x).reshape(16, 128)
+        np.testing.assert_array_equal(np.asarray(rows), flat[4:12])
+        halves = flat.view(np.uint16).astype(np.uint32)
+        np.testing.assert_array_equal(np.asarray(words), halves[0::2] | (halves[1::2] << 16))
+''')
+
+
+def test_loads_and_dmas_from_reshaped_and_bitcast_refs_run(pytester, run_pytest):
+    pytester.makepyfile(test_views=RESHAPED_AND_BITCAST_REFS)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-W",
+                        "error::pytest_pallas.plugin.PallasInterpreterFallback")
+    result.assert_outcomes(passed=1)
