@@ -92,8 +92,10 @@ def own_interpret_params_kept_on_meshes(
     except (JaxInternalsChanged, AttributeError, ImportError):
         yield False
         return
-    originals = {name: getattr(pallas, name) for name in _MESH_KERNEL_BUILDERS
-                 if callable(getattr(pallas, name, None))}
+    # Only the module's own attributes: a deprecated one (jax 0.12's core_map) is served by
+    # the module's __getattr__, which warns; setting it would bypass that for good.
+    originals = {name: vars(pallas)[name] for name in _MESH_KERNEL_BUILDERS
+                 if callable(vars(pallas).get(name))}
 
     def without_forcing(function: Any, params: Any) -> Any:
         # What the builder returns (a decorator, a kernel) reads the forced mode again when

@@ -80,12 +80,14 @@ def test_the_timeout_ends_a_stuck_kernel_on_eight_devices(pytester, run_pytest):
 # A kernel over a TensorCore mesh that allocates HBM in run_scoped, which JAX's TPU
 # interpreter allows only when the kernel's own InterpretParams say so.
 CORE_MAP_WITH_OWN_PARAMS = textwrap.dedent('''
+    import functools
     import jax, jax.numpy as jnp, numpy as np, pytest
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
     from pytest_pallas._jax_compat import tensorcore_mesh
 
     @pytest.mark.pallas
+    @pytest.mark.skipif("core_map" not in vars(pl), reason="pl.core_map is deprecated here")
     def test_hbm_in_run_scoped():
         mesh = tensorcore_mesh("core", 1)
 
@@ -107,13 +109,30 @@ CORE_MAP_WITH_OWN_PARAMS = textwrap.dedent('''
             return y
 
         np.testing.assert_array_equal(f(jnp.arange(8.0)), np.arange(8.0))
+
+    @pytest.mark.pallas
+    def test_hbm_in_run_scoped_of_pl_kernel():
+        @functools.partial(
+            pl.kernel, out_type=jax.ShapeDtypeStruct((8,), jnp.float32),
+            mesh=tensorcore_mesh("core", 1),
+            interpret=pltpu.InterpretParams(allow_hbm_allocation_in_run_scoped=True))
+        def f(x_ref, y_ref):
+            def copy(hbm):
+                pltpu.sync_copy(x_ref, hbm)
+                pltpu.sync_copy(hbm, y_ref)
+
+            pl.run_scoped(copy, pltpu.HBM(x_ref.shape, x_ref.dtype))
+
+        np.testing.assert_array_equal(f(jnp.arange(8.0)), np.arange(8.0))
 ''')
 
 
 def test_core_map_keeps_its_own_interpret_params(pytester, run_pytest):
     pytester.makepyfile(test_core_map=CORE_MAP_WITH_OWN_PARAMS)
-    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
-    result.assert_outcomes(passed=1)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-rs")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) == 2, result.stdout.str()
+    assert outcomes.get("passed", 0) >= 1 and not outcomes.get("failed"), result.stdout.str()
 
 
 # A kernel that reads a DMA's destination before waiting on it, and a test that asks JAX's

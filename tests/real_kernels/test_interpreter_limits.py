@@ -60,9 +60,11 @@ def test_tpu_interpreter_crash_falls_back_to_the_plain_interpreter_and_says_why(
     assert "JAX's TPU interpreter crashed inside JAX" in output
     assert "'ReshapeTransform' object has no attribute 'indices'" in output
     assert "not a bug of the kernel" in output
-    # The plain interpreter cannot write through the reshape either: skipped, saying so.
-    assert "tried again in the plain interpreter" in output
-    assert "neither of JAX's interpreters can run this kernel" in output
+    # jax 0.12's plain interpreter writes through the reshape and checks the values; jax
+    # 0.10's cannot either, and the test is skipped saying so.
+    assert "run again in the plain interpreter" in output or (
+        "tried again in the plain interpreter" in output
+        and "neither of JAX's interpreters can run this kernel" in output), output[-4000:]
 
 
 WHEN_PROGRAM_ID = textwrap.dedent(
