@@ -10,6 +10,8 @@ here, so a user's own test of such a kernel gets the suite's verdict.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -102,3 +104,23 @@ def activation_allowance(x: Any, y: Any, *, activation: str | None,
     extra = ulps * epsilon(name) * bound
     return extra, (f"{activation} evaluated in {name} (max |x @ y| = {bound:.3g}) "
                    f"adds {extra:.3g}")
+
+
+def op_allowance(op: Any, inputs: Sequence[Any], *, matmul_precision: str = "float32",
+                 params: dict[str, Any] | None = None) -> tuple[float, str]:
+    """The extra atol of ``op`` (a name or an ``Operation``) on ``inputs``, from its record.
+
+    0 for an op with no error model of its own. An op name no record has is a
+    usage error (``ValueError`` naming the known ones).
+    """
+    from . import ops
+    from .operation import Operation
+
+    if not isinstance(op, Operation):
+        if op not in ops.OPERATIONS:
+            raise ValueError(f"op={op!r}: no such op; the known ones are "
+                             f"{', '.join(ops.op_names())} (or pass atol= yourself)")
+        op = ops.OPERATIONS[op]
+    case = SimpleNamespace(args=tuple(inputs), kwargs=dict(params or {}),
+                           dtype=_dtype_name(inputs[0]) if len(inputs) else "float32")
+    return op.extra_allowance(case, matmul_precision)
