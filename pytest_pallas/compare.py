@@ -28,29 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import mismatch
-
-# Machine epsilon (spacing at 1.0) of the floating dtypes the comparator knows.
-_EPSILON = {
-    "float64": 2.0**-52,
-    "float32": 2.0**-23,
-    "float16": 2.0**-10,
-    "bfloat16": 2.0**-7,
-    "float8_e4m3fn": 2.0**-3,
-    "float8_e4m3b11fnuz": 2.0**-3,
-    "float8_e4m3fnuz": 2.0**-3,
-    "float8_e5m2": 2.0**-2,
-    "float8_e5m2fnuz": 2.0**-2,
-}
-
-
-def _ml_dtypes() -> dict:
-    import ml_dtypes
-
-    return {name: np.dtype(getattr(ml_dtypes, name)) for name in _EPSILON
-            if hasattr(ml_dtypes, name)}
-
-
-_ML_DTYPES = _ml_dtypes()
+from .dtypes import _EPSILON, _ML_DTYPES, epsilon
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,14 +51,6 @@ class Comparison:
     worst_error: float
     tolerance: Tolerance | None
     message: str
-
-
-def epsilon(dtype: Any) -> float:
-    """Machine epsilon of a floating dtype, by name (bfloat16 and float8 included)."""
-    name = np.dtype(dtype).name
-    if name not in _EPSILON:
-        raise ValueError(f"no epsilon known for dtype {name}; pass rtol= and atol= explicitly")
-    return _EPSILON[name]
 
 
 def default_tolerance(
@@ -454,7 +424,7 @@ def assert_allclose(
         matmul_precision = _BACKEND_MATMUL_PRECISION.get()
     extra, reason = 0.0, ""
     if op is not None:
-        from .error_models import op_allowance
+        from .ops import op_allowance
 
         if inputs is None:
             raise ValueError(f"assert_allclose(op={op!r}) needs inputs=(...), the op's "

@@ -16,17 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from .dtypes import epsilon
+
 # How far a correct evaluation of the activation in the output dtype may be from the float64
 # oracle, in units of eps(dtype) * max|x @ y|. jax.nn.gelu in float32 is off by up to 1.4 ulp
 # of |z| (at z = 4.14) and jax.nn.silu by 1.2 (z = 8.69), measured over z in [-30, 30];
 # near z = -4 the 1 + tanh of gelu cancels, and a result of -7e-5 is off by 1.5e-7.
 _ACTIVATION_ULPS = {"gelu": 2.0, "silu": 2.0}
-
-
-def _epsilon(dtype: Any) -> float:
-    from .compare import epsilon
-
-    return epsilon(dtype)
 
 
 def _dtype_name(array: Any) -> str:
@@ -83,7 +79,7 @@ def attention_allowance(q: Any, k: Any, v: Any, *,
     # on a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
     accumulator = ("bfloat16" if matmul_precision == "bfloat16" and _dtype_name(q) == "float32"
                    else "float32")
-    logit_error = (_epsilon(accumulator) + 2 * _epsilon("float32")) * logit_bound
+    logit_error = (epsilon(accumulator) + 2 * epsilon("float32")) * logit_bound
     extra = logit_error * float(np.max(np.abs(v64), initial=0.0))
     return extra, (f"logits rounded in {accumulator} and scaled to base 2 in float32 "
                    f"(max sum |q||k| = {logit_bound:.3g}) add {extra:.3g}")
@@ -105,7 +101,7 @@ def activation_allowance(x: Any, y: Any, *, activation: str | None,
         return 0.0, ""
     name = np.dtype(dtype).name if dtype is not None else _dtype_name(x)
     bound = float(np.max(np.abs(_float64(x) @ _float64(y)), initial=0.0))
-    extra = ulps * _epsilon(name) * bound
+    extra = ulps * epsilon(name) * bound
     return extra, (f"{activation} evaluated in {name} (max |x @ y| = {bound:.3g}) "
                    f"adds {extra:.3g}")
 

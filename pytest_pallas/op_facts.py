@@ -85,7 +85,7 @@ def _logit_precision(case: Any, backend_precision: str) -> tuple[str, float]:
     bfloat16 inputs multiply exactly into float32 sums; only float32 inputs on
     a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
     """
-    from .compare import epsilon
+    from .dtypes import epsilon
 
     accumulator = ("bfloat16" if backend_precision == "bfloat16" and case.dtype == "float32"
                    else "float32")

@@ -8,6 +8,10 @@ configure time and dropped when the run ends.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
 from .operation import Operation, OperationError
 from .operations import BUILT_IN
 
@@ -49,3 +53,23 @@ def unregister_all() -> None:
     for name in list(OPERATIONS):
         if name not in OP_NAMES:
             del OPERATIONS[name]
+
+
+def op_allowance(op: Any, inputs: Sequence[Any], *, matmul_precision: str = "float32",
+                 params: dict[str, Any] | None = None) -> tuple[float, str]:
+    """The extra atol of ``op`` (a name or an ``Operation``) on ``inputs``, from its record.
+
+    0 for an op with no error model of its own. An op name no record has is a
+    usage error (``ValueError`` naming the known ones).
+    """
+    import numpy as np
+
+    if not isinstance(op, Operation):
+        if op not in OPERATIONS:
+            raise ValueError(f"op={op!r}: no such op; the known ones are "
+                             f"{', '.join(op_names())} (or pass atol= yourself)")
+        op = OPERATIONS[op]
+    case = SimpleNamespace(args=tuple(inputs), kwargs=dict(params or {}),
+                           dtype=(np.dtype(getattr(inputs[0], "dtype", np.float32)).name
+                                  if len(inputs) else "float32"))
+    return op.extra_allowance(case, matmul_precision)

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from . import tiling
+from .dtypes import as_dtype
 
 # One representative per kind of size: 1 (degenerate), a ragged size below one
 # tile, exactly one (8, 128) tile, a ragged size past it, and several tiles.
@@ -38,15 +39,6 @@ SIZE_BUCKETS = {
 
 VALUE_PROFILES = ("normal", "large", "ties", "small", "extremes")
 
-_DTYPES = {
-    "float32": np.dtype(np.float32),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float16": np.dtype(np.float16),
-    "int32": np.dtype(np.int32),
-    "int8": np.dtype(np.int8),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
-}
 
 _COMMON_SETTINGS = dict(
     deadline=None,
@@ -75,16 +67,6 @@ def register_profiles() -> None:
 
 
 register_profiles()
-
-
-def as_dtype(name: str | Any) -> np.dtype:
-    """``"bfloat16"`` -> the NumPy dtype (ml_dtypes for bfloat16 and float8)."""
-    if isinstance(name, str):
-        try:
-            return _DTYPES[name]
-        except KeyError:
-            raise ValueError(f"unknown dtype {name!r}; known: {', '.join(_DTYPES)}")
-    return np.dtype(name)
 
 
 def dtypes(names: Sequence[str] = ("float32", "bfloat16")) -> st.SearchStrategy[np.dtype]:

@@ -34,7 +34,7 @@ def bits_of(dtype: Any) -> int | None:
     import numpy as np
 
     if isinstance(dtype, str):
-        from .strategies import as_dtype
+        from .dtypes import as_dtype
 
         try:
             dtype = as_dtype(dtype)

@@ -1,0 +1,62 @@
+"""Dtypes by name: ``as_dtype("bfloat16")`` and the machine epsilon of the floating ones.
+
+The bottom of the package: the comparator, the strategies, the tiling rules
+and the error models all name dtypes as strings, and none of them may import
+another to do so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+    "int32": np.dtype(np.int32),
+    "int8": np.dtype(np.int8),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
+}
+
+# Machine epsilon (spacing at 1.0) of the floating dtypes the comparator knows.
+_EPSILON = {
+    "float64": 2.0**-52,
+    "float32": 2.0**-23,
+    "float16": 2.0**-10,
+    "bfloat16": 2.0**-7,
+    "float8_e4m3fn": 2.0**-3,
+    "float8_e4m3b11fnuz": 2.0**-3,
+    "float8_e4m3fnuz": 2.0**-3,
+    "float8_e5m2": 2.0**-2,
+    "float8_e5m2fnuz": 2.0**-2,
+}
+
+
+def _ml_dtypes() -> dict:
+    return {name: np.dtype(getattr(ml_dtypes, name)) for name in _EPSILON
+            if hasattr(ml_dtypes, name)}
+
+
+_ML_DTYPES = _ml_dtypes()
+
+
+def as_dtype(name: str | Any) -> np.dtype:
+    """``"bfloat16"`` -> the NumPy dtype (ml_dtypes for bfloat16 and float8)."""
+    if isinstance(name, str):
+        try:
+            return _DTYPES[name]
+        except KeyError:
+            raise ValueError(f"unknown dtype {name!r}; known: {', '.join(_DTYPES)}")
+    return np.dtype(name)
+
+
+def epsilon(dtype: Any) -> float:
+    """Machine epsilon of a floating dtype, by name (bfloat16 and float8 included)."""
+    name = np.dtype(dtype).name
+    if name not in _EPSILON:
+        raise ValueError(f"no epsilon known for dtype {name}; pass rtol= and atol= explicitly")
+    return _EPSILON[name]
