@@ -11,7 +11,6 @@ here, so a user's own test of such a kernel gets the suite's verdict.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -104,26 +103,6 @@ def activation_allowance(x: Any, y: Any, *, activation: str | None,
     extra = ulps * epsilon(name) * bound
     return extra, (f"{activation} evaluated in {name} (max |x @ y| = {bound:.3g}) "
                    f"adds {extra:.3g}")
-
-
-def op_allowance(op: Any, inputs: Sequence[Any], *, matmul_precision: str = "float32",
-                 params: dict[str, Any] | None = None) -> tuple[float, str]:
-    """The extra atol of ``op`` (a name or an ``Operation``) on ``inputs``, from its record.
-
-    0 for an op with no error model of its own. An op name no record has is a
-    usage error (``ValueError`` naming the known ones).
-    """
-    from . import ops
-    from .operation import Operation
-
-    if not isinstance(op, Operation):
-        if op not in ops.OPERATIONS:
-            raise ValueError(f"op={op!r}: no such op; the known ones are "
-                             f"{', '.join(ops.op_names())} (or pass atol= yourself)")
-        op = ops.OPERATIONS[op]
-    case = SimpleNamespace(args=tuple(inputs), kwargs=dict(params or {}),
-                           dtype=_dtype_name(inputs[0]) if len(inputs) else "float32")
-    return op.extra_allowance(case, matmul_precision)
 
 
 # How far past the default tolerance (in its units) a correct kernel of an op with an error
