@@ -1,0 +1,215 @@
+"""tpu-inference 0.32.0's Pallas TPU kernels (vLLM's TPU backend) in the real-kernel corpus.
+
+Installed with ``pip install --no-deps tpu-inference==0.32.0`` (constraints/corpus-2026.txt):
+its ``__init__`` and its ``logger`` / ``utils`` modules import vLLM and torch,
+which no kernel here needs. ``kernel_modules.load_kernel_module`` imports the
+kernel modules without them: the package's ``__init__`` is left unrun, and
+``tpu_inference.logger`` and ``tpu_inference.utils`` are stand-ins with the
+three names the kernels take from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .corpus import Case, _f64, _normal
+from .kernel_modules import load_kernel_module
+from .references_2026 import attention_forward64, causal_mask, local_mask
+
+
+class _KernelLogger(logging.LoggerAdapter):
+    """vLLM's logger API as the kernels use it (``warning_once`` on a missing tuned size)."""
+
+    def warning_once(self, msg, *args):
+        self.warning(msg, *args)
+
+    def info_once(self, msg, *args):
+        self.info(msg, *args)
+
+    def debug_once(self, msg, *args):
+        self.debug(msg, *args)
+
+
+def _align_to(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+def _device_name(num_devices: int | None = None) -> str:
+    # Read only to look up tuned block sizes; every case below passes its own.
+    return "TPU v5e" if num_devices is None else f"TPU v5e-{num_devices}"
+
+
+STAND_INS = {
+    "tpu_inference.logger": {
+        "init_logger": lambda name: _KernelLogger(logging.getLogger(name), {})},
+    "tpu_inference.utils": {"align_to": _align_to, "get_device_name": _device_name},
+}
+
+
+def load(module: str):
+    """``tpu_inference.<module>`` without vLLM."""
+    return load_kernel_module(f"tpu_inference.{module}", skip_init=("tpu_inference",),
+                              stand_ins=STAND_INS)
+
+
+# --- flash attention ----------------------------------------------------------------------
+
+def _flash_module():
+    return load("kernels.flash_attention.kernel")
+
+
+def _blocks():
+    fa = _flash_module()
+    return fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1)
+
+
+SCALE = 1 / math.sqrt(128)
+
+
+def _flash_args():
+    b, h, s, d = 1, 2, 256, 128
+    return tuple(_normal(100 + i, (b, h, s, d)) for i in range(3))
+
+
+def _flash_causal(q, k, v):
+    return _flash_module().flash_attention(q, k, v, causal=True, sm_scale=SCALE,
+                                           block_sizes=_blocks())
+
+
+def _segment_ids():
+    # Three segments, the middle one straddling both 128-row blocks.
+    return jnp.asarray(np.repeat([0, 1, 1, 2], 64)[None, :], jnp.int32)
+
+
+def _flash_segments(q, k, v, ids):
+    fa = _flash_module()
+    return fa.flash_attention(q, k, v, segment_ids=fa.SegmentIds(q=ids, kv=ids),
+                              sm_scale=SCALE, block_sizes=_blocks())
+
+
+def _flash_segment_reference(q, k, v, ids):
+    ids = np.asarray(ids)
+    mask = ids[:, None, :, None] == ids[:, None, None, :]
+    return attention_forward64(q, k, v, mask=mask, scale=SCALE)
+
+
+# Encoder-only attention: two sequences of 80 and 120 tokens packed in 200 rows (padded to
+# 256 inside), each token seeing the tokens of its own sequence within 32 positions.
+SEQUENCE_LENGTHS, WINDOW = (80, 120), 32
+
+
+def _window_args():
+    t, h, d = sum(SEQUENCE_LENGTHS), 2, 128
+    return (*(_normal(110 + i, (t, h, d)) for i in range(3)),
+            jnp.asarray(SEQUENCE_LENGTHS, jnp.int32))
+
+
+def _flash_sliding_window(q, k, v, seq_lens):
+    return _flash_module().encoder_only_flash_attention(
+        q, k, v, seq_lens, sliding_window=WINDOW, block_sizes=_blocks())
+
+
+def _window_reference(q, k, v, seq_lens):
+    sequence = np.repeat(np.arange(len(seq_lens)), np.asarray(seq_lens))
+    t = len(sequence)
+    mask = (sequence[:, None] == sequence[None, :]) & local_mask(t, t, WINDOW, WINDOW)
+    heads_first = [np.swapaxes(_f64(a), 0, 1) for a in (q, k, v)]
+    out = attention_forward64(*heads_first, mask=mask, scale=1 / math.sqrt(q.shape[-1]))
+    return np.swapaxes(out, 0, 1)
+
+
+def _scaled_heads_first(q, k, v, *rest):
+    return (np.swapaxes(_f64(q), 0, 1) / math.sqrt(q.shape[-1]),
+            np.swapaxes(_f64(k), 0, 1), np.swapaxes(_f64(v), 0, 1))
+
+
+# --- quantized matmul ---------------------------------------------------------------------
+
+def _quantized_args(x_dtype):
+    def args():
+        batch, n_in, n_out = 128, 512, 256
+        x = _normal(120, (batch, n_in), x_dtype)
+        w_q = jnp.asarray(np.random.default_rng(121).integers(-128, 128, (n_out, n_in)),
+                          jnp.int8)
+        w_scale = jnp.asarray(np.random.default_rng(122).uniform(0.001, 0.01, n_out),
+                              jnp.float32)
+        return x, w_q, w_scale
+    return args
+
+
+def _quantized_matmul(x_q_dtype):
+    def call(x, w_q, w_scale):
+        qm = load("kernels.quantized_matmul.kernel")
+        tuned = load("kernels.quantized_matmul.tuned_block_sizes").TunedValue(128, 128, 256)
+        return qm.quantized_matmul_kernel(x, w_q, w_scale, x_q_dtype=x_q_dtype,
+                                          tuned_value=tuned)
+    call.__name__ = "quantized_matmul_w8a8" if x_q_dtype else "quantized_matmul_w8a16"
+    return call
+
+
+def _w8a16_reference(x, w_q, w_scale):
+    return _f64(x) @ (_f64(w_q).T * _f64(w_scale))
+
+
+def _w8a8_reference(x, w_q, w_scale):
+    """The w8a8 contract: activations quantized per token to int8 by the package's own
+    ``quantize_array`` (scale absmax / 127, truncated), then an exact integer product
+    rescaled in float64. The quantization runs in XLA, outside the kernel: NumPy's float32
+    and XLA's truncate differently the few products within an ulp of an integer (3 of
+    65,536 here), and the contract leaves that rounding to the implementation."""
+    util = load("kernels.quantized_matmul.util")
+    x_abs_max = jnp.max(jnp.abs(x), axis=-1)[None]
+    x_q, x_scale = jax.jit(util.quantize_array, static_argnums=2)(x, x_abs_max, jnp.int8)
+    return (_f64(x_q) @ _f64(w_q).T) * _f64(w_scale) * _f64(x_scale)
+
+
+# --- grouped matmul with int8 weights (megablox gmm) --------------------------------------
+
+def _gmm_int8_args():
+    m, k, n, groups = 256, 256, 256, 4
+    rng = np.random.default_rng(130)
+    lhs = _normal(131, (m, k), jnp.bfloat16)
+    rhs = jnp.asarray(rng.integers(-128, 128, (groups, k, n)), jnp.int8)
+    rhs_scale = jnp.asarray(rng.uniform(0.001, 0.01, (groups, 1, 1, n)), jnp.float32)
+    return lhs, rhs, rhs_scale, jnp.asarray([100, 0, 28, 128], jnp.int32)
+
+
+def _gmm_int8(lhs, rhs, rhs_scale, group_sizes):
+    gmm = load("kernels.megablox.gmm")
+    return gmm.gmm(lhs, rhs, group_sizes, preferred_element_type=jnp.bfloat16,
+                   rhs_scale=rhs_scale, tiling=(128, 128, 128))
+
+
+def _gmm_int8_reference(lhs, rhs, rhs_scale, group_sizes):
+    lhs, weights = _f64(lhs), _f64(rhs) * _f64(rhs_scale)[:, 0]
+    out = np.zeros((lhs.shape[0], weights.shape[2]))
+    start = 0
+    for group, size in enumerate(np.asarray(group_sizes)):
+        out[start:start + size] = lhs[start:start + size] @ weights[group]
+        start += size
+    return out
+
+
+TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for case in [
+    Case("tpu_inference_flash_attention_causal", _flash_causal, _flash_args,
+         lambda q, k, v: attention_forward64(q, k, v, mask=causal_mask(256, 256), scale=SCALE),
+         reduction_length=256, attention_inputs=lambda q, k, v: (_f64(q) * SCALE, k, v)),
+    Case("tpu_inference_flash_attention_segments", _flash_segments,
+         lambda: (*_flash_args(), _segment_ids()), _flash_segment_reference,
+         reduction_length=256, attention_inputs=lambda q, k, v, ids: (_f64(q) * SCALE, k, v)),
+    Case("tpu_inference_flash_attention_sliding_window", _flash_sliding_window, _window_args,
+         _window_reference, reduction_length=2 * WINDOW + 1,
+         attention_inputs=_scaled_heads_first),
+    Case("tpu_inference_quantized_matmul_w8a16", _quantized_matmul(None),
+         _quantized_args(jnp.bfloat16), _w8a16_reference, reduction_length=512),
+    Case("tpu_inference_quantized_matmul_w8a8", _quantized_matmul(jnp.int8),
+         _quantized_args(jnp.float32), _w8a8_reference, reduction_length=512),
+    Case("tpu_inference_gmm_int8", _gmm_int8, _gmm_int8_args, _gmm_int8_reference,
+         reduction_length=256),
+]]
