@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from . import _jax_compat
+from . import _interpreter_compat, _jax_compat
 from .options import PallasOptions
 
 
@@ -88,6 +88,9 @@ class Backend:
                                                            lambda: self.tpu_info)))
             stack.enter_context(optional(
                 "the TPU interpreter's vmap fix", _jax_compat.vmapped_grid_semantics_fixed))
+            # The interpreter's callbacks must not wait on XLA's thread pool (a hang on
+            # 8 simulated devices): see _interpreter_compat.
+            stack.enter_context(_interpreter_compat.interpreter_callbacks_on_host_arrays())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
             # A pallas_call built before (at import time) is interpreted too.
             stack.enter_context(_jax_compat.forced_interpreter_when_called())
