@@ -196,6 +196,61 @@ def _gmm_int8_reference(lhs, rhs, rhs_scale, group_sizes):
     return out
 
 
+# --- ragged causal conv1d (Mamba / gated delta net layers) -------------------------------
+
+# Four sequences of 128, 7, 64 and 15 new tokens: 214 rows in tiles of 64, so tiles mix
+# sequences and one sequence ends inside a tile (the tiles past the last real row are the
+# kernel's no-op tiles, with zero-length DMAs).
+CONV_QUERY_START, CONV_LENGTHS, CONV_WIDTH, CONV_DIM = (0, 128, 135, 199, 214), \
+    (150, 20, 100, 30), 4, 128
+
+
+def _conv_args():
+    sequences = len(CONV_LENGTHS)
+    query_start = jnp.asarray(CONV_QUERY_START, jnp.int32)
+    new_tokens = np.diff(CONV_QUERY_START)
+    return (_normal(140, (CONV_QUERY_START[-1], CONV_DIM)),
+            _normal(141, (sequences + 1, CONV_WIDTH - 1, CONV_DIM)),
+            _normal(142, (CONV_DIM, 1, CONV_WIDTH)), _normal(143, (CONV_DIM,)),
+            query_start, jnp.arange(1, sequences + 1, dtype=jnp.int32),
+            jnp.asarray([0, 0, sequences], jnp.int32),
+            jnp.asarray(np.asarray(CONV_LENGTHS) > new_tokens))
+
+
+def _causal_conv1d(x, state, weight, bias, query_start, state_indices, distribution,
+                   has_initial_state):
+    conv = load("kernels.causal_conv1d.causal_conv1d")
+    # The kernel donates x and the state (as vLLM calls it): pass copies, as its tests do.
+    x, state = jnp.copy(x), jnp.copy(state)
+    return conv.ragged_causal_conv1d(x, state, weight, bias, query_start, state_indices,
+                                     distribution, has_initial_state,
+                                     kernel_size=CONV_WIDTH)
+
+
+def _causal_conv1d_reference(x, state, weight, bias, query_start, state_indices,
+                             distribution, has_initial_state):
+    """Per sequence: its state rows (or zeros without one) then its new tokens, convolved
+    causally with a width-4 window per channel, plus the bias; the new state is the last
+    3 rows of that history."""
+    x, state, weight, bias = _f64(x), _f64(state), _f64(weight)[:, 0], _f64(bias)
+    out, new_state = np.zeros_like(x), state.copy()
+    width = weight.shape[1]
+    for s in range(int(distribution[2])):
+        start, end = int(query_start[s]), int(query_start[s + 1])
+        slot = int(state_indices[s])
+        past = state[slot] if bool(has_initial_state[s]) else np.zeros_like(state[slot])
+        history = np.concatenate([past, x[start:end]])
+        for row in range(end - start):
+            out[start + row] = (history[row:row + width] * weight.T).sum(0) + bias
+        if end > start:
+            new_state[slot] = history[-(width - 1):]
+    return out, new_state
+
+
+ZERO_LENGTH_DMA_GAP = (
+    "the plugin reports a zero-length DMA as an out-of-bounds access (issue 23, class 3): a "
+    "no-op tile copies slice(3, 3) of the 3 state rows, which is empty and in bounds")
+
 TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for case in [
     Case("tpu_inference_flash_attention_causal", _flash_causal, _flash_args,
          lambda q, k, v: attention_forward64(q, k, v, mask=causal_mask(256, 256), scale=SCALE),
@@ -212,4 +267,7 @@ TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for ca
          _quantized_args(jnp.float32), _w8a8_reference, reduction_length=512),
     Case("tpu_inference_gmm_int8", _gmm_int8, _gmm_int8_args, _gmm_int8_reference,
          reduction_length=256),
+    Case("tpu_inference_ragged_causal_conv1d", _causal_conv1d, _conv_args,
+         _causal_conv1d_reference, reduction_length=CONV_WIDTH, plugin_gap=ZERO_LENGTH_DMA_GAP,
+         plugin_gap_fails=("values", "uninitialized_reads")),
 ]]
