@@ -247,6 +247,65 @@ def _causal_conv1d_reference(x, state, weight, bias, query_start, state_indices,
     return out, new_state
 
 
+# --- ragged paged attention v3 (vLLM's TPU attention) -------------------------------------
+
+# Three sequences, as vLLM batches them: a decode (1 new token of 70), a prefill (16 of 16)
+# and a chunked prefill (8 new of 40), in pages of 16 tokens, 8 pages a sequence.
+RPA_Q_LENS, RPA_KV_LENS = (1, 16, 8), (70, 16, 40)
+RPA_HEADS, RPA_KV_HEADS, RPA_PAGE, RPA_PAGES_PER_SEQ, RPA_PAGES = 4, 2, 16, 8, 32
+
+
+def _rpa_args():
+    tokens, d = 32, 128                      # 25 real tokens, padded as vLLM pads a batch
+    queries = _normal(150, (tokens, RPA_HEADS, d))
+    keys, values = (_normal(151 + i, (tokens, RPA_KV_HEADS, d)) for i in range(2))
+    kv_cache = _normal(153, (RPA_PAGES, RPA_PAGE, 2 * RPA_KV_HEADS, 1, d))
+    pages = np.random.default_rng(154).permutation(RPA_PAGES)[:3 * RPA_PAGES_PER_SEQ]
+    return (queries, keys, values, kv_cache, jnp.asarray(RPA_KV_LENS, jnp.int32),
+            jnp.asarray(pages, jnp.int32), jnp.asarray(np.cumsum([0, *RPA_Q_LENS]), jnp.int32),
+            jnp.asarray([1, 2, 3], jnp.int32))
+
+
+def _ragged_paged_attention_v3(queries, keys, values, kv_cache, *metadata):
+    rpa = load("kernels.ragged_paged_attention.v3.kernel")
+    # The kernel donates the new tokens and the cache (vLLM's update in place): copies.
+    queries, keys, values, kv_cache = (jnp.copy(a) for a in (queries, keys, values, kv_cache))
+    return rpa.ragged_paged_attention(queries, keys, values, kv_cache, *metadata,
+                                      sm_scale=SCALE, d_block_sizes=(1, 128, 1, 128),
+                                      m_block_sizes=(16, 128, 16, 64))
+
+
+def _rpa_reference(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_lens,
+                   distribution):
+    """(attention output, updated cache): each sequence's new keys and values written at
+    positions kv_len - q_len ..., then causal attention of its queries over its kv_len."""
+    queries, keys, values = _f64(queries), _f64(keys), _f64(values)
+    cache = _f64(kv_cache).copy()
+    out = np.zeros_like(queries)
+    group = RPA_HEADS // RPA_KV_HEADS
+    for s in range(int(distribution[-1])):
+        start, end = int(cu_q_lens[s]), int(cu_q_lens[s + 1])
+        n, q_len = int(kv_lens[s]), end - start
+        pages = np.asarray(page_indices[s * RPA_PAGES_PER_SEQ:(s + 1) * RPA_PAGES_PER_SEQ])
+        sequence = cache[pages].reshape(-1, 2 * RPA_KV_HEADS, cache.shape[-1])
+        sequence[n - q_len:n, 0::2] = keys[start:end]         # heads interleaved: k0 v0 k1 v1
+        sequence[n - q_len:n, 1::2] = values[start:end]
+        cache[pages] = sequence.reshape(cache[pages].shape)
+        k, v = sequence[:n, 0::2], sequence[:n, 1::2]
+        mask = np.arange(n)[None, :] <= (n - q_len + np.arange(q_len))[:, None]
+        for head in range(RPA_HEADS):
+            out[start:end, head] = attention_forward64(
+                queries[start:end, head], k[:, head // group], v[:, head // group],
+                mask=mask, scale=SCALE)
+    return out, cache
+
+
+# The plugin itself skips the runs this stops, naming the limitation: no xfail needed.
+RESHAPED_REF_GAP = (
+    "JAX's TPU interpreter cannot DMA from or to a reshaped ref "
+    "('ReshapeTransform' object has no attribute 'indices'; issue 23, class 4)")
+
+
 ZERO_LENGTH_DMA_GAP = (
     "the plugin reports a zero-length DMA as an out-of-bounds access (issue 23, class 3): a "
     "no-op tile copies slice(3, 3) of the 3 state rows, which is empty and in bounds")
@@ -270,4 +329,6 @@ TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for ca
     Case("tpu_inference_ragged_causal_conv1d", _causal_conv1d, _conv_args,
          _causal_conv1d_reference, reduction_length=CONV_WIDTH, plugin_gap=ZERO_LENGTH_DMA_GAP,
          plugin_gap_fails=("values", "uninitialized_reads")),
+    Case("tpu_inference_ragged_paged_attention_v3", _ragged_paged_attention_v3, _rpa_args,
+         _rpa_reference, reduction_length=max(RPA_KV_LENS), plugin_gap=RESHAPED_REF_GAP),
 ]]
