@@ -300,6 +300,27 @@ def _rpa_reference(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_
     return out, cache
 
 
+# --- all-gather matmul (tensor parallelism) -----------------------------------------------
+
+def _all_gather_matmul(devices: int):
+    def call(x, y):
+        agm = load("kernels.collectives.all_gather_matmul")
+        mesh = jax.make_mesh((devices,), ("x",), devices=jax.devices()[:devices])
+        spec = jax.sharding.PartitionSpec
+        # Rows of x and columns of y sharded, as the kernel's shard_map takes them.
+        x = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec("x", None)))
+        y = jax.device_put(y, jax.sharding.NamedSharding(mesh, spec(None, "x")))
+        # k in two 128-column blocks: the kernel accumulates across them.
+        return agm.all_gather_matmul(x, y, mesh, "x", bn=128, bk=128)
+    call.__name__ = f"all_gather_matmul_{devices}_devices"
+    return call
+
+
+def _all_gather_matmul_args(devices: int):
+    # m = 32 rows a device (16 a direction of the ring), k = 256, n = 128 columns a device.
+    return lambda: (_normal(160, (32 * devices, 256)), _normal(161, (256, 128 * devices)))
+
+
 # The plugin itself skips the runs this stops, naming the limitation: no xfail needed.
 RESHAPED_REF_GAP = (
     "JAX's TPU interpreter cannot DMA from or to a reshaped ref "
@@ -331,4 +352,7 @@ TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for ca
          plugin_gap_fails=("values", "uninitialized_reads")),
     Case("tpu_inference_ragged_paged_attention_v3", _ragged_paged_attention_v3, _rpa_args,
          _rpa_reference, reduction_length=max(RPA_KV_LENS), plugin_gap=RESHAPED_REF_GAP),
+    *(Case(f"tpu_inference_all_gather_matmul_{n}_devices", _all_gather_matmul(n),
+           _all_gather_matmul_args(n), lambda x, y: _f64(x) @ _f64(y), reduction_length=256,
+           devices=n) for n in (2, 4)),
 ]]
