@@ -31,8 +31,8 @@ def _case_params(check: str):
         marks = [pytest.mark.devices(case.devices)]
         if case.package and not _installed(case.package):
             marks.append(pytest.mark.skip(
-                reason=f"{case.package} is not installed (pip install -c "
-                       "constraints/corpus-2026.txt ..., see docs/corpus.md)"))
+                reason=f"{case.package} is not installed: bash .ci/install-corpus-2026 "
+                       "(Python >= 3.12; docs/corpus.md)"))
         elif check in case.defect_fails:
             marks.append(pytest.mark.xfail(strict=True, reason=case.defect))
         elif check in case.plugin_gap_hangs:
