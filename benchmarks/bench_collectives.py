@@ -18,9 +18,9 @@ from pytest_pallas.reference_kernels import collectives
 # Simulated devices on the CPU: the plugin skips these, saying why, when JAX sees fewer.
 pytestmark = [pytest.mark.pallas, pytest.mark.devices(2)]
 
-# Per-device block (rows, cols), dtype. TPU: 64 MiB per device. CPU: under 128 KiB, since
-# JAX 0.10's TPU interpreter deadlocks on a 2-CPU host when 8 simulated devices exchange
-# blocks of 128 KiB or more (their host transfers wait for threads the callbacks hold).
+# Per-device block (rows, cols), dtype. TPU: 64 MiB per device. CPU: 64 KiB, for a quick run
+# (blocks of 100 KiB and more once hung the interpreter on 8 devices: see
+# pytest_pallas/_interpreter_compat.py, interpreter_callbacks_on_host_arrays).
 SIZES = {
     "cpu": ((32, 512), "float32"),
     "tpu": ((2048, 8192), "float32"),

@@ -64,3 +64,150 @@ def interpreter_callbacks_on_host_arrays() -> Iterator[bool]:
         yield True
     finally:
         module.io_callback_impl = original
+
+
+# The public builders of kernels over a mesh, which read JAX's forced interpret mode when
+# they are built and called, in place of the interpret= the kernel passed.
+_MESH_KERNEL_BUILDERS = ("core_map", "kernel")
+
+
+@contextlib.contextmanager
+def own_interpret_params_kept_on_meshes(
+    merge: Any, changed: Any,
+) -> Iterator[bool]:
+    """``pl.core_map`` and ``pl.kernel`` keep a kernel's own ``pltpu.InterpretParams``, as
+    ``_jax_compat.own_interpret_params_kept`` does for ``pallas_call``.
+
+    JAX (0.10 to 0.12) reads ``force_tpu_interpret_mode``'s parameters in place of
+    the ``interpret=`` a ``core_map`` passed, so a kernel that allowed HBM in
+    ``run_scoped`` ("Cannot allocate HBM in run_scoped") or chose its cores lost
+    that under the plugin. Inside the block, such a call is built and traced
+    with ``merge(own, forced)[0]``; ``changed(kernel name, changes)`` hears what
+    the merge changed. Yields False when JAX's builders cannot be wrapped.
+    """
+    try:
+        pallas = _private("jax.experimental.pallas")
+        context = _private("jax._src.config", "pallas_tpu_interpret_mode_context_manager")
+        from jax.experimental.pallas import tpu as pltpu
+    except (JaxInternalsChanged, AttributeError, ImportError):
+        yield False
+        return
+    originals = {name: getattr(pallas, name) for name in _MESH_KERNEL_BUILDERS
+                 if callable(getattr(pallas, name, None))}
+
+    def without_forcing(function: Any, params: Any) -> Any:
+        # What the builder returns (a decorator, a kernel) reads the forced mode again when
+        # called: it runs with the merged parameters alone too.
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with pltpu.force_tpu_interpret_mode(None):
+                result = function(*args, **kwargs)
+            return without_forcing(result, params) if callable(result) else result
+
+        return call
+
+    def keeping(name: str, original: Any) -> Any:
+        @functools.wraps(original)
+        def build(*args: Any, **kwargs: Any) -> Any:
+            own, forced = kwargs.get("interpret"), context.value
+            if not (isinstance(own, pltpu.InterpretParams)
+                    and isinstance(forced, pltpu.InterpretParams)):
+                return original(*args, **kwargs)
+            merged, changes = merge(own, forced)
+            if changes:
+                changed(kwargs.get("name") or f"pl.{name}", changes)
+            return without_forcing(original, merged)(*args, **{**kwargs, "interpret": merged})
+
+        return build
+
+    for name, original in originals.items():
+        setattr(pallas, name, keeping(name, original))
+    try:
+        yield True
+    finally:
+        for name, original in originals.items():
+            setattr(pallas, name, original)
+
+
+@contextlib.contextmanager
+def chip_as_abstract_device(device_kind: str, num_cores: int) -> Iterator[bool]:
+    """Inside the block, JAX's "current device" for Pallas is the chip the run stands in for.
+
+    ``pltpu.create_tensorcore_mesh`` and ``pltpu.TensorCoreMesh`` count the
+    TensorCores of ``jax.devices()[0]`` (a CPU device has no ``num_cores``: an
+    ``AttributeError``) unless the abstract mesh in context names a device;
+    ``pltpu.get_tpu_info`` reads the same. This enters an abstract mesh with no
+    axes (so it shards nothing: ``empty`` to every sharding rule) whose
+    ``AbstractDevice`` has ``device_kind`` (the CPU device's kind, which the
+    backend registers as answering for the chip), the chip's ``num_cores`` and
+    platform "cpu" (an explicit ``.lower()`` keeps lowering for the CPU). A mesh
+    the test already entered is left alone. Works the same from jax 0.10 to 0.12;
+    yields False where this JAX has no abstract device.
+    """
+    try:
+        mesh_lib = _private("jax._src.mesh")
+        current = mesh_lib.get_abstract_mesh()
+        if getattr(current, "abstract_device", None) is not None or not current.empty:
+            yield False
+            return
+        device = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
+                                         platform="cpu")
+        context = mesh_lib.use_abstract_mesh(
+            mesh_lib.AbstractMesh((), (), abstract_device=device))
+    except (AttributeError, TypeError) as error:
+        raise JaxInternalsChanged(
+            f"jax._src.mesh has no abstract device of this shape ({error}); pl.kernel and "
+            "TensorCoreMesh cannot see the stand-in chip on this JAX.") from error
+    with context:
+        yield True
+
+
+def _empty_and_in_bounds(rnge: tuple[Any, ...], shape: tuple[int, ...]) -> bool:
+    """Whether ``rnge`` selects nothing, every start within ``shape`` (an end is in bounds)."""
+    empty = False
+    for index, size in zip(rnge, shape):
+        if isinstance(index, slice):
+            start = 0 if index.start is None else int(index.start)
+            stop = size if index.stop is None else int(index.stop)
+            if start > size:
+                return False
+            empty = empty or stop <= start
+        elif int(index) >= size:
+            return False
+    return empty
+
+
+@contextlib.contextmanager
+def empty_slices_in_bounds() -> Iterator[bool]:
+    """An empty slice that starts at a dimension's end (``x.at[pl.ds(3, 0)]`` of a dimension
+    of 3) reads and writes nothing in JAX's TPU interpreter, as on the chip, instead of
+    raising "entirely out of bounds" (reported as ``[out-of-bounds-access]``).
+
+    Kernels that size the DMA of a no-op tile to zero (tpu-inference's ragged conv1d)
+    start such slices at the end of the array. Yields False where the interpreter's
+    buffers cannot be wrapped.
+    """
+    try:
+        buffer_class = _private(f"{_INTERPRETER_PACKAGE}.shared_memory", "Buffer")
+        original_get, original_set = buffer_class.__getitem__, buffer_class.__setitem__
+        normalize = buffer_class._normalize_range
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+
+    def getitem(self: Any, rnge: Any) -> Any:
+        full = normalize(self, tuple(rnge))
+        if _empty_and_in_bounds(full, tuple(self.shape)):
+            return self.content[full]
+        return original_get(self, rnge)
+
+    def setitem(self: Any, rnge: Any, value: Any) -> None:
+        if _empty_and_in_bounds(normalize(self, tuple(rnge)), tuple(self.shape)):
+            return
+        original_set(self, rnge, value)
+
+    buffer_class.__getitem__, buffer_class.__setitem__ = getitem, setitem
+    try:
+        yield True
+    finally:
+        buffer_class.__getitem__, buffer_class.__setitem__ = original_get, original_set

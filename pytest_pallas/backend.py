@@ -10,6 +10,7 @@ answer for the chip the run stands in for; on a TPU it changes nothing.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -86,17 +87,37 @@ class Backend:
                 "pltpu.get_tpu_info() answering for the chip on the CPU",
                 lambda: _jax_compat.device_kind_answers_as(self.device_kind,
                                                            lambda: self.tpu_info)))
+            # TensorCoreMesh, pl.kernel and pl.core_map count the chip's TensorCores.
+            stack.enter_context(optional(
+                "the stand-in chip as JAX's abstract device",
+                lambda: _interpreter_compat.chip_as_abstract_device(
+                    self.device_kind, self.tpu_info.num_cores)))
+            token = _ACTIVE_BACKEND.set(self)
+            stack.callback(_ACTIVE_BACKEND.reset, token)
             stack.enter_context(optional(
                 "the TPU interpreter's vmap fix", _jax_compat.vmapped_grid_semantics_fixed))
             # The interpreter's callbacks must not wait on XLA's thread pool (a hang on
             # 8 simulated devices): see _interpreter_compat.
             stack.enter_context(_interpreter_compat.interpreter_callbacks_on_host_arrays())
+            # An empty slice at a dimension's end is in bounds, as on the chip.
+            stack.enter_context(_interpreter_compat.empty_slices_in_bounds())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
             # A pallas_call built before (at import time) is interpreted too.
             stack.enter_context(_jax_compat.forced_interpreter_when_called())
             stack.enter_context(_jax_compat.own_interpret_params_kept(
                 merge_interpret_params, self.own_params_changed.append_change))
+            stack.enter_context(_interpreter_compat.own_interpret_params_kept_on_meshes(
+                merge_interpret_params, self.own_params_changed.append_change))
             yield self
+
+
+_ACTIVE_BACKEND: contextvars.ContextVar[Backend | None] = contextvars.ContextVar(
+    "pallas_active_backend", default=None)
+
+
+def active_backend() -> Backend | None:
+    """The backend of the Pallas test running now (inside ``Backend.activate``), else None."""
+    return _ACTIVE_BACKEND.get()
 
 
 class ParamsChanges(list):

@@ -476,6 +476,7 @@ def assert_allclose(
         step_leaves[step] = [leaf for _, leaf in leaves]
     worst = 0.0
     failures = []
+    failed_worst: list[tuple[str, float]] = []  # (dtype, worst error) of each failed output
     for position, ((path, a), (_, e)) in enumerate(zip(actual_leaves, expected_leaves)):
         result = compare_arrays(
             a, e, rtol=rtol, atol=atol, reduction_length=reduction_length,
@@ -487,6 +488,14 @@ def assert_allclose(
         worst = max(worst, result.worst_error)
         if not result.passed:
             failures.append(result.message)
+            failed_worst.append((np.dtype(getattr(a, "dtype", np.float64)).name,
+                                 result.worst_error))
     if failures:
+        if op is None and rtol is None and atol is None and not exact:
+            from .error_models import error_model_hint
+
+            hint = error_model_hint(failed_worst,
+                                    reduction_length_given=reduction_length is not None)
+            failures += [hint] if hint else []
         raise AssertionError("\n\n".join(failures))
     return worst

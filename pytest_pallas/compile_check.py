@@ -29,7 +29,6 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
-import importlib
 import os
 import re
 import threading
@@ -77,16 +76,11 @@ _QUIET_LIBTPU = {
 
 
 def libtpu_version() -> str | None:
-    """The installed libtpu's version, or None when libtpu cannot be imported.
+    """The installed libtpu's version, or None when libtpu is not installed (not imported:
+    see ``options.installed_libtpu``)."""
+    from .options import installed_libtpu
 
-    Importing the ``libtpu`` package only locates its shared library; JAX loads
-    that when it first initialises its backends.
-    """
-    try:
-        module = importlib.import_module("libtpu")
-    except ImportError:
-        return None
-    return str(getattr(module, "__version__", "") or "unknown")
+    return installed_libtpu()
 
 
 def host_has_tpu() -> bool:

@@ -128,3 +128,31 @@ def op_allowance(op: Any, inputs: Sequence[Any], *, matmul_precision: str = "flo
     case = SimpleNamespace(args=tuple(inputs), kwargs=dict(params or {}),
                            dtype=_dtype_name(inputs[0]) if len(inputs) else "float32")
     return op.extra_allowance(case, matmul_precision)
+
+
+# How far past the default tolerance (in its units) a correct kernel of an op with an error
+# model of its own has been seen to fail a bare comparison, per output dtype: float32
+# attention with logits of magnitude 30 reaches about 750 (tests/test_error_models.py), a
+# bfloat16 one a few units, its default being wide already. A miss beyond that is no rounding.
+_ROUNDING_MARGIN = {"float32": 1000.0, "bfloat16": 10.0, "float16": 10.0}
+
+
+def error_model_hint(worst_errors: Sequence[tuple[str, float]], *,
+                     reduction_length_given: bool) -> str | None:
+    """For a bare ``assert_allclose`` that failed: the keywords that add a known error model,
+    when every failed output (``(dtype name, worst error in tolerance units)``) missed by a
+    margin that rounding of such an op could explain; else None."""
+    if not worst_errors or not all(
+            worst <= _ROUNDING_MARGIN.get(dtype, 0.0) for dtype, worst in worst_errors):
+        return None
+    models = [
+        'attention\'s logits: op="attention", inputs=(q, k, v) (q * sm_scale for a scaled '
+        "kernel)",
+        'an activation after a matmul: op="matmul_activation", inputs=(x, y), '
+        'op_params={"activation": "gelu"} (or "silu")',
+    ]
+    if not reduction_length_given:
+        models.append("a long reduction: reduction_length=K, the number of terms summed")
+    return ("pallas: a correct kernel misses the default tolerance by this much when its op "
+            "rounds in ways the default does not cover; if this output is one of these, pass "
+            "its error model to assert_allclose: " + "; ".join(models) + ".")

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from pytest_pallas import _jax_compat
+from pytest_pallas import _interpreter_compat, _jax_compat
 from pytest_pallas.tpu_checks import (
     ALL_CHECKS,
     MAX_GRID_POINTS,
@@ -91,7 +91,7 @@ class CheckOptions:
 def check_kernel(
     fn: Callable[..., Any],
     *args: Any,
-    chip: Any = "v5e",
+    chip: Any = None,
     check_options: CheckOptions | None = None,
     use_compiler: bool | None = None,
     **kwargs: Any,
@@ -100,7 +100,9 @@ def check_kernel(
 
     ``args`` may be arrays or ``jax.ShapeDtypeStruct``s: nothing runs, the
     function is only traced (and compiled or lowered for the TPU). ``chip`` is
-    a chip name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a ``pltpu.TpuInfo``.
+    a chip name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a ``pltpu.TpuInfo``;
+    by default the chip the Pallas test stands in for (``--pallas-chip``), v5e
+    outside one. ``pltpu.TensorCoreMesh`` and ``pl.kernel`` see its TensorCores.
 
     With libtpu installed (the ``tpu`` extra) and a chip it knows, the TPU
     compiler judges each ``pallas_call`` (tiling, VMEM, what Mosaic lowers:
@@ -124,7 +126,7 @@ def check_kernel(
     from jax.experimental.pallas import tpu as pltpu
 
     options = check_options or CheckOptions()
-    info = tpu_info_for(chip)
+    info = tpu_info_for(_chip_or_the_tests(chip))
     # lower_for_tpu=False asks for the static rules alone, unless use_compiler says otherwise.
     compiler_chip = _compiler_chip(
         info, use_compiler if use_compiler is not None or options.lower_for_tpu else False)
@@ -139,6 +141,9 @@ def check_kernel(
     with (
         pltpu.force_tpu_interpret_mode(None),
         _jax_compat.device_kind_answers_as(device_kind, lambda: info),
+        _jax_compat.optional_feature(
+            "the stand-in chip as JAX's abstract device",
+            lambda: _interpreter_compat.chip_as_abstract_device(device_kind, info.num_cores)),
         _jax_compat.suspend_pallas_call_observers(),
     ):
         closed = jax.make_jaxpr(target)(*args)
@@ -313,7 +318,7 @@ def pallas_call_checker(
     program shows that it uses that output, and drops it if it does not.
     """
     options = check_options or CheckOptions()
-    info = tpu_info_for(chip)
+    info = tpu_info_for(_chip_or_the_tests(chip))
     static = options.static_options()
     seen: collections.OrderedDict[tuple[int, ...], tuple[Any, KernelReport]] = (
         collections.OrderedDict()
@@ -460,11 +465,19 @@ def run_on_poisoned_and_zeroed_memory(call: Callable[[], Any],
     """
     from jax.experimental.pallas import tpu as pltpu
 
+    from .backend import active_backend
+
+    backend = active_backend()
     if not isinstance(interpret_params, pltpu.InterpretParams):
+        own = getattr(backend, "interpret_params", None)
+        # In a Pallas test, the run's parameters: the chip's TensorCores among them (a
+        # megacore kernel run on one core waits for a prefetch only the other core issues).
         # Reads inside an array's tile padding are legal on the chip (see backend).
-        interpret_params = _jax_compat.with_tile_padded_bounds(pltpu.InterpretParams())
+        interpret_params = (own if isinstance(own, pltpu.InterpretParams) else
+                            _jax_compat.with_tile_padded_bounds(pltpu.InterpretParams()))
+    chip = backend.tpu_info if backend is not None else "v5e"
     results = []
-    with _jax_compat.chip_answering_on_this_device(lambda: tpu_info_for("v5e")):
+    with _jax_compat.chip_answering_on_this_device(lambda: tpu_info_for(chip)):
         for memory in ("nan", "zero"):
             params = dataclasses.replace(interpret_params, uninitialized_memory=memory,
                                          detect_races=False)
@@ -510,6 +523,16 @@ def _element(array: Any, where: tuple[int, ...]) -> str:
         return repr(array[where].item())
     except (IndexError, ValueError):
         return "(shape differs)"
+
+
+def _chip_or_the_tests(chip: Any) -> Any:
+    """``chip``, or the chip the running Pallas test stands in for (v5e outside one)."""
+    if chip is not None:
+        return chip
+    from .backend import active_backend
+
+    backend = active_backend()
+    return backend.tpu_info if backend is not None else "v5e"
 
 
 def _kernel_titles(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> str:

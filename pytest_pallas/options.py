@@ -341,13 +341,19 @@ def report_directory_to_create(path: str) -> str | None:
 def installed_libtpu() -> str | None:
     """The version of libtpu if it can be imported (the ``tpu`` extra), else None.
 
-    Importing the ``libtpu`` package only locates its shared library: cheap, and
-    JAX is not imported.
+    Importing the ``libtpu`` package only locates its shared library (JAX is not
+    imported), but it also sets ``TPU_LIBRARY_PATH``: put back, since the plugin
+    changes nothing in the environment unless a Pallas test is going to run (JAX
+    finds the library through the package without it).
     """
+    before = os.environ.get("TPU_LIBRARY_PATH")
     try:
         import libtpu
     except ImportError:
         return None
+    finally:
+        if before is None:
+            os.environ.pop("TPU_LIBRARY_PATH", None)
     return str(getattr(libtpu, "__version__", "") or "unknown")
 
 

@@ -55,11 +55,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # The ops of conftests first: --pallas-impl and --pallas-ops may name them.
     _register_operations(config)
     parsed = options_module.parse_options(config)
-    if not parsed.tpu:
-        from .compile_check import quiet_libtpu_environment
-
-        # Before anything starts JAX: libtpu's start-up warnings never reach the user.
-        quiet_libtpu_environment()
     scope = config.getini("pallas_scope") or "marked"
     if scope not in ("marked", "all"):
         raise pytest.UsageError(f"ini option pallas_scope={scope!r} must be 'marked' or 'all'.")
@@ -178,6 +173,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     ours = [item for item in items if pallas.uses_pallas(item)]
     if not ours:
         return
+    if not pallas.options.tpu:
+        from .compile_check import quiet_libtpu_environment
+
+        # A Pallas test is going to run: before it starts JAX's backends, keep libtpu's
+        # start-up warnings away. Never at load: a run without Pallas keeps its environment.
+        quiet_libtpu_environment()
     if not pallas.options.tpu and any(
             "pallas_benchmark" in getattr(item, "fixturenames", ()) for item in ours):
         from .benchmarking import request_single_threaded_xla
@@ -541,6 +542,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
     benchmark_summary(terminalreporter, config)
     pallas = _session(config)
+    if pallas._backend is not None and not pallas._backend.is_tpu:
+        from .device_skips import summary_lines
+
+        for line in summary_lines(terminalreporter.stats.get("skipped", ()),
+                                  pallas._backend.device_count):
+            terminalreporter.write_line(line, yellow=True)
     compile_line = _compile_summary(pallas)
     if compile_line:
         terminalreporter.write_line(compile_line)

@@ -96,3 +96,36 @@ def test_wrong_attention_kernels_still_fail_the_sweep(kernel):
                                          matmul_precision="float32")
         failed.append(not all(verdicts.values()))
     assert any(failed)
+
+
+def _float32_attention(q, k, v):
+    logits = q @ k.T
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True) @ v
+
+
+@pytest.mark.parametrize("logit_scale", [1.0, 30.0])
+def test_a_bare_comparison_of_correct_attention_names_the_keywords_that_pass_it(logit_scale):
+    # Correct float32 attention (no Pallas: the rounding of any float32 evaluation) misses
+    # the bare default tolerance; the failure must say which keywords add its error model.
+    rng = np.random.default_rng(0)
+    q = (rng.standard_normal((128, 64)) * logit_scale).astype(np.float32)
+    k, v = (rng.standard_normal((256, 64)).astype(np.float32) for _ in range(2))
+    out = _float32_attention(q, k, v)
+    expected = _float32_attention(*(x.astype(np.float64) for x in (q, k, v)))
+    with pytest.raises(AssertionError) as failure:
+        assert_allclose(out, expected)
+    assert 'op="attention", inputs=(q, k, v)' in str(failure.value)
+    assert "reduction_length=K" in str(failure.value)
+    assert assert_allclose(out, expected, op="attention", inputs=(q, k, v)) <= 1.0
+
+
+def test_a_wrong_kernel_gets_no_error_model_hint():
+    # Off by a whole key block's weight: no rounding explains that, and no hint says so.
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((64, 32)).astype(np.float32) for _ in range(3))
+    expected = _float32_attention(*(x.astype(np.float64) for x in (q, k, v)))
+    wrong_out = _float32_attention(q, k[:-8], v[:-8])
+    with pytest.raises(AssertionError) as failure:
+        assert_allclose(wrong_out, expected)
+    assert "error model" not in str(failure.value)

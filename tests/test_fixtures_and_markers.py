@@ -254,7 +254,8 @@ def test_header_line_only_with_a_pallas_flag(pytester):
     flagged = pytester.runpytest(*NO_CACHE, "--pallas-interpret=tpu", "--pallas-seed=11")
     flagged.assert_outcomes(passed=2)
     flagged.stdout.fnmatch_lines([
-        ("pallas: CPU, tpu interpreter, standing in for TPU v5e; * CPU devices* simulated, for "
+        ("pallas: CPU, tpu interpreter, standing in for TPU v5e (1 TensorCore); * CPU devices* "
+         "simulated, for "
          "multi-device kernels (--pallas-devices=N to change; tests that need an exact count "
          "skip under another); seed 11 (reproduce with --pallas-seed=11); hypothesis profile "
          "pallas-*"),
@@ -316,3 +317,31 @@ def test_detect_races_fails_the_racy_kernel_and_passes_the_clean_one(pytester):
 
     # Without the flag the same kernels run (interpreted) and nothing checks for races.
     pytester.runpytest(*NO_CACHE, "--pallas-interpret=tpu").assert_outcomes(passed=3)
+
+
+def test_skips_for_the_simulated_device_count_are_counted_in_the_summary(pytester, run_pytest):
+    # A suite written for one device skips itself under the 8 simulated devices; the run
+    # exits 0, and -q hides the header: the summary says how many and the flag to pass.
+    pytester.makepyfile(test_one_device='''
+        import jax, pytest
+
+        @pytest.mark.parametrize("case", range(3))
+        def test_single(case):
+            if jax.device_count() != 1:
+                pytest.skip(f"requires 1 device, found {jax.device_count()}")
+
+        @pytest.mark.devices(16)
+        def test_many():
+            pass
+
+        def test_other():
+            pytest.skip("not about devices")
+    ''')
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-devices=8", "-q", "-p", "no:xdist")
+    result.assert_outcomes(skipped=5)
+    result.stdout.fnmatch_lines([
+        "pallas: 3 test(s) skipped because they need 1 device(s) and the run simulates 8 CPU "
+        "devices; run them with --pallas-devices=1",
+        "pallas: 1 test(s) skipped because they need 16 device(s) and the run simulates 8 CPU "
+        "devices; run them with --pallas-devices=16",
+    ])

@@ -33,3 +33,165 @@ def test_a_collective_of_large_blocks_on_eight_devices_ends(pytester, run_pytest
     result = run_pytest("--pallas-interpret=tpu", "--pallas-devices=8", "--pallas-timeout=120",
                         "-p", "no:xdist", timeout=180)
     result.assert_outcomes(passed=1)
+
+
+# Each of 8 devices waits for a remote copy that no device sends: --pallas-timeout must end
+# the collective and fail the test with its message, on every device at once.
+NEVER_SIGNALLED_ON_EIGHT = textwrap.dedent('''
+    import functools
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.sharding import Mesh, PartitionSpec
+
+    def waits_forever(x_ref, o_ref, recv_sem):
+        copy = pltpu.make_async_copy(x_ref, o_ref, recv_sem)
+        copy.wait()  # never started, by this device or another
+
+    def per_device(x):
+        return pl.pallas_call(
+            waits_forever, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA],
+        )(x)
+
+    @pytest.mark.pallas
+    @pytest.mark.devices(8)
+    def test_stuck_collective():
+        mesh = Mesh(np.array(jax.devices()[:8]), ("ring",))
+        sharded = jax.shard_map(per_device, mesh=mesh, in_specs=PartitionSpec("ring"),
+                                out_specs=PartitionSpec("ring"), check_vma=False)
+        jax.block_until_ready(sharded(jnp.ones((8 * 8, 128), jnp.float32)))
+''')
+
+
+def test_the_timeout_ends_a_stuck_kernel_on_eight_devices(pytester, run_pytest):
+    pytester.makepyfile(test_stuck=NEVER_SIGNALLED_ON_EIGHT)
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-devices=8", "--pallas-timeout=5",
+                        "-p", "no:xdist", timeout=120)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*KernelTimeout: pallas: kernel 'waits_forever at test_stuck.py:*' (in "
+        "test_stuck.py::test_stuck_collective) ran longer than --pallas-timeout=5s and was "
+        "stopped.*"])
+
+
+# A kernel over a TensorCore mesh that allocates HBM in run_scoped, which JAX's TPU
+# interpreter allows only when the kernel's own InterpretParams say so.
+CORE_MAP_WITH_OWN_PARAMS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from pytest_pallas._jax_compat import tensorcore_mesh
+
+    @pytest.mark.pallas
+    def test_hbm_in_run_scoped():
+        mesh = tensorcore_mesh("core", 1)
+
+        @jax.jit
+        def f(x):
+            def inner(refs):
+                x_ref, y_ref = refs
+
+                @pl.core_map(mesh, interpret=pltpu.InterpretParams(
+                    allow_hbm_allocation_in_run_scoped=True))
+                def _():
+                    def copy(hbm):
+                        pltpu.sync_copy(x_ref, hbm)
+                        pltpu.sync_copy(hbm, y_ref)
+
+                    pl.run_scoped(copy, pltpu.HBM(x_ref.shape, x_ref.dtype))
+
+            _, y = pl.run_state(inner)((x, jnp.zeros_like(x)))
+            return y
+
+        np.testing.assert_array_equal(f(jnp.arange(8.0)), np.arange(8.0))
+''')
+
+
+def test_core_map_keeps_its_own_interpret_params(pytester, run_pytest):
+    pytester.makepyfile(test_core_map=CORE_MAP_WITH_OWN_PARAMS)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+
+
+# A kernel that reads a DMA's destination before waiting on it, and a test that asks JAX's
+# race detector (its own detect_races=True) to find that: the race is the test's to judge.
+RACE_THE_TEST_DETECTS_ITSELF = textwrap.dedent('''
+    import dataclasses
+    import jax, jax.numpy as jnp, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpreter
+
+    def reads_before_wait(x_hbm, o_ref, scratch, sem):
+        copy = pltpu.make_async_copy(x_hbm, scratch, sem)
+        copy.start()
+        o_ref[...] = scratch[...]  # the race: the copy may still be writing scratch
+        copy.wait()
+
+    @pytest.mark.pallas
+    def test_jax_detects_the_race():
+        fields = {field.name for field in dataclasses.fields(pltpu.InterpretParams)}
+        params = pltpu.InterpretParams(detect_races=True, **(
+            {"on_race": "warn"} if "on_race" in fields else {}))
+        x = jnp.ones((8, 128), jnp.float32)
+        jax.block_until_ready(pl.pallas_call(
+            reads_before_wait, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            scratch_shapes=[pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA],
+            interpret=params)(x))
+        assert interpreter.races.races_found
+''')
+
+
+def test_a_race_the_test_asked_jax_to_detect_is_the_tests_to_judge(pytester, run_pytest):
+    pytester.makepyfile(test_race=RACE_THE_TEST_DETECTS_ITSELF)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+    # With --pallas-detect-races the run asks for races to be judged: the plugin fails it.
+    judged = run_pytest("--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist")
+    judged.assert_outcomes(failed=1)
+    judged.stdout.fnmatch_lines(["*[[]data-race[]]*"])
+
+
+# The DMAs of a no-op tile sized to zero, as tpu-inference's ragged causal conv1d does: rows
+# [start, start + size) with start = 3, the end of a 3-row input, and size 0, then a real copy
+# on the same semaphore. The chip moves nothing for the first; it is neither an
+# out-of-bounds access nor a DMA left unwaited. The TPU compiler (--pallas-compile, on by
+# default where libtpu is installed) must accept the kernel.
+ZERO_LENGTH_DMAS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def no_op_tile_then_copy(start_ref, x_hbm, o_ref, buf, sem):
+        start = start_ref[0]
+        size = 0  # the no-op tile's: jnp.where(is_no_op, 0, tile) in the kernel it comes from
+        empty = pltpu.make_async_copy(x_hbm.at[pl.ds(start, size)], buf.at[pl.ds(0, size)], sem)
+        whole = pltpu.make_async_copy(x_hbm.at[pl.ds(0, 1)], buf.at[pl.ds(0, 1)], sem)
+        empty.start()
+        whole.start()
+        empty.wait()
+        whole.wait()
+        o_ref[...] = buf[0] * 2
+
+    @pytest.mark.pallas
+    def test_zero_length_dmas():
+        x = jnp.arange(3 * 8 * 128, dtype=jnp.float32).reshape(3, 8, 128)
+        out = pl.pallas_call(
+            no_op_tile_then_copy, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+            scratch_shapes=[pltpu.VMEM((3, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
+        )(jnp.array([3], jnp.int32), x)
+        np.testing.assert_array_equal(out, np.asarray(x[0]) * 2)
+''')
+
+
+def test_a_zero_length_dma_at_the_end_of_an_array_is_no_finding(pytester, run_pytest):
+    pytester.makepyfile(test_zero_length=ZERO_LENGTH_DMAS)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+    if "TPU compiler check for" in result.stdout.str():  # libtpu installed: it compiled
+        result.stdout.fnmatch_lines(["pallas: TPU compiler check: 1 kernel compiles*"])

@@ -8,10 +8,15 @@ import textwrap
 
 import pytest
 
+# What libtpu reads at start (set by the plugin, or by importing libtpu, to keep its warnings
+# away): only when a Pallas test is going to run.
+LIBTPU_VARIABLES = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_WORKER_HOSTNAMES", "TPU_HOST_BOUNDS",
+                    "TPU_LIBRARY_PATH")
+
 
 @pytest.fixture
 def environment_without_jax_settings(monkeypatch):
-    for name in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS", "CI"):
+    for name in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS", "CI", *LIBTPU_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -32,14 +37,17 @@ def test_loading_the_plugin_does_not_import_jax(environment_without_jax_settings
 
 def test_a_suite_that_does_not_use_pallas_does_not_see_the_plugin(
         pytester, environment_without_jax_settings):
-    pytester.makepyfile(test_plain=textwrap.dedent("""
+    pytester.makepyfile(test_plain=textwrap.dedent(f"""
         import os, sys
+        LIBTPU_VARIABLES = {LIBTPU_VARIABLES!r}
 
         def test_first_nothing_imported_jax():
             assert "pytest_pallas.plugin" in sys.modules, "the plugin is loaded"
             jax_modules = [name for name in sys.modules if name.split(".")[0] in ("jax", "jaxlib")]
             assert not jax_modules, jax_modules
             assert "JAX_NUM_CPU_DEVICES" not in os.environ
+            changed = [name for name in LIBTPU_VARIABLES if name in os.environ]
+            assert not changed, f"set by the plugin: {{changed}}"
 
         def test_then_jax_has_its_own_defaults():
             import jax
