@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,8 +93,12 @@ def own_interpret_params_kept_on_meshes(
     except (JaxInternalsChanged, AttributeError, ImportError):
         yield False
         return
-    originals = {name: getattr(pallas, name) for name in _MESH_KERNEL_BUILDERS
-                 if callable(getattr(pallas, name, None))}
+    # jax 0.12 deprecates pl.core_map (for pl.kernel): reading it warns, and the warning
+    # would fail every Pallas test of a suite that turns DeprecationWarnings into errors.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        originals = {name: getattr(pallas, name) for name in _MESH_KERNEL_BUILDERS
+                     if callable(getattr(pallas, name, None))}
 
     def without_forcing(function: Any, params: Any) -> Any:
         # What the builder returns (a decorator, a kernel) reads the forced mode again when
