@@ -142,10 +142,10 @@ def _router_top_k_reference(scores):
     return np.take_along_axis(scores, order, axis=1), order.astype(np.int32)
 
 
-TENSORCORE_MESH_GAP = (
-    "the plugin does not yet tell JAX the stand-in chip (issue 23, class 1): gmm_v2's "
-    "pltpu.TensorCoreMesh reads jax.devices()[0].num_cores, which a CPU device lacks "
-    "(AttributeError)")
+# The plugin itself skips the runs this stops, naming the limitation: no xfail needed.
+SMEM_IN_KERNEL_GAP = (
+    "JAX's TPU interpreter cannot run gmm_v2's pl.kernel: 'Unsupported memory space: smem' "
+    "(its metadata scratch); check_kernel (the TPU compiler) passes")
 
 TOKAMAX_2026_CASES = [dataclasses.replace(case, package="tokamax") for case in [
     Case("tokamax_splash_causal_diagonal_skip", _splash_causal_forward, _mha_args,
@@ -160,7 +160,6 @@ TOKAMAX_2026_CASES = [dataclasses.replace(case, package="tokamax") for case in [
                                                 shared_kv=True),
          reduction_length=S),
     Case("tokamax_gmm_v2", _gmm_v2, _gmm_v2_args, grouped_matmul64, reduction_length=256,
-         plugin_gap=TENSORCORE_MESH_GAP,
-         plugin_gap_fails=("values", "check_kernel", "uninitialized_reads")),
+         interpreter_gap=SMEM_IN_KERNEL_GAP),
     Case("tokamax_router_top_k", _router_top_k, _router_scores, _router_top_k_reference),
 ]]

@@ -327,10 +327,6 @@ RESHAPED_REF_GAP = (
     "('ReshapeTransform' object has no attribute 'indices'; issue 23, class 4)")
 
 
-ZERO_LENGTH_DMA_GAP = (
-    "the plugin reports a zero-length DMA as an out-of-bounds access (issue 23, class 3): a "
-    "no-op tile copies slice(3, 3) of the 3 state rows, which is empty and in bounds")
-
 TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for case in [
     Case("tpu_inference_flash_attention_causal", _flash_causal, _flash_args,
          lambda q, k, v: attention_forward64(q, k, v, mask=causal_mask(256, 256), scale=SCALE),
@@ -348,10 +344,9 @@ TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for ca
     Case("tpu_inference_gmm_int8", _gmm_int8, _gmm_int8_args, _gmm_int8_reference,
          reduction_length=256),
     Case("tpu_inference_ragged_causal_conv1d", _causal_conv1d, _conv_args,
-         _causal_conv1d_reference, reduction_length=CONV_WIDTH, plugin_gap=ZERO_LENGTH_DMA_GAP,
-         plugin_gap_fails=("values", "uninitialized_reads")),
+         _causal_conv1d_reference, reduction_length=CONV_WIDTH),
     Case("tpu_inference_ragged_paged_attention_v3", _ragged_paged_attention_v3, _rpa_args,
-         _rpa_reference, reduction_length=max(RPA_KV_LENS), plugin_gap=RESHAPED_REF_GAP),
+         _rpa_reference, reduction_length=max(RPA_KV_LENS), interpreter_gap=RESHAPED_REF_GAP),
     *(Case(f"tpu_inference_all_gather_matmul_{n}_devices", _all_gather_matmul(n),
            _all_gather_matmul_args(n), lambda x, y: _f64(x) @ _f64(y), reduction_length=256,
            devices=n) for n in (2, 4)),
