@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,12 +92,10 @@ def own_interpret_params_kept_on_meshes(
     except (JaxInternalsChanged, AttributeError, ImportError):
         yield False
         return
-    # jax 0.12 deprecates pl.core_map (for pl.kernel): reading it warns, and the warning
-    # would fail every Pallas test of a suite that turns DeprecationWarnings into errors.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        originals = {name: getattr(pallas, name) for name in _MESH_KERNEL_BUILDERS
-                     if callable(getattr(pallas, name, None))}
+    # Only the module's own attributes: a deprecated one (jax 0.12's core_map) is served by
+    # the module's __getattr__, which warns; setting it would bypass that for good.
+    originals = {name: vars(pallas)[name] for name in _MESH_KERNEL_BUILDERS
+                 if callable(vars(pallas).get(name))}
 
     def without_forcing(function: Any, params: Any) -> Any:
         # What the builder returns (a decorator, a kernel) reads the forced mode again when
@@ -216,3 +213,96 @@ def empty_slices_in_bounds() -> Iterator[bool]:
         yield True
     finally:
         buffer_class.__getitem__, buffer_class.__setitem__ = original_get, original_set
+
+
+# --- reshaped and bitcast refs ---------------------------------------------------------
+#
+# The TPU interpreter turns a ref's transforms into one index range and assumes each is an
+# indexer (interpret/utils.py: to_range), so a load, store or DMA through ref.reshape(...) or
+# ref.bitcast(...) stopped with "'ReshapeTransform' object has no attribute 'indices'". Here
+# the indexers before the first other transform select a block of the buffer, as before, and
+# the rest apply to that block with NumPy, in the semantics of JAX's state discharge
+# (jax._src.state.discharge.transform_array; a bitcast packs along the second-minor axis).
+
+
+def _split_at_first_view(transforms: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    transforms = tuple(transforms or ())
+    for position, transform in enumerate(transforms):
+        if not hasattr(transform, "indices"):
+            return transforms[:position], transforms[position:]
+    return transforms, ()
+
+
+def _bitcast(array: Any, dtype: Any) -> Any:
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    source_bits, target_bits = array.dtype.itemsize * 8, dtype.itemsize * 8
+    array = np.ascontiguousarray(array)
+    if source_bits == target_bits:
+        return array.view(dtype)
+    if array.ndim < 2:
+        raise NotImplementedError("a bitcast that changes the bit width needs 2 dimensions")
+    shape = list(array.shape)
+    shape[-2] = shape[-2] * source_bits // target_bits
+    if source_bits < target_bits:  # pack `ratio` rows into one
+        ratio = target_bits // source_bits
+        grouped = array.reshape(*array.shape[:-2], array.shape[-2] // ratio, ratio, -1)
+        return np.ascontiguousarray(grouped.swapaxes(-1, -2)).view(dtype).reshape(shape)
+    ratio = source_bits // target_bits  # unpack one row into `ratio`
+    pieces = array.view(dtype).reshape(*array.shape, ratio)
+    return np.ascontiguousarray(pieces.swapaxes(-1, -2)).reshape(shape)
+
+
+def _apply_views(views: tuple[Any, ...], block: Any, to_range: Any) -> Any:
+    for transform in views:
+        if hasattr(transform, "indices"):
+            block = block[to_range((transform,))]
+        elif type(transform).__name__ == "ReshapeTransform":
+            block = block.reshape(tuple(transform.shape))
+        elif type(transform).__name__ == "BitcastTransform":
+            block = _bitcast(block, transform.dtype)
+        else:
+            raise NotImplementedError(f"the TPU interpreter cannot apply {transform!r}")
+    return block
+
+
+@contextlib.contextmanager
+def reshaped_and_bitcast_refs_readable() -> Iterator[bool]:
+    """Loads and DMAs *from* a reshaped or bitcast ref run in JAX's TPU interpreter.
+
+    Writes through such a ref are left to JAX (it raises, and the plugin's
+    fallback skips the kernel naming the limitation): writing back through a view
+    would read the whole block first, which the race detector would count as a read
+    the kernel never made. Yields False when the interpreter's ``get`` cannot be
+    wrapped.
+    """
+    try:
+        module = _private(f"{_INTERPRETER_PACKAGE}.interpret_pallas_call")
+        utils = _private(f"{_INTERPRETER_PACKAGE}.utils")
+        original = module.get
+        raw = original.__wrapped__
+        wrap = module.fail_on_exception
+        to_range = utils.to_range
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+    import jax
+
+    def get(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
+            buffer_id: Any, transforms: Any, *args: Any, **kwargs: Any) -> Any:
+        block_transforms, views = _split_at_first_view(transforms)
+        if not views:
+            return raw(token, device_id, local_core_id, memory_space, buffer_id, transforms,
+                       *args, **kwargs)
+        token, block = raw(token, device_id, local_core_id, memory_space, buffer_id,
+                           block_transforms, *args, **kwargs)
+        return token, _apply_views(jax.tree.map(int, views), block, to_range)
+
+    # The interpreter's own module, so its callbacks are recognised as its (see above).
+    get.__module__ = original.__module__
+    module.get = wrap(get)
+    try:
+        yield True
+    finally:
+        module.get = original

@@ -1246,8 +1246,39 @@ def interpreter_crash(error: BaseException) -> str | None:
             last = next((line.strip() for line in reversed(lines) if internal.match(line)), None)
             if last and files and any(s in files[-1] for s in _INTERPRETER_SOURCES):
                 return f"{last} (in {_short_jax_path(files[-1])})"
+            misjudged = _in_bounds_masked_swap(text)
+            if misjudged:
+                return misjudged
         current = current.__cause__ or current.__context__
     return None
+
+
+_MASKED_SWAP = (r"Out-of-bounds masked swap of [^:]*: swapping \[\((.*?)\)\] "
+                r"but buffer has shape \(([\d, ]*)\)")
+
+
+def _in_bounds_masked_swap(text: str) -> str | None:
+    """The crash line when the TPU interpreter refused a masked store that is in bounds.
+
+    jax 0.10's ``swap_buffer_content`` marks a mask's out-of-bounds part with
+    ``in_bounds_mask[in_bounds_shape[i]:] = False`` for every axis i, which always
+    slices axis 0: a masked store of rows 0:8, columns 0:2 into an (8, 4, 128)
+    buffer is refused as out of bounds (JAX's ragged paged attention makes one).
+    """
+    import re
+
+    found = re.search(_MASKED_SWAP, text)
+    if not found:
+        return None
+    shape = [int(size) for size in found.group(2).replace(" ", "").split(",") if size]
+    ranges = re.findall(r"slice\((\d+), (\d+), (?:\d+|None)\)|(\d+)", found.group(1))
+    if len(ranges) > len(shape):
+        return None
+    for (start, stop, index), size in zip(ranges, shape):
+        if (index and int(index) >= size) or (stop and (int(stop) > size or int(start) > size)):
+            return None  # truly out of bounds: the kernel's bug
+    return (f"ValueError: {found.group(0)} (in jax/_src/pallas/mosaic/interpret/shared_memory.py:"
+            " its masked-store bounds check slices the first axis for every axis)")
 
 
 def _short_jax_path(path: str) -> str:

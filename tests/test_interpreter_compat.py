@@ -80,12 +80,14 @@ def test_the_timeout_ends_a_stuck_kernel_on_eight_devices(pytester, run_pytest):
 # A kernel over a TensorCore mesh that allocates HBM in run_scoped, which JAX's TPU
 # interpreter allows only when the kernel's own InterpretParams say so.
 CORE_MAP_WITH_OWN_PARAMS = textwrap.dedent('''
+    import functools
     import jax, jax.numpy as jnp, numpy as np, pytest
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
     from pytest_pallas._jax_compat import tensorcore_mesh
 
     @pytest.mark.pallas
+    @pytest.mark.skipif("core_map" not in vars(pl), reason="pl.core_map is deprecated here")
     def test_hbm_in_run_scoped():
         mesh = tensorcore_mesh("core", 1)
 
@@ -107,13 +109,30 @@ CORE_MAP_WITH_OWN_PARAMS = textwrap.dedent('''
             return y
 
         np.testing.assert_array_equal(f(jnp.arange(8.0)), np.arange(8.0))
+
+    @pytest.mark.pallas
+    def test_hbm_in_run_scoped_of_pl_kernel():
+        @functools.partial(
+            pl.kernel, out_type=jax.ShapeDtypeStruct((8,), jnp.float32),
+            mesh=tensorcore_mesh("core", 1),
+            interpret=pltpu.InterpretParams(allow_hbm_allocation_in_run_scoped=True))
+        def f(x_ref, y_ref):
+            def copy(hbm):
+                pltpu.sync_copy(x_ref, hbm)
+                pltpu.sync_copy(hbm, y_ref)
+
+            pl.run_scoped(copy, pltpu.HBM(x_ref.shape, x_ref.dtype))
+
+        np.testing.assert_array_equal(f(jnp.arange(8.0)), np.arange(8.0))
 ''')
 
 
 def test_core_map_keeps_its_own_interpret_params(pytester, run_pytest):
     pytester.makepyfile(test_core_map=CORE_MAP_WITH_OWN_PARAMS)
-    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
-    result.assert_outcomes(passed=1)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-rs")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) == 2, result.stdout.str()
+    assert outcomes.get("passed", 0) >= 1 and not outcomes.get("failed"), result.stdout.str()
 
 
 # A kernel that reads a DMA's destination before waiting on it, and a test that asks JAX's
@@ -195,3 +214,43 @@ def test_a_zero_length_dma_at_the_end_of_an_array_is_no_finding(pytester, run_py
     result.assert_outcomes(passed=1)
     if "TPU compiler check for" in result.stdout.str():  # libtpu installed: it compiled
         result.stdout.fnmatch_lines(["pallas: TPU compiler check: 1 kernel compiles*"])
+
+
+# Loads and a DMA from ref.reshape(...) and ref.bitcast(...) views, as JAX's ragged paged
+# attention reads its KV buffer; the TPU interpreter stopped at them ("'ReshapeTransform'
+# object has no attribute 'indices'"). The expected values follow JAX's state discharge: a
+# bitcast from 16 to 32 bits packs rows 2i (low half) and 2i + 1 (high half).
+RESHAPED_AND_BITCAST_REFS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def views(x_hbm, rows_ref, words_ref, buf, sem):
+        copy = pltpu.make_async_copy(x_hbm.reshape(2, 8, 128), buf, sem)
+        copy.start()
+        copy.wait()
+        rows_ref[...] = buf.reshape(16, 128)[pl.ds(4, 8)]
+        words_ref[...] = buf.reshape(16, 128).bitcast(jnp.uint32)[...]
+
+    @pytest.mark.pallas
+    def test_views():
+        x = (jnp.arange(16 * 128, dtype=jnp.float32) / 7).astype(jnp.bfloat16).reshape(16, 128)
+        rows, words = pl.pallas_call(
+            views,
+            out_shape=(jax.ShapeDtypeStruct((8, 128), jnp.bfloat16),
+                       jax.ShapeDtypeStruct((8, 128), jnp.uint32)),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            scratch_shapes=[pltpu.VMEM((2, 8, 128), jnp.bfloat16), pltpu.SemaphoreType.DMA],
+        )(x)
+        flat = np.asarray(x).reshape(16, 128)
+        np.testing.assert_array_equal(np.asarray(rows), flat[4:12])
+        halves = flat.view(np.uint16).astype(np.uint32)
+        np.testing.assert_array_equal(np.asarray(words), halves[0::2] | (halves[1::2] << 16))
+''')
+
+
+def test_loads_and_dmas_from_reshaped_and_bitcast_refs_run(pytester, run_pytest):
+    pytester.makepyfile(test_views=RESHAPED_AND_BITCAST_REFS)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-W",
+                        "error::pytest_pallas.plugin.PallasInterpreterFallback")
+    result.assert_outcomes(passed=1)

@@ -1,9 +1,10 @@
 """Classes 6 and 7: a kernel JAX's own interpreter cannot run is not a failing kernel.
 
-* Class 6: JAX's TPU interpreter crashes inside JAX on some kernels (ragged
-  paged attention: "'ReshapeTransform' object has no attribute 'indices'",
-  from reading a reshaped VMEM ref). The test says so in one paragraph and
-  runs again in the plain interpreter, which checks the values.
+* Class 6: JAX's TPU interpreter crashes inside JAX on some kernels
+  ("'ReshapeTransform' object has no attribute 'indices'", from writing through
+  a reshaped VMEM ref; reading through one runs under the plugin). The test says so in one
+  paragraph and runs again in the plain interpreter, which checks the values, or is skipped
+  naming both crashes when that one cannot run it either.
 * Class 7: the plain interpreter, the conformance suite's fast path, cannot
   lower ``pl.program_id`` inside a ``pl.when`` body ("MLIR translation rule
   for primitive 'program_id' not found for platform cpu"); the suite runs the
@@ -31,8 +32,10 @@ RESHAPED_REF_TEST = textwrap.dedent(
 
     def _kernel(x_ref, o_ref, buf):
         buf[...] = x_ref[...]
-        # a reshaped VMEM ref, as ragged paged attention reads
-        o_ref[...] = buf.reshape(2, 8, 128)[1] + 1.0
+        # a write through a reshaped VMEM ref: the plugin lets the TPU interpreter read
+        # through one (as ragged paged attention does), not yet write
+        buf.reshape(2, 8, 128)[1] = buf[pl.ds(8, 8)] + 1.0
+        o_ref[...] = buf[pl.ds(8, 8)]
 
 
     def second_half_plus_one(x):
@@ -51,13 +54,17 @@ RESHAPED_REF_TEST = textwrap.dedent(
 def test_tpu_interpreter_crash_falls_back_to_the_plain_interpreter_and_says_why(run_pytest,
                                                                                 pytester):
     pytester.makepyfile(test_reshaped=RESHAPED_REF_TEST)
-    result = run_pytest("-W", "always")
+    result = run_pytest("-W", "always", "-rs")
     output = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, output[-4000:]
     assert "JAX's TPU interpreter crashed inside JAX" in output
     assert "'ReshapeTransform' object has no attribute 'indices'" in output
     assert "not a bug of the kernel" in output
-    assert "run again in the plain interpreter" in output
+    # jax 0.12's plain interpreter writes through the reshape and checks the values; jax
+    # 0.10's cannot either, and the test is skipped saying so.
+    assert "run again in the plain interpreter" in output or (
+        "tried again in the plain interpreter" in output
+        and "neither of JAX's interpreters can run this kernel" in output), output[-4000:]
 
 
 WHEN_PROGRAM_ID = textwrap.dedent(
