@@ -323,8 +323,8 @@ def _all_gather_matmul_args(devices: int):
 
 # The plugin itself skips the runs this stops, naming the limitation: no xfail needed.
 RESHAPED_REF_GAP = (
-    "JAX's TPU interpreter cannot DMA from or to a reshaped ref "
-    "('ReshapeTransform' object has no attribute 'indices'; issue 23, class 4)")
+    "JAX's TPU interpreter cannot write through a bitcast ref in a DMA "
+    "('BitcastTransform' object has no attribute 'indices'; issue 23, class 4)")
 
 
 TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for case in [
