@@ -1200,7 +1200,16 @@ _INTERPRETER_SOURCES = (
 )
 _INTERNAL_ERROR_TYPES = ("AttributeError", "TypeError", "KeyError", "IndexError",
                          "NotImplementedError", "UnboundLocalError", "NameError")
+# A ValueError is often the kernel's own (a shape it rejects), so it counts only when
+# the interpreter's code raised it: the plain interpreter's discharge of a remote copy
+# fails in safe_zip ("argument 2 has length 8 but argument 0 has length 10") on
+# tpu-inference's all-gather matmul.
+_INTERNAL_WHEN_RAISED_INSIDE = ("ValueError",)
 _NO_CPU_RULE = "MLIR translation rule for primitive"
+
+
+def _in_interpreter(filename: str) -> bool:
+    return any(s in filename.replace("\\", "/") for s in _INTERPRETER_SOURCES)
 
 
 def interpreter_crash(error: BaseException) -> str | None:
@@ -1214,6 +1223,11 @@ def interpreter_crash(error: BaseException) -> str | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         name = type(current).__name__
+        if name in _INTERNAL_WHEN_RAISED_INSIDE:
+            frames = traceback.extract_tb(current.__traceback__)
+            if frames and _in_interpreter(frames[-1].filename):
+                first = str(current).strip().splitlines()[0] if str(current).strip() else ""
+                return f"{name}: {first} (in {_short_jax_path(frames[-1].filename)})"
         if name in _INTERNAL_ERROR_TYPES or _NO_CPU_RULE in str(current):
             frames = traceback.extract_tb(current.__traceback__)
             where = next((f.filename for f in reversed(frames)

@@ -58,6 +58,29 @@ def test_interpreter_crash_names_a_crash_inside_the_tpu_interpreter_only():
     assert _jax_compat.interpreter_crash(ValueError("a kernel's own error")) is None
 
 
+def _raised_from(filename: str, message: str) -> ValueError:
+    """A ValueError whose raising frame is in ``filename`` (as if that file raised it)."""
+    namespace: dict = {}
+    exec(compile(f"def fail():\n    raise ValueError({message!r})\n", filename, "exec"),
+         namespace)
+    try:
+        namespace["fail"]()
+    except ValueError as error:
+        return error
+    raise AssertionError("unreachable")
+
+
+def test_interpreter_crash_counts_a_value_error_only_when_the_interpreter_raised_it():
+    # The plain interpreter's discharge of tpu-inference's all-gather matmul (jax 0.12).
+    inside = _raised_from("/venv/site-packages/jax/_src/state/discharge.py",
+                          "safe_zip() argument 2 has length 8 but argument 0 has length 10.")
+    crash = _jax_compat.interpreter_crash(inside)
+    assert crash.startswith("ValueError: safe_zip()") and "jax/_src/state/discharge.py" in crash
+    # The kernel's own ValueError stays the kernel's, wherever it passed on its way out.
+    own = _raised_from("/home/user/my_kernels.py", "block_q must divide the sequence")
+    assert _jax_compat.interpreter_crash(own) is None
+
+
 def test_with_tile_padded_bounds_sets_padded_and_leaves_other_values():
     params = _jax_compat.with_tile_padded_bounds(pltpu.InterpretParams(detect_races=True))
     assert params.buffer_bounds == "padded" and params.detect_races
