@@ -62,11 +62,15 @@ class Case:
 
     def __init__(self, op: Operation | str, dims: dict[str, Any], dtype: str, profile: str,
                  seed: int, args: tuple[np.ndarray, ...],
-                 kwargs: dict[str, Any] | None = None) -> None:
+                 kwargs: dict[str, Any] | None = None,
+                 blocks: dict[str, int] | None = None) -> None:
         self.operation = _operation(op)
         self.dims, self.dtype, self.profile, self.seed = dims, dtype, profile, seed
         self.args = args
         self.kwargs = dict(kwargs or {})
+        # Block sizes for the implementation's declared block keywords (@supports(blocks=)):
+        # the implementation gets them, the oracle does not.
+        self.blocks = dict(blocks or {})
 
     @property
     def op(self) -> str:
@@ -74,7 +78,7 @@ class Case:
 
     def with_args(self, args: tuple[np.ndarray, ...]) -> Case:
         return Case(self.operation, self.dims, self.dtype, self.profile, self.seed, args,
-                    self.kwargs)
+                    self.kwargs, self.blocks)
 
     @property
     def reduction_length(self) -> int | None:
@@ -83,7 +87,7 @@ class Case:
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())
         kwargs = "".join(f", {k}={v!r}" if not isinstance(v, str) else f", {k}={v}"
-                         for k, v in self.kwargs.items())
+                         for k, v in {**self.kwargs, **self.blocks}.items())
         previews = "; ".join(
             f"arg{i} {a.shape} {a.dtype}: {np.array2string(a.ravel()[:4], precision=4)}"
             for i, a in enumerate(self.args)
@@ -215,7 +219,68 @@ def cases(draw, op: Operation | str, domain: Domain = Domain()) -> Case:
         sizes = _budgeted_sizes(op, domain)
         dims = {dim: draw(st.sampled_from(sizes[dim])) for dim in op.dimensions}
     kwargs = {name: draw(st.sampled_from(values)) for name, values in op.params.items()}
-    return make_case(op, dims, dtype, profile, seed, kwargs)
+    case = make_case(op, dims, dtype, profile, seed, kwargs)
+    choices = block_choices(op, domain, case.dims, dtype)
+    case.blocks = {keyword: draw(st.sampled_from(sizes)) for keyword, sizes in choices.items()}
+    case.blocks = {keyword: size for keyword, size in case.blocks.items() if size is not None}
+    return case
+
+
+# --- blocks: several grid steps on small inputs -----------------------------------------------
+#
+# A kernel whose default blocks span a whole dimension up to 512 runs one grid step on every
+# size the suite draws (at most 40 rows, 384 lanes, k = 640), so its multi-block code (an
+# accumulator carried across k steps, an online softmax across kv blocks, a ragged last block)
+# never runs. An implementation that declares its block keywords (@supports(blocks=...)) gets
+# small legal blocks instead: the sweep takes the one that splits each dimension into two
+# steps (the second ragged where the size allows), the draws that one, the dimension's
+# smallest legal block (the most steps) or the implementation's default.
+
+
+def block_multiple(op: Operation, dim: str, dtype: str, multiple: int | None) -> int:
+    """The multiple a block of ``dim`` must be: the declared one, else the TPU tile of the
+    dimension's kind (lanes 128, the dtype's native sublanes, 1 for a batch-like axis)."""
+    if multiple is not None:
+        return multiple
+    from .tiling import LANES, native_sublanes
+
+    kind = op.dimension_kind(dim)
+    if kind in ("minor", "reduction"):
+        return LANES
+    if kind == "second_minor":
+        return native_sublanes(strategies.as_dtype(dtype))
+    return 1
+
+
+def _two_step_block(size: int, multiple: int, ragged: bool) -> int | None:
+    """The smallest legal block that splits ``size`` into two steps (more where the tile
+    forces it, or where the block must divide ``size``), None when ``size`` fits one tile."""
+    if size <= multiple:
+        return None
+    if not ragged:
+        dividing = [block for block in range(multiple, size, multiple) if size % block == 0]
+        return max(dividing, default=None)
+    half = -(-size // 2)
+    block = -(-half // multiple) * multiple
+    return block if block < size else None
+
+
+def block_choices(op: Operation | str, domain: Domain, dims: dict[str, Any],
+                  dtype: str) -> dict[str, tuple[int | None, ...]]:
+    """Per declared block keyword, the blocks an example may take: the two-step block first
+    (the sweep's), then the smallest legal one, then None (the implementation's default)."""
+    op = _operation(op)
+    choices: dict[str, tuple[int | None, ...]] = {}
+    for keyword, (dim, declared) in domain.blocks.items():
+        size = dims.get(dim)
+        if not isinstance(size, int):
+            continue
+        multiple = block_multiple(op, dim, dtype, declared)
+        two_steps = _two_step_block(size, multiple, domain.ragged_blocks)
+        smallest = multiple if multiple < size and (
+            domain.ragged_blocks or size % multiple == 0) else None
+        choices[keyword] = tuple(dict.fromkeys((two_steps, smallest, None)))
+    return choices
 
 
 def build_arguments(op: Operation, dims: dict[str, Any], dtype: str, profile: str,
@@ -367,7 +432,10 @@ def sweep_case(op: Operation | str, domain: Domain, index: int) -> Case | None:
                                  multiple_of=domain.multiple_of.get(dim, 1))
                 for dim in op.dimensions}
     kwargs = {name: values[index % len(values)] for name, values in op.params.items()}
-    return make_case(op, dims, dtype, profile, index, kwargs)
+    case = make_case(op, dims, dtype, profile, index, kwargs)
+    case.blocks = {keyword: sizes[0] for keyword, sizes
+                   in block_choices(op, domain, case.dims, dtype).items() if sizes[0] is not None}
+    return case
 
 
 def argument_shapes(op: Operation | str, dims: dict[str, Any]) -> list[tuple[int, ...]]:
