@@ -323,7 +323,9 @@ def make_case(op: Operation | str, dims: dict[str, Any], dtype: str, profile: st
 # examples the value property tries each profile on the op's first dtype and the most
 # stressful profile on each other dtype, on two shapes in turn (ragged past several tiles,
 # and several whole tiles: ``_SWEEP_SIZES``): Hypothesis explicit examples, the same in
-# every run. Sweep case i takes value i (cyclically) of each of the op's params. The
+# every run. Sweep case i takes value i + i // 2 (cyclically) of each of the op's params,
+# so that a param of two values takes each on both shapes (causal and not, each with
+# several kv blocks). The
 # whole-tiles shape has one batch element (batch axes step in the ragged shape, with 2) and
 # a k of three tiles: each extra batch element or k tile is interpreted work in every case.
 
@@ -431,7 +433,8 @@ def sweep_case(op: Operation | str, domain: Domain, index: int) -> Case | None:
                                  own_sizes=dim in op.sizes,
                                  multiple_of=domain.multiple_of.get(dim, 1))
                 for dim in op.dimensions}
-    kwargs = {name: values[index % len(values)] for name, values in op.params.items()}
+    kwargs = {name: values[(index + index // SWEEP_SHAPES) % len(values)]
+              for name, values in op.params.items()}
     case = make_case(op, dims, dtype, profile, index, kwargs)
     case.blocks = {keyword: sizes[0] for keyword, sizes
                    in block_choices(op, domain, case.dims, dtype).items() if sizes[0] is not None}

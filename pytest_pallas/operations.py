@@ -129,7 +129,7 @@ sum = _builtin("sum", "(n,r,c)->(r,c)", "reduction", "sum_leading_axis", reducti
 matmul = _builtin("matmul", "(m,k),(k,n)->(m,n)", "matmul", reduction="k")
 matmul_activation = _builtin(
     "matmul_activation", "(m,k),(k,n)->(m,n)", "matmul", reduction="k",
-    # In this order the sweep (value i for sweep case i) puts gelu, the activation whose
+    # In this order the sweep (value i + i // 2 for sweep case i) puts gelu, the activation whose
     # rounding needs its allowance, on the "large" values.
     params={"activation": (Deferred("jax.nn:gelu"), Deferred("jax.nn:silu"), None,
                            Deferred("jax.nn:relu"))},
