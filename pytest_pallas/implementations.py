@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import pytest
 
-from . import ops as _ops
-
 
 def _unknown_op(op: str, flag: str) -> pytest.UsageError:
+    from . import ops as _ops
+
     return pytest.UsageError(
         f"{flag}: unknown op {op!r}; the conformance ops are {', '.join(_ops.op_names())} "
         "(an op of your own joins them through the pytest_pallas_operations hook)."
@@ -27,6 +27,10 @@ def _unknown_op(op: str, flag: str) -> pytest.UsageError:
 
 def parse_impl_flags(values: list[str]) -> tuple[tuple[str, str], ...]:
     """``["matmul=my.kernels:matmul"]`` -> ``(("matmul", "my.kernels:matmul"),)``, validated."""
+    if not values:
+        return ()  # the registry is imported only when a flag names an op
+    from . import ops as _ops
+
     parsed: dict[str, str] = {}
     for value in values:
         op, sep, target = value.partition("=")
@@ -51,6 +55,8 @@ def parse_ops_flag(value: str | None) -> tuple[str, ...]:
     """``"add,matmul"`` -> ``("add", "matmul")``, validated."""
     if value is None:
         return ()
+    from . import ops as _ops
+
     ops = tuple(op.strip() for op in value.split(",") if op.strip())
     if not ops:
         raise pytest.UsageError("--pallas-ops is empty; give e.g. --pallas-ops=add,matmul.")

@@ -31,7 +31,10 @@ _REPORT_DIRECTORY_CREATED = pytest.StashKey[str | None]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from .persistent_cache import add_ini_option
+
     options_module.add_options(parser)
+    add_ini_option(parser)
     parser.addini(
         "pallas_scope", default="marked",
         help="'marked' (default): only tests with a pallas marker or fixture run in the Pallas "
@@ -56,10 +59,10 @@ def pytest_configure(config: pytest.Config) -> None:
     _register_operations(config)
     parsed = options_module.parse_options(config)
     if not parsed.tpu:
-        from .compile_check import quiet_libtpu_environment
+        from .libtpu_environment import quiet_libtpu_environment_for
 
         # Before anything starts JAX: libtpu's start-up warnings never reach the user.
-        quiet_libtpu_environment()
+        quiet_libtpu_environment_for(parsed.libtpu)
     scope = config.getini("pallas_scope") or "marked"
     if scope not in ("marked", "all"):
         raise pytest.UsageError(f"ini option pallas_scope={scope!r} must be 'marked' or 'all'.")
@@ -69,19 +72,22 @@ def pytest_configure(config: pytest.Config) -> None:
         invocation=tuple(config.invocation_params.args),
     )
     config.stash[_SESSION] = session
-    from .compile_check import STATS
-
-    # The compile summary counts this session's compiles (an in-process run shares STATS).
-    _COMPILES_BEFORE[id(session)] = (STATS.compiles, STATS.cached, STATS.seconds)
+    # The compile summary counts this session's compiles (an in-process run shares STATS;
+    # a process that never imported the compile check has compiled nothing).
+    stats = _loaded("compile_check", "STATS")
+    _COMPILES_BEFORE[id(session)] = ((stats.compiles, stats.cached, stats.seconds)
+                                     if stats is not None else (0, 0, 0.0))
     if not parsed.tpu and (parsed.session_opted_in or parsed.devices_requested):
         # The device count must be fixed before JAX creates its CPU client (and before
         # the user's modules below are imported: they may make arrays at import).
         session.ensure_devices()
     # Before the backend and the suite import JAX (seconds): a mistake in --pallas-impl
     # is reported as fast as any other usage error.
-    from .implementations import resolve_all
+    user_callables = {}
+    if parsed.implementations:
+        from .implementations import resolve_all
 
-    user_callables = resolve_all(parsed.implementations)
+        user_callables = resolve_all(parsed.implementations)
     if (not parsed.tpu and parsed.session_opted_in
             and config.getoption("--benchmark-only", default=False)):
         # Before the backend below creates JAX's CPU client, which reads XLA_FLAGS (without
@@ -92,6 +98,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if parsed.session_opted_in:
         # --pallas-tpu without a TPU must stop here, before collection (exit 4).
         session.backend  # noqa: B018
+        from .persistent_cache import register
+
+        register(config)  # compilations kept in pytest's cache directory across runs
     # Every run records what conformance tests it runs: the packaged suite's, and those of
     # a conformance_tests class in the user's own modules.
     from .report import ConformanceRecorder
@@ -107,6 +116,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _register_operations(config: pytest.Config) -> None:
     """The ops of ``pytest_pallas_operations`` hooks join the registry; then the op flags are
     checked against it."""
+    if not config.hook.pytest_pallas_operations.get_hookimpls():
+        return  # no op of a conftest or plugin: the registry is not even imported
     from . import ops
     from .operation import OperationError
 
@@ -212,9 +223,9 @@ def _load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> No
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from .ops import unregister_all
-
-    unregister_all()
+    unregister_all = _loaded("ops", "unregister_all")  # nothing registered if never imported
+    if unregister_all is not None:
+        unregister_all()
     pallas = config.stash.get(_SESSION, None)
     if pallas is not None and pallas.hypothesis_profile_before is not None:
         from hypothesis import settings
@@ -468,9 +479,9 @@ def pytest_handlecrashitem(crashitem, report, sched) -> None:
 # terminal summary, which says why the conformance report is incomplete.
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus):
-    from .benchmarking import withhold_interrupted_run
-
-    withhold_interrupted_run(session.config, exitstatus)
+    withhold_interrupted_run = _loaded("benchmarking", "withhold_interrupted_run")
+    if withhold_interrupted_run is not None:
+        withhold_interrupted_run(session.config, exitstatus)
     _finish_conformance_report(session, exitstatus)
     return (yield)
 
@@ -537,9 +548,9 @@ def _write_report(config: pytest.Config, *, complete: bool) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    from .benchmarking import terminal_summary as benchmark_summary
-
-    benchmark_summary(terminalreporter, config)
+    benchmark_summary = _loaded("benchmarking", "terminal_summary")
+    if benchmark_summary is not None:
+        benchmark_summary(terminalreporter, config)
     pallas = _session(config)
     compile_line = _compile_summary(pallas)
     if compile_line:
@@ -575,16 +586,25 @@ _SUMMARY_LEGEND = (
 _COMPILES_BEFORE: dict[int, tuple[int, int, float]] = {}
 
 
+def _loaded(module: str, name: str) -> Any:
+    """``name`` of the plugin's ``module`` if something in this process imported it, else None.
+
+    A run that never benchmarked or compiled for a TPU never imported those modules, and
+    its closing hooks need not import them (with JAX's compatibility layer) to find out.
+    """
+    found = sys.modules.get(f"{__package__}.{module}")
+    return getattr(found, name, None) if found is not None else None
+
+
 def _compile_summary(pallas: PallasSession) -> str | None:
     """What the TPU compiler check cost in this session (pytest-xdist workers count apart)."""
-    if not pallas.options.compile_chips:
+    STATS = _loaded("compile_check", "STATS")  # noqa: N806
+    if not pallas.options.compile_chips or STATS is None:
         return None
-    from .compile_check import STATS
-
     compiles, cached, seconds = _COMPILES_BEFORE.get(id(pallas), (0, 0, 0.0))
     compiles, cached, seconds = (STATS.compiles - compiles, STATS.cached - cached,
                                  STATS.seconds - seconds)
-    if not compiles:
+    if not compiles and not cached:
         return None
     return (f"pallas: TPU compiler check: {compiles} kernel compiles in "
             f"{seconds:.1f} s, {cached} verdicts from the cache")
