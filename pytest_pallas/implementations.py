@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import traceback
 from collections.abc import Callable
 
 import pytest
@@ -102,6 +101,8 @@ def resolve(target: str, *, flag: str) -> Callable:
     except SupportsError as error:
         raise pytest.UsageError(f"{flag}: {error}")
     except Exception as error:  # any error while importing user code is a usage problem
+        import traceback
+
         last = traceback.format_exception_only(type(error), error)[-1].strip()
         raise pytest.UsageError(f"{flag}: cannot import module {module_name!r}: {last}")
     obj = module

@@ -329,7 +329,7 @@ def make_case(op: Operation | str, dims: dict[str, Any], dtype: str, profile: st
 # whole-tiles shape has one batch element (batch axes step in the ragged shape, with 2) and
 # a k of three tiles: each extra batch element or k tile is interpreted work in every case.
 
-SWEEP_SLOTS = 6  # the most sweep cases of any built-in op over its whole domain (add, copy, ...)
+SWEEP_SLOTS = 12  # the most sweep cases of any built-in op over its whole domain
 _STRESS_PROFILES = ("large", "offset", "extremes")
 
 
@@ -364,13 +364,49 @@ def sweep(op: Operation | str, domain: Domain = Domain()) -> list[tuple[str, str
 
 def sweep_slots(op: Operation | str) -> int:
     """How many sweep cases ``op`` has over its whole domain (the explicit examples it needs)."""
-    return len(sweep(op))
+    return sweep_count(op, Domain())
+
+
+def sweep_count(op: Operation | str, domain: Domain) -> int:
+    """How many sweep cases ``op`` has inside ``domain``: its (dtype, profile) pairs, then its
+    structural cases (``structural_sweep``)."""
+    op = _operation(op)
+    return len(sweep(op, domain)) + len(_structural(op, domain))
+
+
+def _structural(op: Operation, domain: Domain) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    if op.is_elementwise or not _dtypes_for(op, domain):
+        return []
+    from .structural_sweep import assignments
+
+    sizes = _budgeted_sizes(op, domain)
+    ragged = {dim: _sweep_size(sizes[dim], op.dimension_kind(dim), 0, own_sizes=dim in op.sizes,
+                               multiple_of=domain.multiple_of.get(dim, 1))
+              for dim in op.dimensions}
+    return assignments(op, sizes, ragged)
+
+
+def _structural_case(op: Operation, domain: Domain, index: int) -> Case | None:
+    """Structural sweep case ``index`` of ``op``: the op's first dtype, a revealing profile."""
+    structural = _structural(op, domain)
+    if index >= len(structural):
+        return None
+    from .structural_sweep import PROFILES
+
+    dtype = _dtypes_for(op, domain)[0]
+    profiles = [p for p in PROFILES if p in _profiles_for(op, dtype)] or _profiles_for(op, dtype)
+    dims, kwargs = structural[index]
+    seed = len(sweep(op, domain)) + index
+    case = make_case(op, dims, dtype, profiles[index % len(profiles)], seed, kwargs)
+    case.blocks = {keyword: sizes[0] for keyword, sizes
+                   in block_choices(op, domain, case.dims, dtype).items() if sizes[0] is not None}
+    return case
 
 
 def sweep_order(op: Operation | str, domain: Domain, first: int | None) -> list[int]:
     """The order the sweep cases of ``op`` run in: case ``first`` (1-based, as failures
     number them) first when ``op`` has it, then the others in turn."""
-    order = list(range(len(sweep(op, domain))))
+    order = list(range(sweep_count(op, domain)))
     if first is not None and 1 <= first <= len(order):
         order.insert(0, order.pop(first - 1))
     return order
@@ -417,7 +453,7 @@ def sweep_case(op: Operation | str, domain: Domain, index: int) -> Case | None:
     op = _operation(op)
     pairs = sweep(op, domain)
     if index >= len(pairs):
-        return None
+        return _structural_case(op, domain, index - len(pairs))
     dtype, profile = pairs[index]
     shape = index % SWEEP_SHAPES
     if op.is_elementwise:
