@@ -52,6 +52,8 @@ def _kept_combinations(op: Any, pair: tuple[str, str], axes: dict[str, tuple],
     kept = []
     for combination in itertools.product(axes[pair[0]], axes[pair[1]]):
         dims, params = base(dict(zip(pair, combination)))
+        if dims is None:
+            continue
         merged = {**dims, **params}
         if tuple(merged[name] for name in pair) == combination:
             kept.append(combination)
@@ -75,8 +77,14 @@ def assignments(op: Any, sizes: Mapping[str, tuple[int, ...]],
             (params if name in op.params else dims)[name] = value
         return dims, params
 
-    def constrained(values: Mapping[str, Any]) -> tuple[dict, dict]:
-        return op.constrained(*split(values, smallest=False))
+    def inside(dims: Mapping[str, Any]) -> bool:
+        # constrain may move a dimension out of the implementation's domain (s = t under a
+        # causal mask takes t below a declared multiple): such a case is left out.
+        return all(dims[dim] in sizes[dim] for dim in op.dimensions)
+
+    def constrained(values: Mapping[str, Any]) -> tuple[dict | None, dict]:
+        dims, params = op.constrained(*split(values, smallest=False))
+        return (dims if inside(dims) else None), params
 
     pairs = [(pair, _kept_combinations(op, pair, axes, constrained))
              for pair in op.sweep_pairs if pair[0] in axes and pair[1] in axes]
@@ -89,5 +97,7 @@ def assignments(op: Any, sizes: Mapping[str, tuple[int, ...]],
         for pair, kept in pairs:
             if kept:
                 values.update(zip(pair, kept[j % len(kept)]))
-        cases.append(split(values, smallest=j == 0))
+        case = split(values, smallest=j == 0)
+        if inside(op.constrained(*case)[0]):
+            cases.append(case)
     return cases
