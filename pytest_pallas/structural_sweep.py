@@ -80,7 +80,7 @@ def assignments(op: Any, sizes: Mapping[str, tuple[int, ...]],
     def inside(dims: Mapping[str, Any]) -> bool:
         # constrain may move a dimension out of the implementation's domain (s = t under a
         # causal mask takes t below a declared multiple): such a case is left out.
-        return all(dims[dim] in sizes[dim] for dim in op.dimensions)
+        return all(dims[dim] in sizes[dim] or dims[dim] == ragged[dim] for dim in op.dimensions)
 
     def constrained(values: Mapping[str, Any]) -> tuple[dict | None, dict]:
         dims, params = op.constrained(*split(values, smallest=False))
