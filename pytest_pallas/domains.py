@@ -85,9 +85,10 @@ class Domain:
             "dtypes": list(self.dtypes) if self.dtypes is not None else None,
             "multiple_of": dict(self.multiple_of),
             "max_size": dict(self.max_size),
-            "blocks": {keyword: {"dimension": dim, "multiple": multiple}
-                       for keyword, (dim, multiple) in self.blocks.items()},
-            "ragged_blocks": self.ragged_blocks,
+            # Only when declared: an implementation without blocks reports as before.
+            **({"blocks": {keyword: {"dimension": dim, "multiple": multiple}
+                           for keyword, (dim, multiple) in self.blocks.items()},
+                "ragged_blocks": self.ragged_blocks} if self.blocks else {}),
         }
 
 
