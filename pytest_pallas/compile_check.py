@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import _jax_compat
+from .libtpu_environment import host_has_tpu, quiet_libtpu_environment_for  # noqa: F401
 from .tpu_checks import MIB, TpuRuleViolation, Violation, tpu_info_for
 
 UNIMPLEMENTED = "compiler-unimplemented"
@@ -60,18 +61,6 @@ _TOPOLOGY_SHAPES = {
     "tpu7x": ("2x2x1", "2x2x2", "2x2x4"),
 }
 
-# libtpu, loaded on a host without a TPU, prints warnings about the TPU hosts
-# and workers it cannot find (its metadata lookups); these answers silence them
-# and change nothing of what it compiles. ALLOW_MULTIPLE_LIBTPU_LOAD: every
-# pytest process (xdist workers, inner runs) loads libtpu, which otherwise takes
-# a machine-wide lock; here it only compiles.
-_QUIET_LIBTPU = {
-    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-    "TPU_WORKER_HOSTNAMES": "localhost",
-    "TPU_HOST_BOUNDS": "1,1,1",
-}
-
-
 # --- Is the compiler there? ---------------------------------------------------------
 
 
@@ -83,30 +72,13 @@ def libtpu_version() -> str | None:
     return installed_libtpu()
 
 
-def host_has_tpu() -> bool:
-    """Whether a TPU chip sits on this host's PCI bus (Google's vendor id), without JAX."""
-    import glob
-
-    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
-        try:
-            with open(path) as handle:
-                if handle.read().strip() == "0x1ae0":
-                    return True
-        except OSError:
-            continue
-    return False
-
-
 def quiet_libtpu_environment(environ: Any = os.environ) -> None:
     """Before JAX starts on a host without a TPU: keep libtpu's start-up warnings away.
 
     A value the user set wins. Does nothing when libtpu is not installed or a TPU
     is present (the runtime then needs its own view of the host).
     """
-    if libtpu_version() is None or host_has_tpu():
-        return
-    for name, value in _QUIET_LIBTPU.items():
-        environ.setdefault(name, value)
+    quiet_libtpu_environment_for(libtpu_version(), environ)
 
 
 # --- Topologies ------------------------------------------------------------------------
@@ -313,7 +285,7 @@ class CompileStats:
 STATS = CompileStats()
 _cache: collections.OrderedDict[str, CompileVerdict] = collections.OrderedDict()
 _cache_lock = threading.Lock()
-_CACHE_SIZE = 4096
+CACHE_SIZE = 4096
 
 
 def cache_key(params: dict[str, Any], avals: Sequence[Any], chip: str,
@@ -343,9 +315,22 @@ def verdict_for(params: dict[str, Any], avals: Sequence[Any], chip: str,
         STATS.compiles += 1
         STATS.seconds += verdict.seconds
         _cache[key] = verdict
-        while len(_cache) > _CACHE_SIZE:
+        while len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
     return verdict
+
+
+def remember_verdicts(verdicts: dict[str, CompileVerdict]) -> None:
+    """Verdicts of an earlier run (``persistent_cache``), answered as if compiled in this one."""
+    with _cache_lock:
+        for key, verdict in verdicts.items():
+            _cache.setdefault(key, verdict)
+
+
+def remembered_verdicts() -> dict[str, CompileVerdict]:
+    """Every verdict this process knows, by cache key (``persistent_cache`` stores them)."""
+    with _cache_lock:
+        return dict(_cache)
 
 
 def clear_cache() -> None:

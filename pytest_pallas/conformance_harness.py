@@ -411,7 +411,7 @@ class Conformance:
         implementation, case = self.draw(data, op)
         batched_args = properties.vmapped_case_args(case)
         function = jax.jit(jax.vmap(functools.partial(
-            implementation.function, **properties.call_kwargs(case))))
+            implementation.function, **properties.call_kwargs(case), **case.blocks)))
         try:
             result = self._in_breadth(
                 op, lambda: jax.block_until_ready(function(*batched_args)))

@@ -8,6 +8,20 @@
 The conformance suite then draws inputs only inside that domain and lists
 the restriction in its report. Dimension names are checked against the op
 when the suite binds the implementation to it (``Domain.validate_for``).
+
+``blocks`` declares the block-size keyword arguments an implementation takes, and
+the dimension each one blocks, so that the suite can make small inputs take
+several grid steps (a kernel whose default blocks span a whole small dimension
+never runs its multi-block code otherwise)::
+
+    @supports(blocks={"block_m": "m", "block_k": "k", "block_kv": ("t", 128)})
+    def my_kernel(x, y, *, block_m=None, block_k=None, block_kv=None): ...
+
+A block of dimension ``dim`` is a multiple of ``(dim, multiple)``'s multiple, or
+by default of the TPU tile of the dimension's kind (128 for a lane or reduction
+dimension, the dtype's native sublane count for a sublane one, 1 for a batch-like
+one). ``ragged_blocks=False`` says the kernel needs blocks that divide their
+dimension; by default a ragged last block is accepted.
 """
 
 from __future__ import annotations
@@ -17,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 _ATTRIBUTE = "__pallas_supports__"
-_KEYS = ("dtypes", "multiple_of", "max_size")
+_KEYS = ("dtypes", "multiple_of", "max_size", "blocks", "ragged_blocks")
 
 
 class SupportsError(ValueError):
@@ -29,6 +43,9 @@ class Domain:
     dtypes: tuple[str, ...] | None = None
     multiple_of: Mapping[str, int] = dataclasses.field(default_factory=dict)
     max_size: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # keyword -> (dimension it blocks, required multiple or None for the dimension's tile)
+    blocks: Mapping[str, tuple[str, int | None]] = dataclasses.field(default_factory=dict)
+    ragged_blocks: bool = True
 
     def validate_for(
         self, op_name: str, dimensions: Sequence[str], op_dtypes: Sequence[str]
@@ -41,6 +58,12 @@ class Domain:
                         f"@supports({key}={{{dim!r}: ...}}): op {op_name!r} has no dimension "
                         f"{dim!r}; its dimensions are {', '.join(dimensions)}."
                     )
+        for keyword, (dim, _) in self.blocks.items():
+            if dim not in dimensions:
+                raise SupportsError(
+                    f"@supports(blocks={{{keyword!r}: {dim!r}}}): op {op_name!r} has no "
+                    f"dimension {dim!r}; its dimensions are {', '.join(dimensions)}."
+                )
         if self.dtypes is not None:
             unknown = [d for d in self.dtypes if d not in op_dtypes]
             if unknown:
@@ -62,6 +85,10 @@ class Domain:
             "dtypes": list(self.dtypes) if self.dtypes is not None else None,
             "multiple_of": dict(self.multiple_of),
             "max_size": dict(self.max_size),
+            # Only when declared: an implementation without blocks reports as before.
+            **({"blocks": {keyword: {"dimension": dim, "multiple": multiple}
+                           for keyword, (dim, multiple) in self.blocks.items()},
+                "ragged_blocks": self.ragged_blocks} if self.blocks else {}),
         }
 
 
@@ -83,8 +110,33 @@ def _int_mapping(key: str, value: Any) -> dict[str, int]:
     return result
 
 
+def _block_mapping(value: Any) -> dict[str, tuple[str, int | None]]:
+    if value is None:
+        return {}
+    example = "e.g. blocks={'block_m': 'm', 'block_kv': ('t', 128)}"
+    if not isinstance(value, Mapping):
+        raise SupportsError(f"@supports(blocks=...) takes a dict of keyword -> dimension name "
+                            f"or (dimension name, multiple), {example}; got "
+                            f"{type(value).__name__}.")
+    result: dict[str, tuple[str, int | None]] = {}
+    for keyword, target in value.items():
+        dim, multiple = (target, None) if isinstance(target, str) else (
+            tuple(target) if isinstance(target, (tuple, list)) and len(target) == 2
+            else (None, None))
+        if not isinstance(keyword, str) or not keyword.isidentifier() \
+                or not isinstance(dim, str) or (multiple is not None and (
+                    isinstance(multiple, bool) or not isinstance(multiple, int)
+                    or multiple < 1)):
+            raise SupportsError(f"@supports(blocks={{{keyword!r}: {target!r}}}): give a keyword "
+                                f"and a dimension name or (dimension name, positive int), "
+                                f"{example}.")
+        result[keyword] = (dim, multiple)
+    return result
+
+
 def supports(**declaration: Any) -> Callable[[Callable], Callable]:
-    """Declare the inputs an implementation supports: ``dtypes``, ``multiple_of``, ``max_size``."""
+    """Declare the inputs an implementation supports: ``dtypes``, ``multiple_of``, ``max_size``,
+    and the block-size keywords it takes (``blocks``, ``ragged_blocks``)."""
     unknown = sorted(set(declaration) - set(_KEYS))
     if unknown:
         raise SupportsError(
@@ -102,6 +154,8 @@ def supports(**declaration: Any) -> Callable[[Callable], Callable]:
         dtypes=dtypes,
         multiple_of=_int_mapping("multiple_of", declaration.get("multiple_of")),
         max_size=_int_mapping("max_size", declaration.get("max_size")),
+        blocks=_block_mapping(declaration.get("blocks")),
+        ragged_blocks=bool(declaration.get("ragged_blocks", True)),
     )
 
     def decorate(function: Callable) -> Callable:

@@ -10,15 +10,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import traceback
 from collections.abc import Callable
 
 import pytest
 
-from . import ops as _ops
-
 
 def _unknown_op(op: str, flag: str) -> pytest.UsageError:
+    from . import ops as _ops
+
     return pytest.UsageError(
         f"{flag}: unknown op {op!r}; the conformance ops are {', '.join(_ops.op_names())} "
         "(an op of your own joins them through the pytest_pallas_operations hook)."
@@ -27,6 +26,10 @@ def _unknown_op(op: str, flag: str) -> pytest.UsageError:
 
 def parse_impl_flags(values: list[str]) -> tuple[tuple[str, str], ...]:
     """``["matmul=my.kernels:matmul"]`` -> ``(("matmul", "my.kernels:matmul"),)``, validated."""
+    if not values:
+        return ()  # the registry is imported only when a flag names an op
+    from . import ops as _ops
+
     parsed: dict[str, str] = {}
     for value in values:
         op, sep, target = value.partition("=")
@@ -51,6 +54,8 @@ def parse_ops_flag(value: str | None) -> tuple[str, ...]:
     """``"add,matmul"`` -> ``("add", "matmul")``, validated."""
     if value is None:
         return ()
+    from . import ops as _ops
+
     ops = tuple(op.strip() for op in value.split(",") if op.strip())
     if not ops:
         raise pytest.UsageError("--pallas-ops is empty; give e.g. --pallas-ops=add,matmul.")
@@ -96,6 +101,8 @@ def resolve(target: str, *, flag: str) -> Callable:
     except SupportsError as error:
         raise pytest.UsageError(f"{flag}: {error}")
     except Exception as error:  # any error while importing user code is a usage problem
+        import traceback
+
         last = traceback.format_exception_only(type(error), error)[-1].strip()
         raise pytest.UsageError(f"{flag}: cannot import module {module_name!r}: {last}")
     obj = module

@@ -62,11 +62,15 @@ class Case:
 
     def __init__(self, op: Operation | str, dims: dict[str, Any], dtype: str, profile: str,
                  seed: int, args: tuple[np.ndarray, ...],
-                 kwargs: dict[str, Any] | None = None) -> None:
+                 kwargs: dict[str, Any] | None = None,
+                 blocks: dict[str, int] | None = None) -> None:
         self.operation = _operation(op)
         self.dims, self.dtype, self.profile, self.seed = dims, dtype, profile, seed
         self.args = args
         self.kwargs = dict(kwargs or {})
+        # Block sizes for the implementation's declared block keywords (@supports(blocks=)):
+        # the implementation gets them, the oracle does not.
+        self.blocks = dict(blocks or {})
 
     @property
     def op(self) -> str:
@@ -74,7 +78,7 @@ class Case:
 
     def with_args(self, args: tuple[np.ndarray, ...]) -> Case:
         return Case(self.operation, self.dims, self.dtype, self.profile, self.seed, args,
-                    self.kwargs)
+                    self.kwargs, self.blocks)
 
     @property
     def reduction_length(self) -> int | None:
@@ -83,7 +87,7 @@ class Case:
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.dims.items())
         kwargs = "".join(f", {k}={v!r}" if not isinstance(v, str) else f", {k}={v}"
-                         for k, v in self.kwargs.items())
+                         for k, v in {**self.kwargs, **self.blocks}.items())
         previews = "; ".join(
             f"arg{i} {a.shape} {a.dtype}: {np.array2string(a.ravel()[:4], precision=4)}"
             for i, a in enumerate(self.args)
@@ -215,7 +219,68 @@ def cases(draw, op: Operation | str, domain: Domain = Domain()) -> Case:
         sizes = _budgeted_sizes(op, domain)
         dims = {dim: draw(st.sampled_from(sizes[dim])) for dim in op.dimensions}
     kwargs = {name: draw(st.sampled_from(values)) for name, values in op.params.items()}
-    return make_case(op, dims, dtype, profile, seed, kwargs)
+    case = make_case(op, dims, dtype, profile, seed, kwargs)
+    choices = block_choices(op, domain, case.dims, dtype)
+    case.blocks = {keyword: draw(st.sampled_from(sizes)) for keyword, sizes in choices.items()}
+    case.blocks = {keyword: size for keyword, size in case.blocks.items() if size is not None}
+    return case
+
+
+# --- blocks: several grid steps on small inputs -----------------------------------------------
+#
+# A kernel whose default blocks span a whole dimension up to 512 runs one grid step on every
+# size the suite draws (at most 40 rows, 384 lanes, k = 640), so its multi-block code (an
+# accumulator carried across k steps, an online softmax across kv blocks, a ragged last block)
+# never runs. An implementation that declares its block keywords (@supports(blocks=...)) gets
+# small legal blocks instead: the sweep takes the one that splits each dimension into two
+# steps (the second ragged where the size allows), the draws that one, the dimension's
+# smallest legal block (the most steps) or the implementation's default.
+
+
+def block_multiple(op: Operation, dim: str, dtype: str, multiple: int | None) -> int:
+    """The multiple a block of ``dim`` must be: the declared one, else the TPU tile of the
+    dimension's kind (lanes 128, the dtype's native sublanes, 1 for a batch-like axis)."""
+    if multiple is not None:
+        return multiple
+    from .tiling import LANES, native_sublanes
+
+    kind = op.dimension_kind(dim)
+    if kind in ("minor", "reduction"):
+        return LANES
+    if kind == "second_minor":
+        return native_sublanes(strategies.as_dtype(dtype))
+    return 1
+
+
+def _two_step_block(size: int, multiple: int, ragged: bool) -> int | None:
+    """The smallest legal block that splits ``size`` into two steps (more where the tile
+    forces it, or where the block must divide ``size``), None when ``size`` fits one tile."""
+    if size <= multiple:
+        return None
+    if not ragged:
+        dividing = [block for block in range(multiple, size, multiple) if size % block == 0]
+        return max(dividing, default=None)
+    half = -(-size // 2)
+    block = -(-half // multiple) * multiple
+    return block if block < size else None
+
+
+def block_choices(op: Operation | str, domain: Domain, dims: dict[str, Any],
+                  dtype: str) -> dict[str, tuple[int | None, ...]]:
+    """Per declared block keyword, the blocks an example may take: the two-step block first
+    (the sweep's), then the smallest legal one, then None (the implementation's default)."""
+    op = _operation(op)
+    choices: dict[str, tuple[int | None, ...]] = {}
+    for keyword, (dim, declared) in domain.blocks.items():
+        size = dims.get(dim)
+        if not isinstance(size, int):
+            continue
+        multiple = block_multiple(op, dim, dtype, declared)
+        two_steps = _two_step_block(size, multiple, domain.ragged_blocks)
+        smallest = multiple if multiple < size and (
+            domain.ragged_blocks or size % multiple == 0) else None
+        choices[keyword] = tuple(dict.fromkeys((two_steps, smallest, None)))
+    return choices
 
 
 def build_arguments(op: Operation, dims: dict[str, Any], dtype: str, profile: str,
@@ -258,11 +323,13 @@ def make_case(op: Operation | str, dims: dict[str, Any], dtype: str, profile: st
 # examples the value property tries each profile on the op's first dtype and the most
 # stressful profile on each other dtype, on two shapes in turn (ragged past several tiles,
 # and several whole tiles: ``_SWEEP_SIZES``): Hypothesis explicit examples, the same in
-# every run. Sweep case i takes value i (cyclically) of each of the op's params. The
+# every run. Sweep case i takes value i + i // 2 (cyclically) of each of the op's params,
+# so that a param of two values takes each on both shapes (causal and not, each with
+# several kv blocks). The
 # whole-tiles shape has one batch element (batch axes step in the ragged shape, with 2) and
 # a k of three tiles: each extra batch element or k tile is interpreted work in every case.
 
-SWEEP_SLOTS = 6  # the most sweep cases of any built-in op over its whole domain (add, copy, ...)
+SWEEP_SLOTS = 12  # the most sweep cases of any built-in op over its whole domain
 _STRESS_PROFILES = ("large", "offset", "extremes")
 
 
@@ -297,13 +364,49 @@ def sweep(op: Operation | str, domain: Domain = Domain()) -> list[tuple[str, str
 
 def sweep_slots(op: Operation | str) -> int:
     """How many sweep cases ``op`` has over its whole domain (the explicit examples it needs)."""
-    return len(sweep(op))
+    return sweep_count(op, Domain())
+
+
+def sweep_count(op: Operation | str, domain: Domain) -> int:
+    """How many sweep cases ``op`` has inside ``domain``: its (dtype, profile) pairs, then its
+    structural cases (``structural_sweep``)."""
+    op = _operation(op)
+    return len(sweep(op, domain)) + len(_structural(op, domain))
+
+
+def _structural(op: Operation, domain: Domain) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    if op.is_elementwise or not _dtypes_for(op, domain):
+        return []
+    from .structural_sweep import assignments
+
+    sizes = _budgeted_sizes(op, domain)
+    ragged = {dim: _sweep_size(sizes[dim], op.dimension_kind(dim), 0, own_sizes=dim in op.sizes,
+                               multiple_of=domain.multiple_of.get(dim, 1))
+              for dim in op.dimensions}
+    return assignments(op, sizes, ragged)
+
+
+def _structural_case(op: Operation, domain: Domain, index: int) -> Case | None:
+    """Structural sweep case ``index`` of ``op``: the op's first dtype, a revealing profile."""
+    structural = _structural(op, domain)
+    if index >= len(structural):
+        return None
+    from .structural_sweep import PROFILES
+
+    dtype = _dtypes_for(op, domain)[0]
+    profiles = [p for p in PROFILES if p in _profiles_for(op, dtype)] or _profiles_for(op, dtype)
+    dims, kwargs = structural[index]
+    seed = len(sweep(op, domain)) + index
+    case = make_case(op, dims, dtype, profiles[index % len(profiles)], seed, kwargs)
+    case.blocks = {keyword: sizes[0] for keyword, sizes
+                   in block_choices(op, domain, case.dims, dtype).items() if sizes[0] is not None}
+    return case
 
 
 def sweep_order(op: Operation | str, domain: Domain, first: int | None) -> list[int]:
     """The order the sweep cases of ``op`` run in: case ``first`` (1-based, as failures
     number them) first when ``op`` has it, then the others in turn."""
-    order = list(range(len(sweep(op, domain))))
+    order = list(range(sweep_count(op, domain)))
     if first is not None and 1 <= first <= len(order):
         order.insert(0, order.pop(first - 1))
     return order
@@ -350,7 +453,7 @@ def sweep_case(op: Operation | str, domain: Domain, index: int) -> Case | None:
     op = _operation(op)
     pairs = sweep(op, domain)
     if index >= len(pairs):
-        return None
+        return _structural_case(op, domain, index - len(pairs))
     dtype, profile = pairs[index]
     shape = index % SWEEP_SHAPES
     if op.is_elementwise:
@@ -366,8 +469,12 @@ def sweep_case(op: Operation | str, domain: Domain, index: int) -> Case | None:
                                  own_sizes=dim in op.sizes,
                                  multiple_of=domain.multiple_of.get(dim, 1))
                 for dim in op.dimensions}
-    kwargs = {name: values[index % len(values)] for name, values in op.params.items()}
-    return make_case(op, dims, dtype, profile, index, kwargs)
+    kwargs = {name: values[(index + index // SWEEP_SHAPES) % len(values)]
+              for name, values in op.params.items()}
+    case = make_case(op, dims, dtype, profile, index, kwargs)
+    case.blocks = {keyword: sizes[0] for keyword, sizes
+                   in block_choices(op, domain, case.dims, dtype).items() if sizes[0] is not None}
+    return case
 
 
 def argument_shapes(op: Operation | str, dims: dict[str, Any]) -> list[tuple[int, ...]]:

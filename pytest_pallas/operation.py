@@ -184,6 +184,10 @@ class Operation:
         that depends on a dimension, such as a softmax scale of 1/sqrt(d)). It
         gets the drawn values and returns the ones the case uses (and prints);
         a changed dimension should only move to a size already drawable for it.
+      sweep_pairs: pairs of dimensions or params whose values interact (page size and
+        pages per sequence, query heads and kv heads): the sweep runs every combination
+        of each pair that ``constrain`` keeps, where it runs every other structural
+        value (a dimension of the record's ``sizes``, the device count, a param) once.
       needs_tpu_interpreter: the kernels use DMAs, semaphores or remote copies,
         which only the TPU interpreter simulates.
       reference, xla, cost: the reference kernel, the plain-XLA version (the
@@ -212,6 +216,7 @@ class Operation:
     needs_tpu_interpreter: bool = False
     shapes: Callable | str | None = None
     constrain: Callable | str | None = None
+    sweep_pairs: tuple[tuple[str, str], ...] = ()
     reference: Callable | str | None = None
     xla: Callable | str | None = None
     cost: Callable | str | None = None
@@ -259,6 +264,13 @@ class Operation:
                         f"{where}: {field} names dimension {dim!r}, which signature "
                         f"{self.signature!r} does not have; its dimensions are "
                         f"{', '.join(names)}.")
+        set_(self, "sweep_pairs", tuple(tuple(pair) for pair in self.sweep_pairs))
+        for pair in self.sweep_pairs:
+            unknown = [n for n in pair if n not in names and n not in self.params]
+            if len(pair) != 2 or unknown:
+                raise OperationError(
+                    f"{where}: sweep_pairs entry {pair!r} must be two of its dimensions "
+                    f"({', '.join(names)}) or params ({', '.join(self.params) or 'none'}).")
         for name, values in self.params.items():
             if not values:
                 raise OperationError(f"{where}: params[{name!r}] is empty; give the values "

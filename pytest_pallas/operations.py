@@ -129,7 +129,7 @@ sum = _builtin("sum", "(n,r,c)->(r,c)", "reduction", "sum_leading_axis", reducti
 matmul = _builtin("matmul", "(m,k),(k,n)->(m,n)", "matmul", reduction="k")
 matmul_activation = _builtin(
     "matmul_activation", "(m,k),(k,n)->(m,n)", "matmul", reduction="k",
-    # In this order the sweep (value i for sweep case i) puts gelu, the activation whose
+    # In this order the sweep (value i + i // 2 for sweep case i) puts gelu, the activation whose
     # rounding needs its allowance, on the "large" values.
     params={"activation": (Deferred("jax.nn:gelu"), Deferred("jax.nn:silu"), None,
                            Deferred("jax.nn:relu"))},
@@ -174,6 +174,9 @@ flash_attention = _builtin(
     # sm_scale "1/sqrt(d)" is 1 / sqrt(the drawn d) (op_facts.flash_attention_constrain).
     params={"causal": (False, True), "sm_scale": (1.0, "1/sqrt(d)")},
     constrain=f"{_FACTS}:flash_attention_constrain",
+    # Every (h, g) that divides (MHA, GQA with 1 < g < h, MQA) and causal with each s (s = t
+    # under the mask; s != t without it) in the sweep, whatever the seed.
+    sweep_pairs=(("h", "g"), ("causal", "s")),
     reduction="t", profiles=("normal", "ties", "small", "offset"),
     allowance=f"{_FACTS}:flash_attention_allowance", low_precision_matmul=True,
     profile_adjustments={"offset": f"{_HERE}:offset_logits"},
@@ -204,6 +207,7 @@ paged_attention = _builtin(
     sizes={"b": (1, 4), "h": (2, 4), "g": (1, 2), "d": _HEAD, "pages": (3, 8),
            "page_size": (8, 16), "pages_per_sequence": (1, 2)},
     constrain=f"{_FACTS}:grouped_heads_constrain",
+    sweep_pairs=(("page_size", "pages_per_sequence"), ("h", "g")),
     reduction=("pages_per_sequence", "page_size"),
     profiles=("normal", "ties", "small", "offset"),
     allowance=f"{_FACTS}:paged_attention_allowance", low_precision_matmul=True,

@@ -14,24 +14,34 @@ import pytest
 
 from . import options as options_module
 from . import versions
+from .fixtures import (  # noqa: F401  (pytest finds the plugin's fixtures here)
+    conformance,
+    device_mesh,
+    pallas_backend,
+    pallas_benchmark,
+    pallas_key,
+)
 from .session import (
     CONFORMANCE_DIRECTORY,
     FIXTURE_NAMES,
     MARKERS,
+    SESSION_KEY,
     PallasSession,
     conformance_op,
-    device_shortfall,
     is_conformance_item,
     is_packaged_conformance_item,
+    session_of,
 )
 
-_SESSION = pytest.StashKey[PallasSession]()
 # The directory --pallas-report creates because it did not exist, for the summary to say so.
 _REPORT_DIRECTORY_CREATED = pytest.StashKey[str | None]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from .persistent_cache import add_ini_option
+
     options_module.add_options(parser)
+    add_ini_option(parser)
     parser.addini(
         "pallas_scope", default="marked",
         help="'marked' (default): only tests with a pallas marker or fixture run in the Pallas "
@@ -45,8 +55,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
-def _session(config: pytest.Config) -> PallasSession:
-    return config.stash[_SESSION]
+_session = session_of
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,20 +72,23 @@ def pytest_configure(config: pytest.Config) -> None:
         scope_all=scope == "all",
         invocation=tuple(config.invocation_params.args),
     )
-    config.stash[_SESSION] = session
-    from .compile_check import STATS
-
-    # The compile summary counts this session's compiles (an in-process run shares STATS).
-    _COMPILES_BEFORE[id(session)] = (STATS.compiles, STATS.cached, STATS.seconds)
+    config.stash[SESSION_KEY] = session
+    # The compile summary counts this session's compiles (an in-process run shares STATS;
+    # a process that never imported the compile check has compiled nothing).
+    stats = _loaded("compile_check", "STATS")
+    _COMPILES_BEFORE[id(session)] = ((stats.compiles, stats.cached, stats.seconds)
+                                     if stats is not None else (0, 0, 0.0))
     if not parsed.tpu and (parsed.session_opted_in or parsed.devices_requested):
         # The device count must be fixed before JAX creates its CPU client (and before
         # the user's modules below are imported: they may make arrays at import).
         session.ensure_devices()
     # Before the backend and the suite import JAX (seconds): a mistake in --pallas-impl
     # is reported as fast as any other usage error.
-    from .implementations import resolve_all
+    user_callables = {}
+    if parsed.implementations:
+        from .implementations import resolve_all
 
-    user_callables = resolve_all(parsed.implementations)
+        user_callables = resolve_all(parsed.implementations)
     if (not parsed.tpu and parsed.session_opted_in
             and config.getoption("--benchmark-only", default=False)):
         # Before the backend below creates JAX's CPU client, which reads XLA_FLAGS (without
@@ -87,6 +99,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if parsed.session_opted_in:
         # --pallas-tpu without a TPU must stop here, before collection (exit 4).
         session.backend  # noqa: B018
+        from .persistent_cache import register
+
+        register(config)  # compilations kept in pytest's cache directory across runs
     # Every run records what conformance tests it runs: the packaged suite's, and those of
     # a conformance_tests class in the user's own modules.
     from .report import ConformanceRecorder
@@ -102,6 +117,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _register_operations(config: pytest.Config) -> None:
     """The ops of ``pytest_pallas_operations`` hooks join the registry; then the op flags are
     checked against it."""
+    if not config.hook.pytest_pallas_operations.get_hookimpls():
+        return  # no op of a conftest or plugin: the registry is not even imported
     from . import ops
     from .operation import OperationError
 
@@ -174,11 +191,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not ours:
         return
     if not pallas.options.tpu:
-        from .compile_check import quiet_libtpu_environment
+        from .libtpu_environment import quiet_libtpu_environment_for
 
         # A Pallas test is going to run: before it starts JAX's backends, keep libtpu's
         # start-up warnings away. Never at load: a run without Pallas keeps its environment.
-        quiet_libtpu_environment()
+        quiet_libtpu_environment_for(pallas.options.libtpu)
     if not pallas.options.tpu and any(
             "pallas_benchmark" in getattr(item, "fixturenames", ()) for item in ours):
         from .benchmarking import request_single_threaded_xla
@@ -213,10 +230,10 @@ def _load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> No
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from .ops import unregister_all
-
-    unregister_all()
-    pallas = config.stash.get(_SESSION, None)
+    unregister_all = _loaded("ops", "unregister_all")  # nothing registered if never imported
+    if unregister_all is not None:
+        unregister_all()
+    pallas = config.stash.get(SESSION_KEY, None)
     if pallas is not None and pallas.hypothesis_profile_before is not None:
         from hypothesis import settings
 
@@ -469,9 +486,9 @@ def pytest_handlecrashitem(crashitem, report, sched) -> None:
 # terminal summary, which says why the conformance report is incomplete.
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus):
-    from .benchmarking import withhold_interrupted_run
-
-    withhold_interrupted_run(session.config, exitstatus)
+    withhold_interrupted_run = _loaded("benchmarking", "withhold_interrupted_run")
+    if withhold_interrupted_run is not None:
+        withhold_interrupted_run(session.config, exitstatus)
     _finish_conformance_report(session, exitstatus)
     return (yield)
 
@@ -538,9 +555,9 @@ def _write_report(config: pytest.Config, *, complete: bool) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    from .benchmarking import terminal_summary as benchmark_summary
-
-    benchmark_summary(terminalreporter, config)
+    benchmark_summary = _loaded("benchmarking", "terminal_summary")
+    if benchmark_summary is not None:
+        benchmark_summary(terminalreporter, config)
     pallas = _session(config)
     if pallas._backend is not None and not pallas._backend.is_tpu:
         from .device_skips import summary_lines
@@ -582,101 +599,28 @@ _SUMMARY_LEGEND = (
 _COMPILES_BEFORE: dict[int, tuple[int, int, float]] = {}
 
 
+def _loaded(module: str, name: str) -> Any:
+    """``name`` of the plugin's ``module`` if something in this process imported it, else None.
+
+    A run that never benchmarked or compiled for a TPU never imported those modules, and
+    its closing hooks need not import them (with JAX's compatibility layer) to find out.
+    """
+    found = sys.modules.get(f"{__package__}.{module}")
+    return getattr(found, name, None) if found is not None else None
+
+
 def _compile_summary(pallas: PallasSession) -> str | None:
     """What the TPU compiler check cost in this session (pytest-xdist workers count apart)."""
-    if not pallas.options.compile_chips:
+    STATS = _loaded("compile_check", "STATS")  # noqa: N806
+    if not pallas.options.compile_chips or STATS is None:
         return None
-    from .compile_check import STATS
-
     compiles, cached, seconds = _COMPILES_BEFORE.get(id(pallas), (0, 0, 0.0))
     compiles, cached, seconds = (STATS.compiles - compiles, STATS.cached - cached,
                                  STATS.seconds - seconds)
-    if not compiles:
+    if not compiles and not cached:
         return None
     return (f"pallas: TPU compiler check: {compiles} kernel compiles in "
             f"{seconds:.1f} s, {cached} verdicts from the cache")
-
-
-# --- fixtures -----------------------------------------------------------------
-
-
-@pytest.fixture
-def pallas_backend(request: pytest.FixtureRequest):
-    """The backend this test's kernels run on: platform, chip and its facts, interpreter params.
-
-    Example::
-
-        def test_fits_vmem(pallas_backend):
-            assert my_block_bytes() < pallas_backend.tpu_info.vmem_capacity_bytes
-    """
-    return _session(request.config).item_backend(request.node)
-
-
-@pytest.fixture
-def pallas_key(request: pytest.FixtureRequest):
-    """A ``jax.random`` key derived from ``--pallas-seed`` and the test id."""
-    import jax
-
-    return jax.random.key(_session(request.config).key_seed(request.node.nodeid))
-
-
-@pytest.fixture
-def device_mesh(request: pytest.FixtureRequest):
-    """A factory: ``device_mesh(n, axis_name="x")`` is a 1-D ``jax.sharding.Mesh`` of n devices.
-
-    Skips the test, saying why, when fewer than n devices are available.
-    """
-    import jax
-    import numpy as np
-
-    backend = _session(request.config).item_backend(request.node)
-
-    def make(count: int, axis_name: str = "x") -> jax.sharding.Mesh:
-        devices = jax.devices("tpu" if backend.is_tpu else "cpu")
-        if count > len(devices):
-            pytest.skip(device_shortfall(count, backend))
-        return jax.sharding.Mesh(np.array(devices[:count]), (axis_name,))
-
-    return make
-
-
-@pytest.fixture
-def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
-    """pytest-benchmark's ``benchmark`` for kernels: compile excluded, XLA timed beside, roofline.
-
-    Example::
-
-        def test_speed(pallas_benchmark):
-            x = pallas_benchmark.random((1024, 1024))
-            pallas_benchmark("softmax", my_softmax, x)
-
-    See ``pytest_pallas.benchmarking.PallasBenchmark`` for what lands in ``extra_info``.
-    """
-    from .benchmarking import PallasBenchmark
-
-    pallas = _session(request.config)
-    return PallasBenchmark.for_test(request, benchmark, pallas.item_backend(request.node),
-                                    pallas.key_seed(request.node.nodeid),
-                                    estimate_chips=pallas.options.compile_chips)
-
-
-@pytest.fixture
-def conformance(request: pytest.FixtureRequest):
-    """The conformance harness: draws inputs for an op and checks the chosen implementation."""
-    from .conformance_harness import Conformance
-    from .conformance_suite import class_binding
-
-    pallas = _session(request.config)
-    binding = class_binding(getattr(request, "cls", None))
-    if binding is not None:  # a conformance_tests class: its own op and implementation
-        implementations = {binding.op: binding}
-    elif not (pallas.options.conformance or pallas.options.implementations):
-        pytest.skip("conformance tests run with --pallas-conformance")
-    else:
-        implementations = pallas.implementations
-    return Conformance(implementations, pallas.item_backend(request.node), pallas.recorder,
-                       interpreter_chosen=pallas.options.interpreter_chosen,
-                       sweep_first=pallas.options.sweep_first)
 
 
 assert set(FIXTURE_NAMES) == {"pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark"}, (

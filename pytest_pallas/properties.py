@@ -60,7 +60,7 @@ def run(implementation: Callable, case: Case, compiled: dict | None = None) -> A
 
     if case.operation.collective:
         return _run_collective(implementation, case)
-    function = _jitted(implementation, call_kwargs(case), compiled)
+    function = _jitted(implementation, {**call_kwargs(case), **case.blocks}, compiled)
     result = function(*case.args)
     return jax.block_until_ready(result)
 
@@ -97,7 +97,7 @@ def _run_collective(implementation: Callable, case: Case) -> Any:
                     f"--pallas-devices={count}")
     mesh = Mesh(np.array(devices[:count]), (AXIS_NAME,))
     body = functools.partial(implementation, **{case.operation.collective: AXIS_NAME},
-                             **call_kwargs(case))
+                             **call_kwargs(case), **case.blocks)
     specs = tuple(PartitionSpec(AXIS_NAME) for _ in case.args)
     sharded = jax.shard_map(body, mesh=mesh, in_specs=specs,
                             out_specs=PartitionSpec(AXIS_NAME), check_vma=False)

@@ -14,14 +14,14 @@ import dataclasses
 import os
 import shlex
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import _jax_compat
-from .backend import Backend, chip_info, make_interpret_params, request_cpu_devices, select_backend
-from .compile_check import quiet_libtpu_environment
 from .options import PallasOptions
+
+if TYPE_CHECKING:  # imported where used: a run without Pallas tests loads none of them
+    from .backend import Backend
 
 MARKERS = {
     "pallas": "the test runs Pallas kernels: interpret them on the CPU, "
@@ -43,7 +43,7 @@ KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"
 TPU_COMPILER_CHECK = "the TPU compiler check"
 
 _ACTIVE = pytest.StashKey[contextlib.ExitStack]()
-_BACKEND = pytest.StashKey[Backend]()
+_BACKEND = pytest.StashKey["Backend"]()
 _KERNEL_EXITS = pytest.StashKey[list]()
 _KERNEL_REPORTS = pytest.StashKey[list]()  # the static checks' report of each pallas_call traced
 
@@ -75,6 +75,9 @@ class PallasSession:
     # --- the backend ------------------------------------------------------------
 
     def ensure_devices(self) -> None:
+        from .backend import request_cpu_devices
+        from .compile_check import quiet_libtpu_environment
+
         if self.devices_note is None:
             # Before JAX starts: libtpu, when installed, loads with JAX's backends.
             quiet_libtpu_environment(os.environ)
@@ -83,6 +86,8 @@ class PallasSession:
     @property
     def backend(self) -> Backend:
         if self._backend is None:
+            from .backend import select_backend
+
             if not self.options.tpu:
                 self.ensure_devices()
             self._backend = select_backend(self.options)
@@ -97,6 +102,8 @@ class PallasSession:
         chips = [str(chip) for chip in marker.args]
         if backend.chip in chips:
             return backend
+        from .backend import chip_info, make_interpret_params
+
         info = chip_info(chips[0])
         return dataclasses.replace(
             backend, chip=chips[0], tpu_info=info,
@@ -125,6 +132,7 @@ class PallasSession:
 
     def activate(self, item: pytest.Item) -> None:
         """Enter the test's backend and the TPU-fidelity checks (see ``tpu_checks``)."""
+        from . import _jax_compat
         from .compare import backend_matmul_precision, interpreted_kernels
         from .kernel_check import STATIC_CHECKS, checking_pallas_calls
         from .mismatch import TracedOutput, traced_output_blocks
@@ -174,6 +182,8 @@ class PallasSession:
     def deactivate(self, item: pytest.Item) -> None:
         stack = item.stash.get(_ACTIVE, None)
         if stack is not None:
+            from . import _jax_compat
+
             del item.stash[_ACTIVE]
             try:
                 stack.close()
@@ -197,6 +207,7 @@ class PallasSession:
         Also asked when the test failed otherwise: a race is the cause of the wrong
         values it produced, and the failure should say so first.
         """
+        from . import _jax_compat
         from .tpu_checks import TpuRuleViolation, kernel_exit_violations
 
         exits = list(item.stash.get(_KERNEL_EXITS, ()))
@@ -227,6 +238,9 @@ class PallasSession:
         The TPU interpreter falls back to the plain one (values, not DMAs, semaphores,
         races or poisoned memory), the plain one to the TPU one.
         """
+        from . import _jax_compat
+        from .backend import make_interpret_params
+
         backend = self.item_backend(item)
         if backend.is_tpu or is_conformance_item(item):
             return None
@@ -254,6 +268,8 @@ class PallasSession:
 
     def cannot_interpret(self, paragraph: str, second: BaseException) -> str | None:
         """The skip reason when the fallback interpreter crashed inside JAX too, else None."""
+        from . import _jax_compat
+
         crash = _jax_compat.interpreter_crash(second)
         if crash is None:
             return None
@@ -323,6 +339,8 @@ class PallasSession:
         if options.tpu:
             backend = "TPU (compiled)"
         else:
+            from .backend import chip_info
+
             cores = (self._backend.tpu_info if self._backend is not None
                      else chip_info(options.chip)).num_cores
             chip_text = f"TPU {options.chip} ({cores} TensorCore{'s' if cores > 1 else ''})"
@@ -365,6 +383,15 @@ class PallasSession:
                     f"--pallas-compile={options.chip} turns it on")
         return (f"TPU compiler check off: it does not compile for {options.chip}; "
                 "--pallas-compile=CHIP turns it on for another chip")
+
+
+# The run's PallasSession, in pytest's config.
+SESSION_KEY = pytest.StashKey[PallasSession]()
+
+
+def session_of(config: pytest.Config) -> PallasSession:
+    """The run's ``PallasSession`` (set by the plugin's ``pytest_configure``)."""
+    return config.stash[SESSION_KEY]
 
 
 def _conformance_directory() -> str:

@@ -46,6 +46,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec
 
+from pytest_pallas.domains import supports
+
 from ._tiling import (
     LANES,
     native_sublanes,
@@ -380,16 +382,20 @@ def flash_attention(
     return _flash_attention(q, k, v, block_q=block_q, block_kv=block_kv)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+@supports(blocks={"block_q": "s", "block_kv": ("t", 128)})
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int | None = None,
+              block_kv: int | None = None) -> jax.Array:
     """``softmax(q @ k.T) @ v`` for q ``(s, d)``, k and v ``(t, d)``, float32 or bfloat16.
 
     >>> attention(jnp.zeros((1, 2)), jnp.zeros((3, 2)), jnp.arange(6.0).reshape(3, 2))
     Array([[2., 3.]], dtype=float32)
     """
-    return flash_attention(q, k, v)
+    return flash_attention(q, k, v, block_q=block_q, block_kv=block_kv)
 
 
-def mha(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+@supports(blocks={"block_q": "s", "block_kv": ("t", 128)})
+def mha(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int | None = None,
+        block_kv: int | None = None) -> jax.Array:
     """Multi-head attention: q ``(b, h, s, d)``, k and v ``(b, h, t, d)``.
 
     ``jax.vmap`` over heads then batch: grid ``(b, h, q blocks, kv blocks)``.
@@ -401,10 +407,13 @@ def mha(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
             "expected q (b, h, s, d), k (b, h, t, d) and v (b, h, t, d), got shapes "
             f"{jnp.shape(q)}, {jnp.shape(k)}, {jnp.shape(v)}"
         )
-    return jax.vmap(jax.vmap(attention))(q, k, v)
+    per_head = functools.partial(attention, block_q=block_q, block_kv=block_kv)
+    return jax.vmap(jax.vmap(per_head))(q, k, v)
 
 
-def mqa(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+@supports(blocks={"block_q": "s", "block_kv": ("t", 128)})
+def mqa(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int | None = None,
+        block_kv: int | None = None) -> jax.Array:
     """Multi-query attention: q ``(b, h, s, d)``, k and v ``(b, t, d)`` shared by the heads.
 
     The head vmap maps q only (``in_axes=(0, None, None)``): each head's grid
@@ -417,7 +426,8 @@ def mqa(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
             "expected q (b, h, s, d), k (b, t, d) and v (b, t, d), got shapes "
             f"{jnp.shape(q)}, {jnp.shape(k)}, {jnp.shape(v)}"
         )
-    per_batch = jax.vmap(attention, in_axes=(0, None, None))
+    per_head = functools.partial(attention, block_q=block_q, block_kv=block_kv)
+    per_batch = jax.vmap(per_head, in_axes=(0, None, None))
     return jax.vmap(per_batch)(q, k, v)
 
 

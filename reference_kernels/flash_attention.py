@@ -66,6 +66,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pytest_pallas.domains import supports
+
 from ._tiling import output_struct, pad_to, round_up
 from .attention import (
     DEFAULT_BLOCK_KV,
@@ -379,8 +381,10 @@ def flash_attention_blocked(q: jax.Array, k: jax.Array, v: jax.Array, *, causal:
                             block_kv=block_kv)
 
 
+@supports(blocks={"block_q": "s", "block_kv": ("t", 128)})
 def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
-                    sm_scale: float) -> jax.Array:
+                    sm_scale: float, block_q: int | None = None,
+                    block_kv: int | None = None) -> jax.Array:
     """``softmax(sm_scale * q @ k.T + mask) @ v`` per (batch, head), MHA, GQA or MQA.
 
     q ``(b, h, s, d)``, k and v ``(b, g, t, d)``, h a multiple of g, all float32
@@ -391,4 +395,5 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     >>> flash_attention(q, kv, kv, causal=True, sm_scale=8 ** -0.5).shape
     (1, 2, 3, 8)
     """
-    return flash_attention_blocked(q, k, v, causal=causal, sm_scale=sm_scale)
+    return flash_attention_blocked(q, k, v, causal=causal, sm_scale=sm_scale, block_q=block_q,
+                                   block_kv=block_kv)

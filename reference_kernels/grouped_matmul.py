@@ -56,6 +56,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pytest_pallas.domains import supports
+
 from ._tiling import (
     LANES,
     native_sublanes,
@@ -316,7 +318,10 @@ def grouped_matmul_blocked(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Arra
                            block_k=block_k, block_n=block_n)
 
 
-def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+@supports(blocks={"block_m": "m", "block_k": "k", "block_n": "n"})
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
+                   block_m: int | None = None, block_k: int | None = None,
+                   block_n: int | None = None) -> jax.Array:
     """Rows of lhs ``(m, k)`` in consecutive groups of ``group_sizes`` times ``rhs[group]``.
 
     rhs is ``(g, k, n)``, group_sizes ``(g,)`` int32 summing to m (zeros
@@ -329,4 +334,5 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> ja
     ...                jnp.array([1, 2], jnp.int32))[:, 0]
     Array([2., 5., 5.], dtype=float32)
     """
-    return grouped_matmul_blocked(lhs, rhs, group_sizes)
+    return grouped_matmul_blocked(lhs, rhs, group_sizes, block_m=block_m, block_k=block_k,
+                                  block_n=block_n)

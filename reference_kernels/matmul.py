@@ -45,6 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas import _jax_compat
+from pytest_pallas.domains import supports
 
 from ._tiling import (
     LANES,
@@ -398,17 +399,23 @@ def matmul_blocked(
     )
 
 
-def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
+@supports(blocks={"block_m": "m", "block_k": "k", "block_n": "n"})
+def matmul(x: jax.Array, y: jax.Array, *, block_m: int | None = None,
+           block_k: int | None = None, block_n: int | None = None) -> jax.Array:
     """``x @ y`` for ``(m, k) @ (k, n)`` float32 or bfloat16, accumulated in float32.
+
+    The blocks default to whole dimensions up to 512 (see ``matmul_blocked``).
 
     >>> matmul(jnp.ones((3, 5)), jnp.ones((5, 7)))[0, 0]
     Array(5., dtype=float32)
     """
-    return matmul_blocked(x, y)
+    return matmul_blocked(x, y, block_m=block_m, block_k=block_k, block_n=block_n)
 
 
+@supports(blocks={"block_m": "m", "block_k": "k", "block_n": "n"})
 def matmul_activation(
-    x: jax.Array, y: jax.Array, *, activation: Callable[[jax.Array], jax.Array] | None
+    x: jax.Array, y: jax.Array, *, activation: Callable[[jax.Array], jax.Array] | None,
+    block_m: int | None = None, block_k: int | None = None, block_n: int | None = None,
 ) -> jax.Array:
     """``activation(x @ y)``, the activation fused into the kernel's last k step.
 
@@ -416,17 +423,21 @@ def matmul_activation(
     ``jax.nn.gelu`` or ``jax.nn.silu``; it sees the float32 product before the
     cast to the output dtype.
     """
-    return matmul_blocked(x, y, activation=activation)
+    return matmul_blocked(x, y, activation=activation, block_m=block_m, block_k=block_k,
+                          block_n=block_n)
 
 
-def batched_matmul(x: jax.Array, y: jax.Array) -> jax.Array:
+@supports(blocks={"block_m": "m", "block_k": "k", "block_n": "n"})
+def batched_matmul(x: jax.Array, y: jax.Array, *, block_m: int | None = None,
+                   block_k: int | None = None, block_n: int | None = None) -> jax.Array:
     """``(b, m, k) @ (b, k, n)``: ``jax.vmap`` of the 2-D kernel.
 
     vmap adds the batch as a leading "parallel" grid axis, so the kernel body
     does not change: grid ``(b, i, j, k)``.
     """
     _check_operands(x, y, batched=True)
-    return jax.vmap(matmul)(x, y)
+    return jax.vmap(functools.partial(matmul, block_m=block_m, block_k=block_k,
+                                      block_n=block_n))(x, y)
 
 
 # --- the pl.kernel + emit_pipeline formulation ----------------------------------------

@@ -39,6 +39,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pytest_pallas.domains import supports
+
 from ._tiling import check_block, native_sublanes, output_struct, round_up
 from .attention import _SUPPORTED_DTYPES
 
@@ -162,7 +164,9 @@ def rms_norm_blocked(x: jax.Array, w: jax.Array, *, eps: float,
     return _rms_norm(x, w, eps=eps, block_rows=block_rows)
 
 
-def rms_norm(x: jax.Array, w: jax.Array, *, eps: float) -> jax.Array:
+@supports(blocks={"block_rows": "rows"})
+def rms_norm(x: jax.Array, w: jax.Array, *, eps: float,
+             block_rows: int | None = None) -> jax.Array:
     """``x / sqrt(mean(x**2, -1) + eps) * w``, computed in float32, in x's dtype.
 
     x ``(rows, cols)``, w ``(cols,)``, each float32 or bfloat16; any sizes.
@@ -170,4 +174,4 @@ def rms_norm(x: jax.Array, w: jax.Array, *, eps: float) -> jax.Array:
     >>> rms_norm(jnp.array([[3.0, 4.0]]), jnp.array([1.0, 2.0]), eps=0.0)
     Array([[0.84852815, 2.2627418 ]], dtype=float32)
     """
-    return rms_norm_blocked(x, w, eps=eps)
+    return rms_norm_blocked(x, w, eps=eps, block_rows=block_rows)

@@ -50,6 +50,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pytest_pallas.domains import supports
+
 from ._tiling import (
     LANES,
     native_sublanes,
@@ -221,7 +223,10 @@ def quantized_matmul_blocked(x: jax.Array, w: jax.Array, scale: jax.Array, *,
     return _quantized_matmul(x, w, scale, block_m=block_m, block_k=block_k, block_n=block_n)
 
 
-def quantized_matmul(x: jax.Array, w: jax.Array, scale: jax.Array) -> jax.Array:
+@supports(blocks={"block_m": "m", "block_k": "k", "block_n": "n"})
+def quantized_matmul(x: jax.Array, w: jax.Array, scale: jax.Array, *,
+                     block_m: int | None = None, block_k: int | None = None,
+                     block_n: int | None = None) -> jax.Array:
     """``x @ (w * scale)``: x ``(m, k)`` float32 or bfloat16, w ``(k, n)`` int8, scale ``(n,)``
     float32; accumulated in float32, in x's dtype. Any sizes.
 
@@ -229,4 +234,5 @@ def quantized_matmul(x: jax.Array, w: jax.Array, scale: jax.Array) -> jax.Array:
     ...                  jnp.array([0.5, 2.0]))
     Array([[ 1.5, -2. ]], dtype=float32)
     """
-    return quantized_matmul_blocked(x, w, scale)
+    return quantized_matmul_blocked(x, w, scale, block_m=block_m, block_k=block_k,
+                                    block_n=block_n)

@@ -53,6 +53,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pytest_pallas.domains import supports
+
 from ._tiling import LANES, check_block, native_sublanes, round_up, spread
 
 __all__ = [
@@ -311,10 +313,13 @@ def sum_leading_axis_tiled(
     return _sum_tiled(x, block_n=block_n, block_rows=block_rows, block_cols=block_cols)
 
 
-def sum_leading_axis(x: jax.Array) -> jax.Array:
+@supports(blocks={"block_rows": "r", "block_cols": "c", "block_n": ("n", 1)})
+def sum_leading_axis(x: jax.Array, *, block_rows: int | None = None,
+                     block_cols: int | None = None, block_n: int | None = None) -> jax.Array:
     """``x.sum(axis=0)`` for ``(n, r, c)`` float32 or bfloat16, accumulated in float32.
 
     The tiled kernel with its default blocks: small inputs take one grid step,
     large ones stream through VMEM in blocks of about 2 MiB.
     """
-    return sum_leading_axis_tiled(x)
+    return sum_leading_axis_tiled(x, block_rows=block_rows, block_cols=block_cols,
+                                  block_n=block_n)

@@ -43,6 +43,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pytest_pallas.domains import supports
+
 from ._tiling import LANES, native_sublanes, round_up, spread
 
 __all__ = [
@@ -206,10 +208,11 @@ def softmax_row_blocked(x: jax.Array, *, block_rows: int | None = None) -> jax.A
     return _softmax(x, block_rows=block_rows)
 
 
-def softmax(x: jax.Array) -> jax.Array:
+@supports(blocks={"block_rows": "rows"})
+def softmax(x: jax.Array, *, block_rows: int | None = None) -> jax.Array:
     """Softmax over the last axis of a ``(rows, cols)`` float32 or bfloat16 array.
 
     Row-blocked with the default ``block_rows``: test-sized inputs take one grid
     step, larger ones stream through VMEM in blocks of about 1 MiB.
     """
-    return softmax_row_blocked(x)
+    return softmax_row_blocked(x, block_rows=block_rows)

@@ -126,10 +126,11 @@ def test_a_bug_on_one_grid_axis_fails_on_the_sweep_alone(run_value_property, op,
 
 
 def test_the_summary_and_the_report_name_the_axes_that_never_ran_several_steps(run_value_property):
-    # The reference matmul takes a dimension of up to 512 in one block: m and n, at most 40
-    # and 384 in the contract's sizes, never run more than one step.
+    # matmul_blocked declares no block keywords, so the suite calls it with its default
+    # blocks, a dimension of up to 512 in one block: m and n, at most 40 and 384 in the
+    # contract's sizes, never run more than one step.
     result, report = run_value_property(
-        "matmul", "pytest_pallas.reference_kernels.matmul:matmul",
+        "matmul", "pytest_pallas.reference_kernels.matmul:matmul_blocked",
         "--pallas-seed=0", "--pallas-examples=1")
     assert result.ret == 0
     result.stdout.fnmatch_lines([

@@ -61,3 +61,31 @@ def test_a_suite_that_does_not_use_pallas_does_not_see_the_plugin(
     flagged = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pallas-interpret=tpu",
                                             "--collect-only", timeout=120)
     flagged.stdout.fnmatch_lines(["pallas: CPU, tpu interpreter*"])
+
+
+# What the hooks of a run without Pallas may load: options, session state, the report's
+# recorder and their small helpers. Not JAX's compatibility layer, the checks, the op
+# registry or the benchmark glue (with numpy, 1.3x the CPU of the run without the plugin).
+_HEAVY_FOR_A_RUN_WITHOUT_PALLAS = (
+    "numpy", "pytest_pallas._jax_compat", "pytest_pallas.backend", "pytest_pallas.compile_check",
+    "pytest_pallas.tpu_checks", "pytest_pallas.ops", "pytest_pallas.operation",
+    "pytest_pallas.operations", "pytest_pallas.benchmarking", "pytest_pallas.conformance_harness",
+)
+
+
+def test_a_run_without_pallas_loads_only_what_its_hooks_need(
+        pytester, environment_without_jax_settings):
+    # Written after every hook of the plugin ran (the unconfigure of a conftest runs last).
+    pytester.makeconftest(textwrap.dedent("""
+        import sys
+
+        def pytest_unconfigure(config):
+            with open("modules.txt", "w") as handle:
+                handle.write("\\n".join(sorted(sys.modules)))
+        """))
+    pytester.makepyfile(test_plain="def test_one():\n    assert True\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=1)
+    loaded = set((pytester.path / "modules.txt").read_text().split())
+    assert "pytest_pallas.plugin" in loaded
+    assert sorted(loaded.intersection(_HEAVY_FOR_A_RUN_WITHOUT_PALLAS)) == []

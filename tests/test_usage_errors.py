@@ -72,7 +72,7 @@ CASES = [
      "callable; point it at the function that computes the op."),
     (["--pallas-impl", "add=unknown_key:add"], None,
      "--pallas-impl add=unknown_key:add: @supports got unknown key(s) block; it takes "
-     "dtypes, multiple_of, max_size."),
+     "dtypes, multiple_of, max_size, blocks, ragged_blocks."),
     (["--pallas-impl", "matmul=unknown_dimension:matmul"], None,
      "--pallas-impl matmul=unknown_dimension:matmul: @supports(multiple_of={'q': ...}): "
      "op 'matmul' has no dimension 'q'; its dimensions are m, k, n."),

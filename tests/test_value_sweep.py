@@ -35,10 +35,13 @@ def test_sweep_cases_are_inside_the_op_domain_and_the_users(op):
                         max_size={} if operation.is_elementwise else {dimensions[-1]: 8})
     for domain in (Domain(), restricted):
         pairs = op_inputs.sweep(op, domain)
-        cases = [op_inputs.sweep_case(op, domain, index) for index in range(len(pairs))]
-        assert op_inputs.sweep_case(op, domain, len(pairs)) is None
+        count = op_inputs.sweep_count(op, domain)  # the pairs, then the structural cases
+        cases = [op_inputs.sweep_case(op, domain, index) for index in range(count)]
+        assert op_inputs.sweep_case(op, domain, count) is None
+        assert count <= op_inputs.SWEEP_SLOTS, "the conformance tests would drop sweep cases"
         for case, (dtype, profile) in zip(cases, pairs):
             assert (case.dtype, case.profile) == (dtype, profile)
+        for case in cases:
             assert domain.dtypes is None or case.dtype in domain.dtypes
             for dim, limit in domain.max_size.items():
                 assert case.dims[dim] <= limit

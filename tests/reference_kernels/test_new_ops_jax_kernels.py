@@ -72,16 +72,20 @@ PAGED_EXAMPLES = 1
 FLASH_KEY_BLOCK = 128
 
 
-@supports(multiple_of={"t": FLASH_KEY_BLOCK})
-def jax_flash_attention(q, k, v, *, causal, sm_scale):
+# Its blocks divide their dimension (ragged_blocks=False): the suite picks the largest
+# dividing multiple of the tile below the size, so that s = 256 and t = 256 run two blocks.
+@supports(multiple_of={"t": FLASH_KEY_BLOCK}, ragged_blocks=False,
+          blocks={"block_q": "s", "block_kv": ("t", FLASH_KEY_BLOCK)})
+def jax_flash_attention(q, k, v, *, causal, sm_scale, block_q=None, block_kv=None):
     """JAX's flash attention, k and v repeated to the h query heads (it is MHA only); query
-    blocks of 128 rows or the whole of a shorter s, key blocks of 128 or the whole t."""
+    blocks of 128 rows or the whole of a shorter s, key blocks of 128 or the whole t, unless
+    given."""
     ratio = q.shape[1] // k.shape[1]
     k, v = jnp.repeat(k, ratio, axis=1), jnp.repeat(v, ratio, axis=1)
     s, t = q.shape[2], k.shape[2]
-    key_block = FLASH_KEY_BLOCK if t % FLASH_KEY_BLOCK == 0 else t
-    blocks = jax_flash.BlockSizes(block_q=min(FLASH_KEY_BLOCK, s), block_k_major=key_block,
-                                  block_k=key_block, block_b=1)
+    key_block = block_kv or (FLASH_KEY_BLOCK if t % FLASH_KEY_BLOCK == 0 else t)
+    blocks = jax_flash.BlockSizes(block_q=block_q or min(FLASH_KEY_BLOCK, s),
+                                  block_k_major=key_block, block_k=key_block, block_b=1)
     return jax_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale,
                                      block_sizes=blocks)
 

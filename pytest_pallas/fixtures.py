@@ -1,0 +1,90 @@
+"""The fixtures pytest-pallas adds: backend, seeded key, device meshes, benchmarks, conformance.
+
+The plugin imports them, and pytest finds them there; nothing heavy is imported at load.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .session import device_shortfall
+from .session import session_of as _session
+
+
+@pytest.fixture
+def pallas_backend(request: pytest.FixtureRequest):
+    """The backend this test's kernels run on: platform, chip and its facts, interpreter params.
+
+    Example::
+
+        def test_fits_vmem(pallas_backend):
+            assert my_block_bytes() < pallas_backend.tpu_info.vmem_capacity_bytes
+    """
+    return _session(request.config).item_backend(request.node)
+
+
+@pytest.fixture
+def pallas_key(request: pytest.FixtureRequest):
+    """A ``jax.random`` key derived from ``--pallas-seed`` and the test id."""
+    import jax
+
+    return jax.random.key(_session(request.config).key_seed(request.node.nodeid))
+
+
+@pytest.fixture
+def device_mesh(request: pytest.FixtureRequest):
+    """A factory: ``device_mesh(n, axis_name="x")`` is a 1-D ``jax.sharding.Mesh`` of n devices.
+
+    Skips the test, saying why, when fewer than n devices are available.
+    """
+    import jax
+    import numpy as np
+
+    backend = _session(request.config).item_backend(request.node)
+
+    def make(count: int, axis_name: str = "x") -> jax.sharding.Mesh:
+        devices = jax.devices("tpu" if backend.is_tpu else "cpu")
+        if count > len(devices):
+            pytest.skip(device_shortfall(count, backend))
+        return jax.sharding.Mesh(np.array(devices[:count]), (axis_name,))
+
+    return make
+
+
+@pytest.fixture
+def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
+    """pytest-benchmark's ``benchmark`` for kernels: compile excluded, XLA timed beside, roofline.
+
+    Example::
+
+        def test_speed(pallas_benchmark):
+            x = pallas_benchmark.random((1024, 1024))
+            pallas_benchmark("softmax", my_softmax, x)
+
+    See ``pytest_pallas.benchmarking.PallasBenchmark`` for what lands in ``extra_info``.
+    """
+    from .benchmarking import PallasBenchmark
+
+    pallas = _session(request.config)
+    return PallasBenchmark.for_test(request, benchmark, pallas.item_backend(request.node),
+                                    pallas.key_seed(request.node.nodeid),
+                                    estimate_chips=pallas.options.compile_chips)
+
+
+@pytest.fixture
+def conformance(request: pytest.FixtureRequest):
+    """The conformance harness: draws inputs for an op and checks the chosen implementation."""
+    from .conformance_harness import Conformance
+    from .conformance_suite import class_binding
+
+    pallas = _session(request.config)
+    binding = class_binding(getattr(request, "cls", None))
+    if binding is not None:  # a conformance_tests class: its own op and implementation
+        implementations = {binding.op: binding}
+    elif not (pallas.options.conformance or pallas.options.implementations):
+        pytest.skip("conformance tests run with --pallas-conformance")
+    else:
+        implementations = pallas.implementations
+    return Conformance(implementations, pallas.item_backend(request.node), pallas.recorder,
+                       interpreter_chosen=pallas.options.interpreter_chosen,
+                       sweep_first=pallas.options.sweep_first)
