@@ -3,8 +3,8 @@
 Each benchmark file here is what ``pallas_benchmark`` writes with libtpu, its
 ``extra_info["tpu_estimate"]`` made by the same function from real compiles of a
 matmul and of seeded regressions of it (a halved block, float32 operands where
-bfloat16 were, a lost double buffer, a grid that no longer splits across v5p's
-two TensorCores).
+bfloat16 were, a lost double buffer, an extra relayout, a grid that no longer
+splits across v5p's two TensorCores).
 """
 
 from __future__ import annotations
@@ -54,6 +54,34 @@ def matmul(x, y, *, bm=512, bk=512, bn=512, buffers=None, semantics=PARALLEL):
         compiler_params=pltpu.CompilerParams(dimension_semantics=semantics))(x, y)
 
 
+def matmul_with_relayout(x, y, *, bm=512, bk=512, bn=512):
+    """``matmul`` with an extra relayout per step: the rhs block stored transposed in VMEM, then
+    transposed back for the dot (the same product; the transposes cost the XLU every step)."""
+    nsteps = x.shape[1] // bk
+
+    def kernel(x_ref, y_ref, z_ref, acc_ref, yt_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        yt_ref[...] = y_ref[...].T
+        acc_ref[...] += jnp.dot(x_ref[...], yt_ref[...].T, preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == nsteps - 1)
+        def _():
+            z_ref[...] = acc_ref[...].astype(z_ref.dtype)
+
+    m, n = x.shape[0], y.shape[1]
+    return pl.pallas_call(
+        kernel, grid=(m // bm, n // bn, nsteps),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, k: (i, k)),
+                  pl.BlockSpec((bk, bn), lambda i, j, k: (k, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, k: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32), pltpu.VMEM((bn, bk), y.dtype)],
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=PARALLEL))(x, y)
+
+
 def bench_file(path, estimate, *, jax_version=jax.__version__):
     """A pytest-benchmark JSON file of one pallas_benchmark (no XLA time: the estimate alone)."""
     entry = {"fullname": "bench_mine.py::bench_matmul", "name": "bench_matmul",
@@ -93,8 +121,10 @@ def test_an_unchanged_kernel_passes_on_every_rerun(tmp_path, baseline, capsys):
     (functools.partial(matmul, bm=256), ("v5e",), "seconds"),  # a halved block
     ("float32", ("v5e",), "hbm_bytes"),  # float32 operands where bfloat16 were
     (functools.partial(matmul, buffers=1), ("v5e",), "seconds"),  # a lost double buffer
+    (matmul_with_relayout, ("v5e",), "cycles"),  # an extra relayout
     (functools.partial(matmul, semantics=("arbitrary",) * 3), ("v5p",), "seconds"),  # no split
-], ids=["halved-block", "float32", "single-buffer", "no-megacore-split"])
+], ids=["halved-block", "float32", "single-buffer", "extra-relayout",
+         "no-megacore-split"])
 def test_a_seeded_regression_fails_naming_kernel_metric_and_change(tmp_path, baseline, capsys,
                                                                    seeded, chip, metric):
     if seeded == "float32":
