@@ -215,6 +215,37 @@ def empty_slices_in_bounds() -> Iterator[bool]:
         buffer_class.__getitem__, buffer_class.__setitem__ = original_get, original_set
 
 
+@contextlib.contextmanager
+def zero_byte_waits_return() -> Iterator[bool]:
+    """A wait for 0 bytes returns at once in JAX's TPU interpreter with race detection too.
+
+    A zero-length copy never signals its semaphore, so under race detection the semaphore
+    has no clock for the waiting core yet, and the interpreter's ``Semaphore.wait`` stopped at
+    ``assert clock is not None`` (tpu-inference's ragged conv1d waits for the zero-length DMAs
+    of its no-op tiles). On the chip such a wait returns at once and orders nothing. Yields
+    False where the interpreter's semaphores cannot be wrapped.
+    """
+    try:
+        semaphore_class = _private(f"{_INTERPRETER_PACKAGE}.shared_memory", "Semaphore")
+        original_wait = semaphore_class.wait
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+
+    def wait(self: Any, value: Any, global_core_id: Any, *args: Any, **kwargs: Any) -> Any:
+        if (int(value) == 0 and getattr(self, "detect_races", False)
+                and getattr(self, "clocks", None) is not None
+                and self.clocks[int(global_core_id)] is None):
+            return None
+        return original_wait(self, value, global_core_id, *args, **kwargs)
+
+    semaphore_class.wait = wait
+    try:
+        yield True
+    finally:
+        semaphore_class.wait = original_wait
+
+
 # --- reshaped and bitcast refs ---------------------------------------------------------
 #
 # The TPU interpreter turns a ref's transforms into one index range and assumes each is an

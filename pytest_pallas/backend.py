@@ -101,6 +101,7 @@ class Backend:
             stack.enter_context(_interpreter_compat.interpreter_callbacks_on_host_arrays())
             # An empty slice at a dimension's end is in bounds, as on the chip.
             stack.enter_context(_interpreter_compat.empty_slices_in_bounds())
+            stack.enter_context(_interpreter_compat.zero_byte_waits_return())
             # Loads and DMAs from ref.reshape(...) and ref.bitcast(...) views.
             stack.enter_context(_interpreter_compat.reshaped_and_bitcast_refs_readable())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))

@@ -216,6 +216,43 @@ def test_a_zero_length_dma_at_the_end_of_an_array_is_no_finding(pytester, run_py
         result.stdout.fnmatch_lines(["pallas: TPU compiler check: 1 kernel compiles*"])
 
 
+# The same no-op tile's copy on a semaphore of its own, under race detection: nothing ever
+# signals that semaphore, and JAX's interpreter stopped at `assert clock is not None` in its
+# wait (tpu-inference's ragged conv1d with --pallas-detect-races). A wait for 0 bytes returns.
+ZERO_LENGTH_DMA_ALONE = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def no_op_tile_alone(start_ref, x_hbm, o_ref, buf, sems):
+        empty = pltpu.make_async_copy(x_hbm.at[pl.ds(start_ref[0], 0)], buf.at[pl.ds(0, 0)],
+                                      sems.at[0])
+        whole = pltpu.make_async_copy(x_hbm.at[pl.ds(0, 1)], buf.at[pl.ds(0, 1)], sems.at[1])
+        empty.start()
+        empty.wait()
+        whole.start()
+        whole.wait()
+        o_ref[...] = buf[0] * 2
+
+    @pytest.mark.pallas
+    def test_zero_length_dma_alone():
+        x = jnp.arange(3 * 8 * 128, dtype=jnp.float32).reshape(3, 8, 128)
+        out = pl.pallas_call(
+            no_op_tile_alone, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+            scratch_shapes=[pltpu.VMEM((3, 8, 128), jnp.float32),
+                            pltpu.SemaphoreType.DMA((2,))],
+        )(jnp.array([3], jnp.int32), x)
+        np.testing.assert_array_equal(out, np.asarray(x[0]) * 2)
+''')
+
+
+def test_a_zero_length_dma_waited_alone_under_race_detection_returns(pytester, run_pytest):
+    pytester.makepyfile(test_zero_length_alone=ZERO_LENGTH_DMA_ALONE)
+    result = run_pytest("--pallas-detect-races", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+
+
 # Loads and a DMA from ref.reshape(...) and ref.bitcast(...) views, as JAX's ragged paged
 # attention reads its KV buffer; the TPU interpreter stopped at them ("'ReshapeTransform'
 # object has no attribute 'indices'"). The expected values follow JAX's state discharge: a

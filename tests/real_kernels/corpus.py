@@ -41,9 +41,6 @@ class Case:
     # A limitation of JAX's interpreters (not of the kernel) that stops some of its runs
     # today; the plugin skips those runs with one line naming it (docs/corpus.md).
     interpreter_gap: str | None = None
-    # A crash of JAX's race detector on this kernel's value run: a strict xfail under
-    # --pallas-detect-races, so its fix shows as an unexpected pass.
-    race_detector_gap: str | None = None
     # A megacore kernel (its grid split across the chip's TensorCores) runs only on a
     # stand-in chip with that many (--pallas-chip=v5p); on fewer it waits forever.
     min_tensor_cores: int = 1

@@ -49,10 +49,8 @@ def _skip_below_its_tensor_cores(case) -> None:
 
 
 @pytest.mark.parametrize("case", _case_params("values"))
-def test_values(case, request):
+def test_values(case):
     _skip_below_its_tensor_cores(case)
-    if case.race_detector_gap and request.config.getoption("--pallas-detect-races"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=case.race_detector_gap))
     args = case.args()
     assert_allclose(case.kernel(*args), case.reference(*args), **case.comparison(args))
 

@@ -344,12 +344,7 @@ TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for ca
     Case("tpu_inference_gmm_int8", _gmm_int8, _gmm_int8_args, _gmm_int8_reference,
          reduction_length=256),
     Case("tpu_inference_ragged_causal_conv1d", _causal_conv1d, _conv_args,
-         _causal_conv1d_reference, reduction_length=CONV_WIDTH,
-         race_detector_gap=(
-             "with --pallas-detect-races the value run stops at an assertion of JAX's "
-             "interpreter in its DMA wait (shared_memory.py, wait) on the no-op tiles' "
-             "zero-length copies, which the plugin lets through; without race detection, and "
-             "check_uninitialized_reads with it, the kernel passes")),
+         _causal_conv1d_reference, reduction_length=CONV_WIDTH),
     Case("tpu_inference_ragged_paged_attention_v3", _ragged_paged_attention_v3, _rpa_args,
          _rpa_reference, reduction_length=max(RPA_KV_LENS), interpreter_gap=RESHAPED_REF_GAP),
     *(Case(f"tpu_inference_all_gather_matmul_{n}_devices", _all_gather_matmul(n),
