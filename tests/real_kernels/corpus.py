@@ -232,7 +232,8 @@ def _gmm(lhs, rhs, group_sizes):
     return gmm(lhs, rhs, group_sizes, tiling=(128, 128, 128))
 
 
-def _gmm_reference(lhs, rhs, group_sizes):
+def grouped_matmul64(lhs, rhs, group_sizes) -> np.ndarray:
+    """Rows of lhs in consecutive groups, group g's rows times rhs[g], in float64."""
     lhs, rhs = _f64(lhs), _f64(rhs)
     out = np.zeros((lhs.shape[0], rhs.shape[2]))
     start = 0
@@ -295,7 +296,7 @@ CASES = [
          defect=PAGED_ATTENTION_DEFECT, defect_fails=("values", "uninitialized_reads")),
     Case("ragged_paged_attention", _ragged, _ragged_args, _ragged_reference, reduction_length=70,
          attention_inputs=_ragged_attention_inputs),
-    Case("gmm", _gmm, _gmm_args, _gmm_reference, reduction_length=256),
+    Case("gmm", _gmm, _gmm_args, grouped_matmul64, reduction_length=256),
     Case("matmul", _matmul, lambda: (_normal(60, (256, 384)), _normal(61, (384, 256))),
          lambda x, y: _f64(x) @ _f64(y), reduction_length=384),
     Case("all_gather_2_devices", _all_gather(2), _all_gather_args(2), _f64, devices=2),

@@ -66,14 +66,3 @@ def local_mask(s: int, t: int, left: int, right: int) -> np.ndarray:
     """Key j visible from query i when i - left <= j <= i + right."""
     i, j = np.arange(s)[:, None], np.arange(t)[None, :]
     return (j >= i - left) & (j <= i + right)
-
-
-def grouped_matmul64(lhs, rhs, group_sizes) -> np.ndarray:
-    """Rows of lhs in consecutive groups, group g's rows times rhs[g]."""
-    lhs, rhs = _f64(lhs), _f64(rhs)
-    out = np.zeros((lhs.shape[0], rhs.shape[2]))
-    start = 0
-    for group, size in enumerate(np.asarray(group_sizes)):
-        out[start:start + size] = lhs[start:start + size] @ rhs[group]
-        start += size
-    return out

@@ -18,13 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .corpus import Case, _normal
+from .corpus import Case, _normal, grouped_matmul64
 from .kernel_modules import load_kernel_module
 from .references_2026 import (
     attention_forward64,
     attention_vjp64,
     causal_mask,
-    grouped_matmul64,
     local_mask,
 )
 

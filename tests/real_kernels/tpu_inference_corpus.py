@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .corpus import Case, _f64, _normal
+from .corpus import Case, _f64, _normal, grouped_matmul64
 from .kernel_modules import load_kernel_module
 from .references_2026 import attention_forward64, causal_mask, local_mask
 
@@ -187,13 +187,7 @@ def _gmm_int8(lhs, rhs, rhs_scale, group_sizes):
 
 
 def _gmm_int8_reference(lhs, rhs, rhs_scale, group_sizes):
-    lhs, weights = _f64(lhs), _f64(rhs) * _f64(rhs_scale)[:, 0]
-    out = np.zeros((lhs.shape[0], weights.shape[2]))
-    start = 0
-    for group, size in enumerate(np.asarray(group_sizes)):
-        out[start:start + size] = lhs[start:start + size] @ weights[group]
-        start += size
-    return out
+    return grouped_matmul64(lhs, _f64(rhs) * _f64(rhs_scale)[:, 0], group_sizes)
 
 
 # --- ragged causal conv1d (Mamba / gated delta net layers) -------------------------------
