@@ -98,9 +98,15 @@ def test_eight_rows_of_an_8_bit_dtype_pass_mosaic_lowering_but_not_the_compiler(
     assert _verdict(STATIC_ONLY, (64, 256), (16, 128), jnp.int8) == TILING
     from pytest_pallas import compile_check
 
-    if compile_check.libtpu_version() is not None:
+    version = compile_check.libtpu_version()
+    if version is not None:
         compiled = CheckOptions(lower_for_tpu=False, checks=())
-        with pytest.raises(TpuRuleViolation, match="E2002"):
+        release = tuple(int(part) for part in version.split(".") if part.isdigit())
+        if release < (0, 0, 50):
+            with pytest.raises(TpuRuleViolation, match="E2002"):
+                check_kernel(blocked_copy, jax.ShapeDtypeStruct((64, 256), jnp.int8), (8, 128),
+                             check_options=compiled, use_compiler=True)
+        else:  # libtpu 0.0.50 (jax 0.12's) compiles it: the static rule is stricter there
             check_kernel(blocked_copy, jax.ShapeDtypeStruct((64, 256), jnp.int8), (8, 128),
                          check_options=compiled, use_compiler=True)
 
