@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pytest_pallas.benchmarking import xla_version
+from pytest_pallas.bench.fixture import xla_version
 from pytest_pallas.reference_kernels import attention
 
 pytestmark = pytest.mark.pallas

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec
 
-from pytest_pallas.benchmarking import xla_version
+from pytest_pallas.bench.fixture import xla_version
 from pytest_pallas.reference_kernels import collectives
 
 # Simulated devices on the CPU: the plugin skips these, saying why, when JAX sees fewer.
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.pallas, pytest.mark.devices(2)]
 
 # Per-device block (rows, cols), dtype. TPU: 64 MiB per device. CPU: 64 KiB, for a quick run
 # (blocks of 100 KiB and more once hung the interpreter on 8 devices: see
-# pytest_pallas/_interpreter_compat.py, interpreter_callbacks_on_host_arrays).
+# pytest_pallas/_compat/interpreter_fixes.py, interpreter_callbacks_on_host_arrays).
 SIZES = {
     "cpu": ((32, 512), "float32"),
     "tpu": ((2048, 8192), "float32"),
@@ -59,7 +59,7 @@ def bench_ppermute(pallas_benchmark, implementation, kernel, scale):
     )
 
 
-# The plain-XLA version is the record's (pytest_pallas.xla_versions.all_gather).
+# The plain-XLA version is the record's (pytest_pallas.ops.xla_versions.all_gather).
 xla_all_gather = xla_version("all_gather")
 
 
@@ -87,7 +87,7 @@ def bench_all_gather(pallas_benchmark, scale):
     )
 
 
-# The plain-XLA version is the record's (pytest_pallas.xla_versions.reduce_scatter).
+# The plain-XLA version is the record's (pytest_pallas.ops.xla_versions.reduce_scatter).
 xla_reduce_scatter = xla_version("reduce_scatter")
 
 

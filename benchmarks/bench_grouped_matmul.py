@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pytest_pallas.benchmarking import xla_version
+from pytest_pallas.bench.fixture import xla_version
 from pytest_pallas.reference_kernels import grouped_matmul as gm
 
 pytestmark = pytest.mark.pallas
@@ -20,7 +20,7 @@ SIZES = {
 }
 
 
-# The plain-XLA version is the record's (pytest_pallas.xla_versions.grouped_matmul).
+# The plain-XLA version is the record's (pytest_pallas.ops.xla_versions.grouped_matmul).
 xla_grouped_matmul = xla_version("grouped_matmul")
 
 

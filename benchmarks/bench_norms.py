@@ -2,7 +2,7 @@
 
 import pytest
 
-from pytest_pallas.benchmarking import xla_version
+from pytest_pallas.bench.fixture import xla_version
 from pytest_pallas.reference_kernels import norms
 
 pytestmark = pytest.mark.pallas
@@ -15,7 +15,7 @@ SIZES = {
 EPS = 1e-6
 
 
-# The plain-XLA version is the record's (pytest_pallas.xla_versions.rms_norm).
+# The plain-XLA version is the record's (pytest_pallas.ops.xla_versions.rms_norm).
 xla_rms_norm = xla_version("rms_norm")
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pytest_pallas.benchmarking import xla_version
+from pytest_pallas.bench.fixture import xla_version
 from pytest_pallas.reference_kernels import paged_attention as pa
 
 pytestmark = pytest.mark.pallas
@@ -23,7 +23,7 @@ SIZES = {
 }
 
 
-# The plain-XLA version is the record's (pytest_pallas.xla_versions.paged_attention).
+# The plain-XLA version is the record's (pytest_pallas.ops.xla_versions.paged_attention).
 xla_paged_attention = xla_version("paged_attention")
 
 

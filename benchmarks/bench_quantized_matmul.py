@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pytest_pallas.benchmarking import xla_version
+from pytest_pallas.bench.fixture import xla_version
 from pytest_pallas.reference_kernels import quantized_matmul as qm
 
 pytestmark = pytest.mark.pallas
@@ -20,7 +20,7 @@ SIZES = {
 }
 
 
-# The plain-XLA version is the record's (pytest_pallas.xla_versions.quantized_matmul).
+# The plain-XLA version is the record's (pytest_pallas.ops.xla_versions.quantized_matmul).
 xla_quantized_matmul = xla_version("quantized_matmul")
 
 

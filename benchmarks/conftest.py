@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
-from pytest_pallas.benchmarking import request_single_threaded_xla
-from pytest_pallas.ops import OP_NAMES, get_operation
+from pytest_pallas.bench.fixture import request_single_threaded_xla
+from pytest_pallas.ops.registry import OP_NAMES, get_operation
 
 BENCHMARKS_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
@@ -96,7 +96,7 @@ class Implementation:
     target: str
 
     def load(self) -> Callable:
-        from pytest_pallas import implementations
+        from pytest_pallas.plugin import implementations
 
         if self.label == "reference":
             return get_operation(self.op).load_reference()
@@ -108,7 +108,7 @@ class Implementation:
 
 
 def _user_targets(config: pytest.Config) -> dict[str, str]:
-    from pytest_pallas import implementations
+    from pytest_pallas.plugin import implementations
 
     return dict(implementations.parse_impl_flags(config.getoption("--pallas-impl")))
 

@@ -9,7 +9,7 @@
 3. One run with ``--bench-slowdown OP=FACTOR``: OP's kernel runs FACTOR times per
    call; the gate should call OP "regressed" and nothing else.
 
-Each run is judged against the baseline by ``pytest_pallas.benchmark_gate``, with
+Each run is judged against the baseline by ``pytest_pallas.bench.gate``, with
 each of its statistics, and, for contrast, by an absolute comparison of medians
 as pytest-benchmark's ``--benchmark-compare-fail=median:P%`` makes it, with the
 same threshold. Prints one row per benchmark and a summary per statistic; the
@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from pytest_pallas.benchmark_gate import DEFAULT_STATISTIC, STATISTICS, judge, load_results
+from pytest_pallas.bench.gate import DEFAULT_STATISTIC, STATISTICS, judge, load_results
 
 BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCHMARKS)

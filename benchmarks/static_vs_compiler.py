@@ -1,7 +1,7 @@
 """How often the static TPU rules agree with the TPU compiler, per rule and chip.
 
-The static rules (``pytest_pallas.tpu_checks``: block tiling, VMEM footprint)
-are instant and need no libtpu; the TPU compiler (``pytest_pallas.compile_check``,
+The static rules (``pytest_pallas.checks.static_rules``: block tiling, VMEM footprint)
+are instant and need no libtpu; the TPU compiler (``pytest_pallas.checks.compile_check``,
 libtpu's ahead-of-time compilation for a TPU topology) is the authority. This
 script traces a corpus of kernels, judges every ``pallas_call`` in it both ways
 for each chip, and prints per rule and chip how often they agreed, and every
@@ -31,7 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from pytest_pallas import compile_check  # noqa: E402
+from pytest_pallas.checks import compile_check  # noqa: E402
 
 compile_check.quiet_libtpu_environment()
 
@@ -41,12 +41,15 @@ import numpy as np  # noqa: E402
 from jax.experimental import pallas as pl  # noqa: E402
 from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 
-from pytest_pallas import _jax_compat  # noqa: E402
-from pytest_pallas.domains import declared_domain  # noqa: E402
-from pytest_pallas.op_inputs import sweep_case  # noqa: E402
-from pytest_pallas.ops import OP_NAMES, get_operation  # noqa: E402
-from pytest_pallas.properties import _call_kwargs  # noqa: E402
-from pytest_pallas.tpu_checks import TILING, VMEM, check_pallas_call_info, tpu_info_for  # noqa: E402
+from pytest_pallas._compat import device_kinds  # noqa: E402
+from pytest_pallas.checks import jaxpr_analysis, kernel_model  # noqa: E402
+from pytest_pallas.checks.static_rules import check_pallas_call_info  # noqa: E402
+from pytest_pallas.checks.violations import TILING, VMEM  # noqa: E402
+from pytest_pallas.checks.vmem_footprint import tpu_info_for  # noqa: E402
+from pytest_pallas.ops.domains import declared_domain  # noqa: E402
+from pytest_pallas.ops.inputs import sweep_case  # noqa: E402
+from pytest_pallas.ops.registry import OP_NAMES, get_operation  # noqa: E402
+from pytest_pallas.suite.properties import _call_kwargs  # noqa: E402
 
 STATIC_RULES = (TILING, VMEM)
 
@@ -149,13 +152,13 @@ def judge(entries, chips):
         for label, function, args in entries:
             try:
                 with (pltpu.force_tpu_interpret_mode(None),
-                      _jax_compat.device_kind_answers_as(host_kind, lambda: info)):
+                      device_kinds.device_kind_answers_as(host_kind, lambda: info)):
                     closed = jax.make_jaxpr(function)(*args)
             except Exception as error:  # noqa: BLE001  # a kernel that does not trace
                 print(f"  skipped {label}: {type(error).__name__}: {str(error)[:100]}")
                 continue
-            for params, avals, mesh in _jax_compat.pallas_call_equations_in(closed):
-                call = _jax_compat.describe_pallas_call(params)
+            for params, avals, mesh in jaxpr_analysis.pallas_call_equations_in(closed):
+                call = kernel_model.describe_pallas_call(params)
                 report = check_pallas_call_info(call, info, checks=STATIC_RULES)
                 fired = sorted({v.rule for v in report.violations})
                 verdict = compile_check.verdict_for(params, avals, chip, mesh)

@@ -17,8 +17,14 @@ from typing import Any
 
 import pytest
 
-from . import _interpreter_compat, _jax_compat
-from .options import PallasOptions
+from ._compat import (
+    device_kinds,
+    interpreter_fixes,
+    jax_internals,
+    pallas_call_hooks,
+    tpu_interpreter,
+)
+from .plugin.options import PallasOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,35 +87,35 @@ class Backend:
             return
         from jax.experimental.pallas import tpu as pltpu
 
-        optional = _jax_compat.optional_feature
+        optional = jax_internals.optional_feature
         with contextlib.ExitStack() as stack:
             stack.enter_context(optional(
                 "pltpu.get_tpu_info() answering for the chip on the CPU",
-                lambda: _jax_compat.device_kind_answers_as(self.device_kind,
+                lambda: device_kinds.device_kind_answers_as(self.device_kind,
                                                            lambda: self.tpu_info)))
             # TensorCoreMesh, pl.kernel and pl.core_map count the chip's TensorCores.
             stack.enter_context(optional(
                 "the stand-in chip as JAX's abstract device",
-                lambda: _interpreter_compat.chip_as_abstract_device(
+                lambda: interpreter_fixes.chip_as_abstract_device(
                     self.device_kind, self.tpu_info.num_cores)))
             token = _ACTIVE_BACKEND.set(self)
             stack.callback(_ACTIVE_BACKEND.reset, token)
             stack.enter_context(optional(
-                "the TPU interpreter's vmap fix", _jax_compat.vmapped_grid_semantics_fixed))
+                "the TPU interpreter's vmap fix", tpu_interpreter.vmapped_grid_semantics_fixed))
             # The interpreter's callbacks must not wait on XLA's thread pool (a hang on
-            # 8 simulated devices): see _interpreter_compat.
-            stack.enter_context(_interpreter_compat.interpreter_callbacks_on_host_arrays())
+            # 8 simulated devices): see _compat.interpreter_fixes.
+            stack.enter_context(interpreter_fixes.interpreter_callbacks_on_host_arrays())
             # An empty slice at a dimension's end is in bounds, as on the chip.
-            stack.enter_context(_interpreter_compat.empty_slices_in_bounds())
-            stack.enter_context(_interpreter_compat.zero_byte_waits_return())
+            stack.enter_context(interpreter_fixes.empty_slices_in_bounds())
+            stack.enter_context(interpreter_fixes.zero_byte_waits_return())
             # Loads and DMAs from ref.reshape(...) and ref.bitcast(...) views.
-            stack.enter_context(_interpreter_compat.reshaped_and_bitcast_refs_readable())
+            stack.enter_context(interpreter_fixes.reshaped_and_bitcast_refs_readable())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
             # A pallas_call built before (at import time) is interpreted too.
-            stack.enter_context(_jax_compat.forced_interpreter_when_called())
-            stack.enter_context(_jax_compat.own_interpret_params_kept(
+            stack.enter_context(pallas_call_hooks.forced_interpreter_when_called())
+            stack.enter_context(pallas_call_hooks.own_interpret_params_kept(
                 merge_interpret_params, self.own_params_changed.append_change))
-            stack.enter_context(_interpreter_compat.own_interpret_params_kept_on_meshes(
+            stack.enter_context(interpreter_fixes.own_interpret_params_kept_on_meshes(
                 merge_interpret_params, self.own_params_changed.append_change))
             yield self
 
@@ -156,7 +162,7 @@ def chip_info(chip: str) -> Any:
     Megacore chips (v4, v5p) are described as one logical device of two
     TensorCores, which is how JAX runs them by default.
     """
-    from .tpu_checks import tpu_info_for
+    from .checks.vmem_footprint import tpu_info_for
 
     return tpu_info_for(chip)
 
@@ -164,7 +170,7 @@ def chip_info(chip: str) -> Any:
 def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
     if options.interpreter == "plain":
         return True
-    return _jax_compat.with_tile_padded_bounds(_jax_compat.interpret_params(
+    return jax_internals.with_tile_padded_bounds(jax_internals.interpret_params(
         detect_races=options.detect_races,
         # NaN-poisoned scratch and outputs: an accumulator that is read before
         # it is initialised turns the result into NaN instead of passing by luck.
@@ -200,7 +206,7 @@ def select_backend(
                 "`pip install 'pytest-pallas[tpu]'`, or drop the flag to interpret on the CPU."
             )
         kind = devices[0].device_kind
-        version = _jax_compat.chip_version_of_device_kind(kind)
+        version = device_kinds.chip_version_of_device_kind(kind)
         if version is None:
             raise pytest.UsageError(
                 f"--pallas-tpu: JAX does not know the chip of device kind {kind!r}; "
@@ -243,7 +249,7 @@ def request_cpu_devices(count: int, environ) -> str:
 
     Returns a sentence describing what happened, for the report header.
     """
-    from .options import device_count_from_xla_flags
+    from .plugin.options import device_count_from_xla_flags
 
     already = device_count_from_xla_flags(environ)
     if already is not None:
@@ -254,7 +260,7 @@ def request_cpu_devices(count: int, environ) -> str:
         # Read by JAX when it is imported; avoids importing JAX at configure time.
         environ["JAX_NUM_CPU_DEVICES"] = str(count)
         return f"{count} CPU devices"
-    if _jax_compat.backends_are_initialized():
+    if jax_internals.backends_are_initialized():
         import jax
 
         return f"{jax.device_count('cpu')} CPU devices (JAX was initialised before pytest-pallas)"

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import mismatch
+from .checks import mismatch
 from .dtypes import _EPSILON, _ML_DTYPES, epsilon
 
 
@@ -143,7 +143,7 @@ def compare_arrays(
     float64 oracle can be the expectation); ``exact`` forces bit-for-bit equality
     (default: for integer and boolean outputs). ``additional_atol`` widens the
     default for an error source the op knows of, ``additional_reason`` says which.
-    A mismatch's message ends with its pattern (``mismatch.diagnose``), located in
+    A mismatch's message ends with its pattern (``checks.mismatch.diagnose``), located in
     blocks of ``block_shape`` (default: the output block of a kernel the test traced,
     else (8, 128) tiles); ``without_step`` maps a reduction step to the expected
     result without it, to recognise a skipped step.
@@ -360,7 +360,7 @@ def describe_uninitialized_read(count: int | None, kernels: Sequence[str]) -> st
     ``count`` is how many NaN sit where the reference is finite; None when only
     the failure's text is known (a comparator other than ``assert_allclose``).
     """
-    from .tpu_checks import UNINITIALIZED_READ, UNINITIALIZED_READ_FIX
+    from .checks.violations import UNINITIALIZED_READ, UNINITIALIZED_READ_FIX
 
     kernels = list(dict.fromkeys(kernels))
     which = f"kernel {', '.join(kernels)}" if kernels else "a kernel this test ran"
@@ -424,7 +424,7 @@ def assert_allclose(
         matmul_precision = _BACKEND_MATMUL_PRECISION.get()
     extra, reason = 0.0, ""
     if op is not None:
-        from .ops import op_allowance
+        from .ops.registry import op_allowance
 
         if inputs is None:
             raise ValueError(f"assert_allclose(op={op!r}) needs inputs=(...), the op's "
@@ -462,7 +462,7 @@ def assert_allclose(
                                  result.worst_error))
     if failures:
         if op is None and rtol is None and atol is None and not exact:
-            from .error_models import error_model_hint
+            from .ops.error_models import error_model_hint
 
             hint = error_model_hint(failed_worst,
                                     reduction_length_given=reduction_length is not None)

@@ -46,7 +46,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec
 
-from pytest_pallas.domains import supports
+from pytest_pallas.ops.domains import supports
 
 from ._tiling import (
     LANES,

@@ -48,7 +48,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas import _jax_compat
+from pytest_pallas import tpu
 
 from ._tiling import LANES, check_block, native_sublanes, round_up
 
@@ -584,7 +584,7 @@ def _add_refs_style(x, y, *, block_rows: int):
         functools.partial(_add_refs, block_rows=block_rows),
         # No outputs: every ref passed in is aliased in and out of the kernel.
         out_type=(),
-        mesh=_jax_compat.tensorcore_mesh("core", num_cores),
+        mesh=tpu.tensorcore_mesh("core", num_cores),
         cost_estimate=add_refs_style_cost(x, y),
         name="add_refs_style",
     )

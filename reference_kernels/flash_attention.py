@@ -66,7 +66,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas.domains import supports
+from pytest_pallas.ops.domains import supports
 
 from ._tiling import output_struct, pad_to, round_up
 from .attention import (

@@ -44,8 +44,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas import _jax_compat
-from pytest_pallas.domains import supports
+from pytest_pallas import tpu
+from pytest_pallas.ops.domains import supports
 
 from ._tiling import (
     LANES,
@@ -488,7 +488,7 @@ def _matmul_emit_pipeline(x, y, *, block_m: int, block_k: int, block_n: int, num
     out = pl.kernel(
         kernel,
         out_type=output_struct((m_pad, n_pad), x.dtype, x, y),
-        mesh=_jax_compat.tensorcore_mesh("core", num_cores),
+        mesh=tpu.tensorcore_mesh("core", num_cores),
         scratch_types=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         cost_estimate=matmul_cost(x, y, block_m=block_m, block_n=block_n),
         name="matmul_emit_pipeline",

@@ -39,7 +39,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas.domains import supports
+from pytest_pallas.ops.domains import supports
 
 from ._tiling import check_block, native_sublanes, output_struct, round_up
 from .attention import _SUPPORTED_DTYPES

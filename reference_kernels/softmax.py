@@ -43,7 +43,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas.domains import supports
+from pytest_pallas.ops.domains import supports
 
 from ._tiling import LANES, native_sublanes, round_up, spread
 

@@ -7,7 +7,7 @@ the verdict.
 import pytest
 from hypothesis import Phase
 
-from pytest_pallas._hypothesis_compat import change_settings, is_given_test
+from pytest_pallas._compat.hypothesis_internals import change_settings, is_given_test
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-pallas has given the test its settings and seed

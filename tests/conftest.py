@@ -20,8 +20,8 @@ except ImportError:
 # one in-process run (Hypothesis strategies, say) match the classes of the next.
 import hypothesis.strategies  # noqa: F401
 
-import pytest_pallas.conformance_harness  # noqa: F401
-import pytest_pallas.op_inputs  # noqa: F401
+import pytest_pallas.ops.inputs  # noqa: F401
+import pytest_pallas.suite.harness  # noqa: F401
 
 pytest_plugins = ["pytester"]
 

@@ -147,7 +147,7 @@ def fake_tpu_devices(device_kind="TPU v5 lite", count=1):
 
 def test_fake_tpu_device_facts_select_the_chip():
     from pytest_pallas.backend import select_backend
-    from pytest_pallas.options import PallasOptions
+    from pytest_pallas.plugin.options import PallasOptions
 
     backend = select_backend(PallasOptions(tpu=True), tpu_devices=fake_tpu_devices(count=4))
     assert (backend.platform, backend.chip, backend.device_count) == ("tpu", "v5e", 4)
@@ -160,7 +160,7 @@ def test_fake_tpu_device_facts_select_the_chip():
 
 def test_fake_tpu_that_disagrees_with_chip_flag_is_a_usage_error():
     from pytest_pallas.backend import select_backend
-    from pytest_pallas.options import PallasOptions
+    from pytest_pallas.plugin.options import PallasOptions
 
     with pytest.raises(pytest.UsageError, match=r"--pallas-chip=v5e disagrees with the TPU JAX "
                                                 r"sees \(TPU v6 lite, chip v6e\)"):
@@ -170,7 +170,7 @@ def test_fake_tpu_that_disagrees_with_chip_flag_is_a_usage_error():
 
 def test_unknown_tpu_device_kind_is_a_usage_error():
     from pytest_pallas.backend import select_backend
-    from pytest_pallas.options import PallasOptions
+    from pytest_pallas.plugin.options import PallasOptions
 
     with pytest.raises(pytest.UsageError, match="does not know the chip of device kind 'TPU v99'"):
         select_backend(PallasOptions(tpu=True), tpu_devices=fake_tpu_devices("TPU v99"))
@@ -207,8 +207,8 @@ def test_interpreter_state_is_reset_after_a_failing_kernel(pytester):
 def _fake_tpu_session(device_kind="TPU v5 lite", count=4):
     """A session whose backend is a TPU host described by fake device facts."""
     from pytest_pallas.backend import select_backend
-    from pytest_pallas.options import PallasOptions
-    from pytest_pallas.session import PallasSession
+    from pytest_pallas.plugin.options import PallasOptions
+    from pytest_pallas.plugin.session import PallasSession
 
     options = PallasOptions(tpu=True)
     backend = select_backend(options, tpu_devices=fake_tpu_devices(device_kind, count))

@@ -4,7 +4,7 @@ the fallbacks when one is gone."""
 
 import time
 
-from pytest_pallas import _benchmark_compat as compat
+from pytest_pallas._compat import benchmark_internals as compat
 
 
 def test_the_fixture_keeps_its_clock_where_the_compat_layer_reads_it(benchmark):

@@ -14,18 +14,14 @@ import jax
 import numpy as np
 import pytest
 
-from pytest_pallas import benchmark_gate, compile_check
-from pytest_pallas.benchmarking import (
-    Roofline,
-    performance_facts,
-    random_array,
-    roofline_of,
-    summary_lines,
-    xla_version,
-)
+from pytest_pallas.bench import gate as benchmark_gate
+from pytest_pallas.bench.fixture import random_array, xla_version
+from pytest_pallas.bench.plot import MISSING_MATPLOTLIB
+from pytest_pallas.bench.roofline import Roofline, performance_facts, roofline_of
+from pytest_pallas.bench.table import summary_lines
+from pytest_pallas.checks import compile_check
 from pytest_pallas.compare import assert_allclose
-from pytest_pallas.ops import get_operation
-from pytest_pallas.roofline_plot import MISSING_MATPLOTLIB
+from pytest_pallas.ops.registry import get_operation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_SOFTMAX = os.path.join(ROOT, "benchmarks", "bench_softmax.py") + "::bench_softmax"
@@ -178,7 +174,7 @@ def write_run(path, *entries):
 
 
 def gate(*args):
-    completed = run_python("-m", "pytest_pallas.benchmark_gate", *args)
+    completed = run_python("-m", "pytest_pallas.bench.gate", *args)
     return completed.returncode, completed.stdout, completed.stderr
 
 
@@ -448,7 +444,7 @@ def plot_input(tmp_path):
                     reason="matplotlib is not installed; pip install -e '.[dev,plot]'")
 def test_the_roofline_plot_command_writes_the_image(tmp_path):
     output = tmp_path / "roofline.svg"
-    completed = run_python("-m", "pytest_pallas.roofline_plot", plot_input(tmp_path),
+    completed = run_python("-m", "pytest_pallas.bench.plot", plot_input(tmp_path),
                            "-o", str(output))
     assert completed.returncode == 0, completed.stderr
     assert output.read_text().lstrip().startswith(("<?xml", "<svg"))
@@ -458,7 +454,7 @@ def test_the_roofline_plot_command_writes_the_image(tmp_path):
 
 def test_the_roofline_plot_without_matplotlib_says_so_in_one_line(tmp_path):
     script = ("import sys; sys.modules['matplotlib'] = None\n"
-              "from pytest_pallas.roofline_plot import main\n"
+              "from pytest_pallas.bench.plot import main\n"
               f"sys.exit(main([{plot_input(tmp_path)!r}, '-o', {str(tmp_path / 'r.svg')!r}]))")
     completed = run_python("-c", script)
     assert completed.returncode == 1

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_pallas import op_inputs, operations, supports
-from pytest_pallas.domains import SupportsError, declared_domain
-from pytest_pallas.operation import load
+from pytest_pallas import operations, supports
+from pytest_pallas.ops import inputs as op_inputs
+from pytest_pallas.ops.domains import SupportsError, declared_domain
+from pytest_pallas.ops.operation import load
 
 
 def test_a_block_keyword_for_a_dimension_the_op_lacks_is_named():

@@ -173,9 +173,9 @@ def test_plain_xla_activations_pass_and_a_wrong_activation_fails(activation):
     float32 (a -4 pre-activation made plain XLA's gelu fail it by 1.27x), and no more."""
     import jax
 
-    from pytest_pallas.op_inputs import Case
-    from pytest_pallas.operation import Deferred
-    from pytest_pallas.properties import expected_output, judge_value
+    from pytest_pallas.ops.inputs import Case
+    from pytest_pallas.ops.operation import Deferred
+    from pytest_pallas.suite.properties import expected_output, judge_value
 
     rng = np.random.default_rng(0)
     # Ties-like inputs (small integers, k=1), as in the case that failed, and normal ones.

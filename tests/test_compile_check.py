@@ -14,9 +14,10 @@ import pytest
 from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash_attention
 from jax.experimental.pallas.ops.tpu.matmul import matmul as jax_matmul
 
-from pytest_pallas import compile_check, options
-from pytest_pallas.kernel_check import check_kernel
-from pytest_pallas.tpu_checks import TpuRuleViolation
+from pytest_pallas.checks import compile_check
+from pytest_pallas.checks.kernel_check import check_kernel
+from pytest_pallas.checks.violations import TpuRuleViolation
+from pytest_pallas.plugin import options
 
 pytestmark = pytest.mark.skipif(
     compile_check.libtpu_version() is None,
@@ -259,7 +260,7 @@ PROPERTY_TEST = textwrap.dedent('''
     from hypothesis import given, settings, strategies as st
     from jax.experimental import pallas as pl
 
-    from pytest_pallas import compile_check
+    from pytest_pallas.checks import compile_check
 
 
     def double(x):
@@ -394,7 +395,7 @@ def test_a_whole_array_call_without_a_grid_is_single_buffered_as_the_compiler_sa
 
 
 def test_the_report_records_per_op_and_chip_whether_it_compiled():
-    from pytest_pallas.report import ConformanceRecorder
+    from pytest_pallas.suite.report import ConformanceRecorder
 
     worker = ConformanceRecorder()
     worker.register("matmul", "mine", {}, "none")
@@ -413,26 +414,28 @@ def test_the_report_records_per_op_and_chip_whether_it_compiled():
     assert "v5e,v6e:NO" in "\n".join(controller.summary_lines())
 
 
-# --- the JAX internals the check relies on (pytest_pallas._jax_compat) ----------------
+# --- the JAX internals the check relies on (pytest_pallas._compat.jax_internals) ----------------
 
 
 def _kernel_params(function, *args):
-    from pytest_pallas import _jax_compat
+    from pytest_pallas.checks import jaxpr_analysis
 
     closed = jax.make_jaxpr(function)(*args)
-    return list(_jax_compat.pallas_call_equations_in(closed))
+    return list(jaxpr_analysis.pallas_call_equations_in(closed))
 
 
 def test_a_kernel_traced_again_has_the_same_fingerprint_and_another_shape_another():
-    from pytest_pallas import _jax_compat
+    from pytest_pallas.checks import jaxpr_analysis
 
     x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
     first = _kernel_params(lambda v: _whole_copy(v), x)[0][0]
     again = _kernel_params(lambda v: _whole_copy(v), x)[0][0]
     other = _kernel_params(lambda v: _whole_copy(v), jax.ShapeDtypeStruct((16, 128), jnp.float32))
     assert first is not again
-    assert _jax_compat.pallas_call_fingerprint(first) == _jax_compat.pallas_call_fingerprint(again)
-    assert _jax_compat.pallas_call_fingerprint(first) != _jax_compat.pallas_call_fingerprint(
+    assert jaxpr_analysis.pallas_call_fingerprint(first) == jaxpr_analysis.pallas_call_fingerprint(
+        again
+    )
+    assert jaxpr_analysis.pallas_call_fingerprint(first) != jaxpr_analysis.pallas_call_fingerprint(
         other[0][0])
 
 
@@ -442,7 +445,7 @@ def test_equations_carry_avals_and_the_shard_map_mesh_of_a_communicating_kernel(
     import numpy as np
     from jax.sharding import Mesh, PartitionSpec
 
-    from pytest_pallas import _jax_compat
+    from pytest_pallas.checks import jaxpr_analysis
     from pytest_pallas.reference_kernels.collectives import ppermute
 
     if len(jax.devices()) < 2:
@@ -455,24 +458,24 @@ def test_equations_carry_avals_and_the_shard_map_mesh_of_a_communicating_kernel(
                                                                               jnp.float32))
     assert axes == (("ring", 2),)
     assert any(tuple(a.shape) == (8, 128) for a in avals)  # per device
-    assert _jax_compat.pallas_call_communicates(params)
+    assert jaxpr_analysis.pallas_call_communicates(params)
     x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
-    assert not _jax_compat.pallas_call_communicates(_kernel_params(_whole_copy, x)[0][0])
+    assert not jaxpr_analysis.pallas_call_communicates(_kernel_params(_whole_copy, x)[0][0])
     verdict = compile_check.verdict_for(params, avals, "v5e", axes)
     assert verdict.compiled, verdict.message
 
 
 def test_observers_with_avals_see_each_call_and_compiles_step_out_of_the_trace():
-    from pytest_pallas import _jax_compat
+    from pytest_pallas._compat import jax_internals, pallas_call_hooks
 
     seen = []
-    with _jax_compat.observe_pallas_calls(lambda params, avals: seen.append(avals),
+    with pallas_call_hooks.observe_pallas_calls(lambda params, avals: seen.append(avals),
                                           with_avals=True):
         jax.make_jaxpr(lambda v: _whole_copy(v))(jax.ShapeDtypeStruct((40, 128), jnp.float32))
     assert [tuple(a.shape) for a in seen[0]] == [(40, 128)]
 
     def traced(x):
-        with _jax_compat.outside_current_trace():
+        with jax_internals.outside_current_trace():
             # A computation of its own, inside another function's trace.
             assert int(jax.jit(lambda: jnp.int32(3))()) == 3
         return x

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pytest_pallas.ops import OP_NAMES
+from pytest_pallas.ops.registry import OP_NAMES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,7 +22,7 @@ def read(relative):
 
 
 def registered_flags():
-    from pytest_pallas import options
+    from pytest_pallas.plugin import options
 
     class Group:
         def __init__(self):

@@ -15,9 +15,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def _modules_with_examples():
     for package, directory in (("pytest_pallas", "pytest_pallas"),
                                ("pytest_pallas.reference_kernels", "reference_kernels")):
-        for path in sorted((ROOT / directory).glob("*.py")):
+        for path in sorted((ROOT / directory).rglob("*.py")):
             if ">>>" in path.read_text():
-                name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+                parts = path.relative_to(ROOT / directory).with_suffix("").parts
+                name = ".".join((package, *parts[: -1 if parts[-1] == "__init__" else None]))
                 yield name
 
 

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from seeded_bugs import kernels as wrong
 
-from pytest_pallas import assert_allclose, error_models, ops
-from pytest_pallas.domains import Domain
-from pytest_pallas.op_inputs import sweep, sweep_case
-from pytest_pallas.properties import expected_output, judge_value
+from pytest_pallas import assert_allclose, error_models
+from pytest_pallas.ops import registry
+from pytest_pallas.ops.domains import Domain
+from pytest_pallas.ops.inputs import sweep, sweep_case
+from pytest_pallas.suite.properties import expected_output, judge_value
 
 LOG2_E = 1.4426950408889634
 
@@ -70,7 +71,7 @@ def test_unknown_op_and_missing_inputs_are_one_line_usage_errors():
 def test_suite_and_public_function_give_the_same_allowance():
     case = sweep_case("attention", Domain(), 0)
     public, _ = error_models.attention_allowance(*case.args)
-    suite, _ = ops.op_allowance("attention", case.args)
+    suite, _ = registry.op_allowance("attention", case.args)
     assert public == suite > 0
 
 

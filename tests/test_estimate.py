@@ -18,9 +18,11 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas import _jax_compat, _kernel_grid, _libtpu_dump, compile_check
+from pytest_pallas._compat import libtpu_dump, pallas_call_hooks
 from pytest_pallas.backend import chip_timing
-from pytest_pallas.schedule_estimate import EstimateUnavailable, estimate, rank_blocks
+from pytest_pallas.bench import kernel_grid
+from pytest_pallas.bench.estimate import EstimateUnavailable, estimate, rank_blocks
+from pytest_pallas.checks import compile_check
 
 # Four files of libtpu 0.0.42.1's dump (LIBTPU_INIT_ARGS="--xla_jf_dump_to=DIR") of
 # guide_matmul below, 4096^2 bfloat16 with 128 blocks, compiled for v5e: the numeric
@@ -65,7 +67,7 @@ def guide_matmul(x, y, *, bm, bk, bn, out_dtype=None):
 
 
 def test_parser_reads_the_grid_loop_of_a_real_dump():
-    schedule = _libtpu_dump.read_kernel_schedules(str(DUMP), delay_slots=4)["matmul.1"]
+    schedule = libtpu_dump.read_kernel_schedules(str(DUMP), delay_slots=4)["matmul.1"]
     assert schedule.notes == [] and schedule.custom_call
     assert schedule.loop_steps == 32 ** 3  # "loop exit test" 32770 = steps + 2
     assert schedule.total_bundles == 210
@@ -88,7 +90,7 @@ def test_an_unreadable_dump_gives_none_and_one_line_notes_never_an_error():
     # Another libtpu's words for the same things.
     changed = {kind: text.replace("{", "[").replace("Length to end", "Distance")
                .replace("total scheduled bundles", "bundles") for kind, text in texts.items()}
-    schedule = _libtpu_dump.parse_schedule(changed, delay_slots=4)
+    schedule = libtpu_dump.parse_schedule(changed, delay_slots=4)
     assert schedule.total_bundles is None and schedule.loop_steps is None
     assert schedule.blocks == []
     assert len(schedule.notes) == 4  # three unread files and the missing VMEM file
@@ -98,13 +100,13 @@ def test_an_unreadable_dump_gives_none_and_one_line_notes_never_an_error():
 def test_pl_when_regions_are_weighted_by_the_share_of_steps_that_run_them():
     x = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
     seen = []
-    with _jax_compat.observe_pallas_calls(lambda p, a: seen.append(p), with_avals=True):
+    with pallas_call_hooks.observe_pallas_calls(lambda p, a: seen.append(p), with_avals=True):
         jax.jit(functools.partial(guide_matmul, bm=128, bk=128, bn=128)).trace(x, x)
-    assert _kernel_grid.when_frequencies(seen[0], (4, 4, 4)) == [0.25, 0.25]
-    copies = _kernel_grid.copied_bytes(seen[0])
+    assert kernel_grid.when_frequencies(seen[0], (4, 4, 4)) == [0.25, 0.25]
+    copies = kernel_grid.copied_bytes(seen[0])
     block = 128 * 128 * 2
     # x and y change every step (64 copies each), the output once per (i, j): 16.
-    assert copies == _kernel_grid.Copies((64 + 64 + 16) * block, 2 * block, block, 0, [])
+    assert copies == kernel_grid.Copies((64 + 64 + 16) * block, 2 * block, block, 0, [])
 
 
 # --- estimate() ----------------------------------------------------------------------

@@ -18,8 +18,9 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas import benchmark_gate, compile_check
-from pytest_pallas.benchmark_estimate import tpu_estimates
+from pytest_pallas.bench import gate as benchmark_gate
+from pytest_pallas.bench.benchmark_estimate import tpu_estimates
+from pytest_pallas.checks import compile_check
 
 needs_libtpu = pytest.mark.skipif(
     compile_check.libtpu_version() is None,

@@ -30,9 +30,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas import assert_allclose
-from pytest_pallas.domains import Domain
-from pytest_pallas.op_inputs import sweep, sweep_case
-from pytest_pallas.properties import expected_output
+from pytest_pallas.ops.domains import Domain
+from pytest_pallas.ops.inputs import sweep, sweep_case
+from pytest_pallas.suite.properties import expected_output
 
 LOG2E = math.log2(math.e)
 BLOCK = 128

@@ -8,7 +8,7 @@ import hypothesis  # noqa: F401  (imported by the plugin in each in-process run;
 import pytest
 
 import pytest_pallas.strategies  # noqa: F401
-from pytest_pallas.options import DEFAULT_DEVICES
+from pytest_pallas.plugin.options import DEFAULT_DEVICES
 
 try:
     # Every interpreted pallas_call's lowering imports the GPU interpreter, which registers

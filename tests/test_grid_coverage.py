@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 
-from pytest_pallas import _jax_compat, grid_coverage, op_inputs
-from pytest_pallas.domains import Domain
-from pytest_pallas.ops import OP_NAMES, get_operation
-from pytest_pallas.report import ConformanceRecorder
+from pytest_pallas._compat import jax_internals, pallas_call_hooks
+from pytest_pallas.checks import kernel_model
+from pytest_pallas.ops import inputs as op_inputs
+from pytest_pallas.ops.domains import Domain
+from pytest_pallas.ops.registry import OP_NAMES, get_operation
+from pytest_pallas.suite import grid_coverage
+from pytest_pallas.suite.report import ConformanceRecorder
 
 
 def _copy_kernel(x_ref, o_ref):
@@ -41,9 +44,9 @@ def _traced_axes(function, *args, **names):
     runs = []
 
     def observer(params):
-        runs.extend(grid_coverage.axis_runs(_jax_compat.describe_pallas_call(params), **names))
+        runs.extend(grid_coverage.axis_runs(kernel_model.describe_pallas_call(params), **names))
 
-    with _jax_compat.observe_pallas_calls(observer):
+    with pallas_call_hooks.observe_pallas_calls(observer):
         jax.make_jaxpr(function)(*args)
     return runs
 
@@ -147,17 +150,17 @@ def test_coverage_never_fails_a_kernel_when_the_grid_cannot_be_read(monkeypatch)
     # A JAX whose pallas_call params this module cannot read: the feature turns off with a
     # warning, the kernel's trace goes on.
     def unreadable(params):
-        raise _jax_compat.JaxInternalsChanged("no grid mapping")
+        raise jax_internals.JaxInternalsChanged("no grid mapping")
 
-    from pytest_pallas import conformance_harness as harness
+    from pytest_pallas.suite import harness
 
-    monkeypatch.setattr(_jax_compat, "describe_pallas_call", unreadable)
-    monkeypatch.setattr(_jax_compat, "_features_off", {})
+    monkeypatch.setattr(kernel_model, "describe_pallas_call", unreadable)
+    monkeypatch.setattr(jax_internals, "_features_off", {})
     recorder = ConformanceRecorder()
     conformance = harness.Conformance({}, backend=None, recorder=recorder)
     recorder.register("add", "mine", {}, "none")
     case = op_inputs.sweep_case("add", Domain(), 0)
-    with pytest.warns(_jax_compat.JaxFeatureOff, match="grid coverage"):
+    with pytest.warns(jax_internals.JaxFeatureOff, match="grid coverage"):
         with conformance._grid_recorded("add", case) as runs:
             result = _tiled_copy(np.zeros((16, 128), np.float32))
     assert runs == [] and result.shape == (16, 128)

@@ -1,11 +1,12 @@
-"""The Hypothesis internals the plugin relies on (pytest_pallas/_hypothesis_compat.py), checked
+"""The Hypothesis internals the plugin relies on (pytest_pallas/_compat/hypothesis_internals.py),
+checked
 against the installed Hypothesis, and the suite's failures free of Hypothesis's jargon."""
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pytest_pallas import _hypothesis_compat
+from pytest_pallas._compat import hypothesis_internals
 
 
 def _two_failing_explicit_examples():
@@ -29,7 +30,7 @@ def test_hypothesis_still_adds_the_note_that_is_restated():
 
 def test_the_note_is_restated_in_the_plugins_terms():
     error = _two_failing_explicit_examples()
-    _hypothesis_compat.restate_notes(error, examples="sweep cases")
+    hypothesis_internals.restate_notes(error, examples="sweep cases")
     notes = "\n".join(error.__notes__)
     assert "Verbosity" not in notes
     assert ("(pallas: 1 other sweep case also failed with this error; rerun with "
@@ -46,13 +47,13 @@ def test_a_test_gets_the_loaded_settings_and_the_seed_and_is_put_back():
     ours = ("_hypothesis_internal_use_settings", "_hypothesis_internal_use_seed")
     original = {name: test.__dict__.get(name) for name in ours}
     settings.register_profile("compat-three", max_examples=3, database=None)
-    before = _hypothesis_compat.current_profile_name()
+    before = hypothesis_internals.current_profile_name()
     settings.load_profile("compat-three")
     try:
-        assert _hypothesis_compat.current_profile_name() == "compat-three"
+        assert hypothesis_internals.current_profile_name() == "compat-three"
         runs = []
         for _ in range(2):
-            restore = _hypothesis_compat.seed_with_run_settings(test, 1234)
+            restore = hypothesis_internals.seed_with_run_settings(test, 1234)
             drawn.clear()
             test()
             runs.append(list(drawn))
@@ -72,7 +73,7 @@ def test_a_test_with_its_own_settings_keeps_them():
     def test(value):
         calls.append(value)
 
-    restore = _hypothesis_compat.seed_with_run_settings(test, 7)
+    restore = hypothesis_internals.seed_with_run_settings(test, 7)
     test()
     restore()
     assert len(calls) == 2
@@ -89,7 +90,7 @@ def test_changed_settings_apply_to_the_next_run():
     def test(value):
         calls.append(value)
 
-    _hypothesis_compat.change_settings(test, max_examples=3)
+    hypothesis_internals.change_settings(test, max_examples=3)
     test()
     assert len(calls) == 3
 

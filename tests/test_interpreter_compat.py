@@ -1,4 +1,5 @@
-"""The plugin's fixes to JAX's TPU interpreter (pytest_pallas._interpreter_compat), each through
+"""The plugin's fixes to JAX's TPU interpreter (pytest_pallas._compat.interpreter_fixes), each
+through
 a Pallas test as a user writes it, at whichever end of the supported JAX range is installed."""
 
 import textwrap
@@ -84,7 +85,7 @@ CORE_MAP_WITH_OWN_PARAMS = textwrap.dedent('''
     import jax, jax.numpy as jnp, numpy as np, pytest
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
-    from pytest_pallas._jax_compat import tensorcore_mesh
+    from pytest_pallas._compat.jax_internals import tensorcore_mesh
 
     @pytest.mark.pallas
     @pytest.mark.skipif("core_map" not in vars(pl), reason="pl.core_map is deprecated here")
@@ -289,5 +290,5 @@ RESHAPED_AND_BITCAST_REFS = textwrap.dedent('''
 def test_loads_and_dmas_from_reshaped_and_bitcast_refs_run(pytester, run_pytest):
     pytester.makepyfile(test_views=RESHAPED_AND_BITCAST_REFS)
     result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-W",
-                        "error::pytest_pallas.plugin.PallasInterpreterFallback")
+                        "error::pytest_pallas.plugin.hooks.PallasInterpreterFallback")
     result.assert_outcomes(passed=1)

@@ -1,4 +1,5 @@
-"""pytest_pallas._jax_compat against the installed JAX: every private internal the plugin's
+"""pytest_pallas._compat.jax_internals against the installed JAX: every private internal the
+plugin's
 foundation relies on is where it expects, and a moved one is a clear JaxInternalsChanged."""
 
 import importlib
@@ -13,9 +14,11 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas import _jax_compat, options
-from pytest_pallas import versions as pallas_versions
-from pytest_pallas._jax_compat import JaxInternalsChanged
+from pytest_pallas._compat import device_kinds, jax_internals, pallas_call_hooks, tpu_interpreter
+from pytest_pallas._compat.jax_internals import JaxInternalsChanged
+from pytest_pallas.checks import jaxpr_analysis
+from pytest_pallas.plugin import options
+from pytest_pallas.plugin import versions as pallas_versions
 
 TPU_INFO = importlib.import_module("jax._src.pallas.mosaic.tpu_info")
 INTERPRETER = importlib.import_module("jax._src.pallas.mosaic.interpret.interpret_pallas_call")
@@ -45,28 +48,28 @@ def run_interpreted(kernel, params):
 
 @pytest.fixture
 def clean_interpreter():
-    _jax_compat.reset_interpreter_state()
+    tpu_interpreter.reset_interpreter_state()
     yield
-    _jax_compat.reset_interpreter_state()
+    tpu_interpreter.reset_interpreter_state()
 
 
 # --- the TPU interpreter's state --------------------------------------------------------
 
 
 def test_races_found_sees_a_race_and_reset_clears_it(clean_interpreter, capsys, caplog):
-    detecting = _jax_compat.interpret_params(detect_races=True)
-    assert _jax_compat.races_found() is False
+    detecting = jax_internals.interpret_params(detect_races=True)
+    assert tpu_interpreter.races_found() is False
 
     run_interpreted(copy_kernel(wait_before_reading=True), detecting)
-    assert _jax_compat.races_found() is False
+    assert tpu_interpreter.races_found() is False
 
     run_interpreted(copy_kernel(wait_before_reading=False), detecting)
-    assert _jax_compat.races_found() is True
+    assert tpu_interpreter.races_found() is True
     # Printed up to jax 0.10, logged from 0.11.
     assert "RACE DETECTED" in capsys.readouterr().out + caplog.text
 
-    _jax_compat.reset_interpreter_state()
-    assert _jax_compat.races_found() is False
+    tpu_interpreter.reset_interpreter_state()
+    assert tpu_interpreter.races_found() is False
 
 
 def test_reset_interpreter_state_drops_what_a_failed_kernel_left_behind(clean_interpreter):
@@ -82,7 +85,7 @@ def test_reset_interpreter_state_drops_what_a_failed_kernel_left_behind(clean_in
     INTERPRETER._shared_memory = object()
     with pytest.raises(Exception, match="object"):
         call()
-    _jax_compat.reset_interpreter_state()
+    tpu_interpreter.reset_interpreter_state()
     assert INTERPRETER._shared_memory is None and INTERPRETER.races is None
     np.testing.assert_array_equal(call(), 2.0)
 
@@ -91,7 +94,7 @@ def test_reset_interpreter_state_drops_what_a_failed_kernel_left_behind(clean_in
 
 
 def test_chip_versions_are_the_chips_the_options_accept():
-    versions = _jax_compat.chip_versions()
+    versions = device_kinds.chip_versions()
     # Every chip this JAX knows is accepted; a chip it lacks is one that only
     # newer JAX releases know, and the option says so when asked for it.
     assert set(versions) <= set(options.KNOWN_CHIPS)
@@ -109,7 +112,7 @@ def test_chip_versions_are_the_chips_the_options_accept():
     ("TPU v6 lite", "v6e"), ("TPU7x", "7x"), ("cpu", None), ("TPU v99", None),
 ])
 def test_chip_version_of_device_kind(device_kind, chip):
-    version = _jax_compat.chip_version_of_device_kind(device_kind)
+    version = device_kinds.chip_version_of_device_kind(device_kind)
     assert (version.value if version is not None else None) == chip
     if chip == "v5e":
         assert version == pltpu.ChipVersion("v5e")
@@ -119,7 +122,7 @@ def test_device_kind_answers_as_then_restores_the_registry():
     kind = jax.devices()[0].device_kind
     v4 = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion("v4"), 2)
     assert kind not in TPU_INFO.registry
-    with _jax_compat.device_kind_answers_as(kind, lambda: v4):
+    with device_kinds.device_kind_answers_as(kind, lambda: v4):
         assert pltpu.get_tpu_info() is v4
         assert str(pltpu.get_tpu_info().chip_version) == "v4"
     assert kind not in TPU_INFO.registry
@@ -137,7 +140,7 @@ def test_device_kind_answers_as_restores_a_previous_entry_even_after_an_error(mo
 
     monkeypatch.setitem(TPU_INFO.registry, kind, previous)
     with (pytest.raises(KeyError, match="inside"),
-          _jax_compat.device_kind_answers_as(kind, lambda: v6e)):
+          device_kinds.device_kind_answers_as(kind, lambda: v6e)):
         assert pltpu.get_tpu_info() is v6e
         raise KeyError("inside")
     assert TPU_INFO.registry[kind] is previous
@@ -149,16 +152,16 @@ def test_device_kind_answers_as_restores_a_previous_entry_even_after_an_error(mo
 
 def test_backends_are_initialized():
     jax.devices()
-    assert _jax_compat.backends_are_initialized() is True
+    assert jax_internals.backends_are_initialized() is True
 
 
 def test_backends_are_not_initialized_by_importing_jax():
     script = textwrap.dedent("""
         import jax
-        from pytest_pallas import _jax_compat
-        assert _jax_compat.backends_are_initialized() is False
+        from pytest_pallas._compat import jax_internals
+        assert jax_internals.backends_are_initialized() is False
         jax.devices()
-        assert _jax_compat.backends_are_initialized() is True
+        assert jax_internals.backends_are_initialized() is True
         """)
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                timeout=120, check=False)
@@ -169,7 +172,7 @@ def test_pallas_call_primitive_is_the_one_in_a_traced_kernel():
     def double(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2
 
-    primitive = _jax_compat.pallas_call_primitive()
+    primitive = jax_internals.pallas_call_primitive()
     jaxpr = jax.make_jaxpr(pl.pallas_call(
         double, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32)))(jnp.ones((8, 128)))
     assert primitive.name == "pallas_call"
@@ -181,14 +184,14 @@ def test_as_compiled_for_the_chip_drops_a_recorded_interpreter_in_nested_calls()
     def double(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2
 
-    with pltpu.force_tpu_interpret_mode(_jax_compat.interpret_params()):
+    with pltpu.force_tpu_interpret_mode(jax_internals.interpret_params()):
         call = pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
     x = jnp.ones((8, 128))
     closed = jax.make_jaxpr(jax.jit(lambda x: call(x) + 1))(x)
-    recorded = [p["interpret"] for p in _jax_compat.pallas_call_params_in(closed)]
+    recorded = [p["interpret"] for p in jaxpr_analysis.pallas_call_params_in(closed)]
     assert recorded and all(isinstance(i, pltpu.InterpretParams) for i in recorded)
-    compiled = _jax_compat.as_compiled_for_the_chip(closed)
-    assert [p["interpret"] for p in _jax_compat.pallas_call_params_in(
+    compiled = jax_internals.as_compiled_for_the_chip(closed)
+    assert [p["interpret"] for p in jaxpr_analysis.pallas_call_params_in(
         jax.make_jaxpr(compiled)(x))] == [False]
     # the rewritten program lowers for the TPU with Mosaic (the interpreter would not)
     jax.jit(compiled).trace(x).lower(lowering_platforms=("tpu",))
@@ -201,15 +204,15 @@ def test_forced_interpreter_when_called_reaches_a_call_built_before_and_restores
         o_ref[...] = x_ref[...] * 2
 
     call = pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
-    primitive = _jax_compat.pallas_call_primitive()
+    primitive = jax_internals.pallas_call_primitive()
     x = jnp.ones((8, 128))
-    params = _jax_compat.interpret_params()
-    with _jax_compat.forced_interpreter_when_called() as hooked:
+    params = jax_internals.interpret_params()
+    with pallas_call_hooks.forced_interpreter_when_called() as hooked:
         assert hooked
         with pltpu.force_tpu_interpret_mode(params):
-            interpreted = [p["interpret"] for p in _jax_compat.pallas_call_params_in(
+            interpreted = [p["interpret"] for p in jaxpr_analysis.pallas_call_params_in(
                 jax.make_jaxpr(call)(x))]
-        unforced = [p["interpret"] for p in _jax_compat.pallas_call_params_in(
+        unforced = [p["interpret"] for p in jaxpr_analysis.pallas_call_params_in(
             jax.make_jaxpr(call)(x))]
     assert interpreted == [params] and unforced == [False]
     assert "bind" not in vars(primitive)
@@ -217,7 +220,7 @@ def test_forced_interpreter_when_called_reaches_a_call_built_before_and_restores
 
 def test_forced_interpreter_when_called_is_off_when_the_primitive_moved(monkeypatch):
     monkeypatch.delattr(importlib.import_module("jax._src.pallas.pallas_call"), "pallas_call_p")
-    with _jax_compat.forced_interpreter_when_called() as hooked:
+    with pallas_call_hooks.forced_interpreter_when_called() as hooked:
         assert hooked is False
 
 
@@ -226,16 +229,16 @@ def test_forced_interpreter_when_called_is_off_when_the_primitive_moved(monkeypa
 
 @pytest.mark.parametrize("module, attribute, call", [
     (TPU_INFO, "chip_version_from_device_kind",
-     lambda: _jax_compat.chip_version_of_device_kind("TPU v5 lite")),
+     lambda: device_kinds.chip_version_of_device_kind("TPU v5 lite")),
     (TPU_INFO, "registry",
-     lambda: _jax_compat.device_kind_answers_as("cpu", lambda: None).__enter__()),
-    (INTERPRETER, "races", _jax_compat.races_found),
+     lambda: device_kinds.device_kind_answers_as("cpu", lambda: None).__enter__()),
+    (INTERPRETER, "races", tpu_interpreter.races_found),
     (importlib.import_module("jax._src.xla_bridge"), "backends_are_initialized",
-     _jax_compat.backends_are_initialized),
+     jax_internals.backends_are_initialized),
     (importlib.import_module("jax._src.pallas.pallas_call"), "pallas_call_p",
-     _jax_compat.pallas_call_primitive),
+     jax_internals.pallas_call_primitive),
     (importlib.import_module("jax._src.core"), "jaxpr_as_fun",
-     lambda: _jax_compat.as_compiled_for_the_chip(jax.make_jaxpr(jnp.sin)(1.0))),
+     lambda: jax_internals.as_compiled_for_the_chip(jax.make_jaxpr(jnp.sin)(1.0))),
 ], ids=["chip_version_from_device_kind", "registry", "races", "backends_are_initialized",
         "pallas_call_p", "jaxpr_as_fun"])
 def test_a_moved_internal_is_a_clear_error(monkeypatch, module, attribute, call):
@@ -252,28 +255,28 @@ def test_a_moved_internal_is_a_clear_error(monkeypatch, module, attribute, call)
 def test_a_registry_that_changed_type_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(TPU_INFO, "registry", [])
     with (pytest.raises(JaxInternalsChanged, match=r"tpu_info\.registry is no longer a dict"),
-          _jax_compat.device_kind_answers_as("cpu", lambda: None)):
+          device_kinds.device_kind_answers_as("cpu", lambda: None)):
         pass
 
 
 def test_a_missing_module_is_a_clear_error():
     with pytest.raises(JaxInternalsChanged, match=r"pytest-pallas needs jax\._src\.no_such_module, "
                                                   r"which this JAX does not have"):
-        _jax_compat._private("jax._src.no_such_module", "anything")
+        jax_internals._private("jax._src.no_such_module", "anything")
 
 
 def test_running_interpreted_kernels_names_a_kernel_only_while_it_runs(clean_interpreter):
     import threading
 
-    _jax_compat.install_kernel_exit_hook()
+    tpu_interpreter.install_kernel_exit_hook()
     seen_inside = []
     ages_inside = []
     gate = threading.Event()
 
     def kernel(x_ref, o_ref):
         def look(x):
-            seen_inside.extend(_jax_compat.running_interpreted_kernels())
-            ages_inside.append(_jax_compat.running_interpreted_kernel_ages())
+            seen_inside.extend(tpu_interpreter.running_interpreted_kernels())
+            ages_inside.append(tpu_interpreter.running_interpreted_kernel_ages())
             gate.set()
             return x
 
@@ -286,11 +289,11 @@ def test_running_interpreted_kernels_names_a_kernel_only_while_it_runs(clean_int
     )(jnp.ones((8, 128), jnp.float32)))
     assert gate.is_set()
     assert seen_inside == ["looks_at_itself"]
-    assert _jax_compat.running_interpreted_kernels() == []
+    assert tpu_interpreter.running_interpreted_kernels() == []
     # --pallas-timeout's clock: from the kernel's start, not the test's.
     [ages] = ages_inside
     assert list(ages) == ["looks_at_itself"] and ages["looks_at_itself"] >= 0
-    assert _jax_compat.running_interpreted_kernel_ages() == {}
+    assert tpu_interpreter.running_interpreted_kernel_ages() == {}
 
 
 def test_a_run_on_a_jax_that_moved_internals_turns_those_features_off_and_goes_on(pytester):
@@ -298,9 +301,9 @@ def test_a_run_on_a_jax_that_moved_internals_turns_those_features_off_and_goes_o
     # passes, and the run says once per feature that it is off, and why. (The chip
     # stand-in is not among them: the TPU interpreter needs the chip's tiling.)
     pytester.makeconftest('''
-        from pytest_pallas import _jax_compat
+        from pytest_pallas._compat import jax_internals
 
-        real = _jax_compat._private
+        real = jax_internals._private
         MOVED = {
             ("jax._src.interpreters.partial_eval", None),
             ("jax._src.pallas.mosaic.interpret.interpret_pallas_call", "_validate"),
@@ -308,10 +311,10 @@ def test_a_run_on_a_jax_that_moved_internals_turns_those_features_off_and_goes_o
 
         def moved(module, attribute=None):
             if (module, attribute) in MOVED:
-                raise _jax_compat.JaxInternalsChanged(f"{module}.{attribute} moved")
+                raise jax_internals.JaxInternalsChanged(f"{module}.{attribute} moved")
             return real(module, attribute)
 
-        _jax_compat._private = moved
+        jax_internals._private = moved
     ''')
     pytester.makepyfile('''
         import jax, jax.numpy as jnp, numpy as np, pytest

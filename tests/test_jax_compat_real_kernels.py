@@ -1,4 +1,4 @@
-"""The private JAX internals the real-kernel fixes use (_jax_compat), each guarded."""
+"""The private JAX internals the real-kernel fixes use (_compat.jax_internals), each guarded."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,8 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas import _jax_compat
+from pytest_pallas._compat import jax_internals, pallas_call_hooks, tpu_interpreter
+from pytest_pallas.checks import jaxpr_analysis
 
 
 def _two_outputs(x):
@@ -20,24 +21,24 @@ def _two_outputs(x):
 
 def test_pallas_call_uses_in_sees_which_outputs_the_program_uses():
     closed = jax.make_jaxpr(lambda x: _two_outputs(x)[0])(jnp.ones((8, 128)))
-    assert [used for _, used in _jax_compat.pallas_call_uses_in(closed)] == [(True, False)]
+    assert [used for _, used in jaxpr_analysis.pallas_call_uses_in(closed)] == [(True, False)]
 
 
 def test_observe_pallas_call_uses_hears_dead_code_elimination_and_restores_the_rule():
     from jax._src.interpreters import partial_eval as pe
 
-    rule = pe.dce_rules[_jax_compat.pallas_call_primitive()]
+    rule = pe.dce_rules[jax_internals.pallas_call_primitive()]
     heard = []
-    with _jax_compat.observe_pallas_call_uses(lambda params, used: heard.append(used)) as on:
+    with pallas_call_hooks.observe_pallas_call_uses(lambda params, used: heard.append(used)) as on:
         assert on
         jax.jit(lambda x: _two_outputs(x)[0])(jnp.full((8, 128), 2.0)).block_until_ready()
     assert (True, False) in heard
-    assert pe.dce_rules[_jax_compat.pallas_call_primitive()] is rule
+    assert pe.dce_rules[jax_internals.pallas_call_primitive()] is rule
 
 
 def test_observe_pallas_call_uses_is_off_when_the_rule_table_moved(monkeypatch):
-    monkeypatch.setattr(_jax_compat, "_PARTIAL_EVAL", "jax._src.no_such_module")
-    with _jax_compat.observe_pallas_call_uses(lambda *_: None) as on:
+    monkeypatch.setattr(pallas_call_hooks, "_PARTIAL_EVAL", "jax._src.no_such_module")
+    with pallas_call_hooks.observe_pallas_call_uses(lambda *_: None) as on:
         assert not on
 
 
@@ -50,12 +51,12 @@ def test_interpreter_crash_names_a_crash_inside_the_tpu_interpreter_only():
         return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
                               scratch_shapes=[pltpu.VMEM((16, 128), jnp.float32)])(x)
 
-    _jax_compat.reset_interpreter_state()
+    tpu_interpreter.reset_interpreter_state()
     with pytest.raises(Exception) as crash, pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()):
         jax.block_until_ready(f(jnp.ones((16, 128))))
-    _jax_compat.reset_interpreter_state()
-    assert "ReshapeTransform" in _jax_compat.interpreter_crash(crash.value)
-    assert _jax_compat.interpreter_crash(ValueError("a kernel's own error")) is None
+    tpu_interpreter.reset_interpreter_state()
+    assert "ReshapeTransform" in jax_internals.interpreter_crash(crash.value)
+    assert jax_internals.interpreter_crash(ValueError("a kernel's own error")) is None
 
 
 def _raised_from(filename: str, message: str) -> ValueError:
@@ -74,17 +75,17 @@ def test_interpreter_crash_counts_a_value_error_only_when_the_interpreter_raised
     # The plain interpreter's discharge of tpu-inference's all-gather matmul (jax 0.12).
     inside = _raised_from("/venv/site-packages/jax/_src/state/discharge.py",
                           "safe_zip() argument 2 has length 8 but argument 0 has length 10.")
-    crash = _jax_compat.interpreter_crash(inside)
+    crash = jax_internals.interpreter_crash(inside)
     assert crash.startswith("ValueError: safe_zip()") and "jax/_src/state/discharge.py" in crash
     # The kernel's own ValueError stays the kernel's, wherever it passed on its way out.
     own = _raised_from("/home/user/my_kernels.py", "block_q must divide the sequence")
-    assert _jax_compat.interpreter_crash(own) is None
+    assert jax_internals.interpreter_crash(own) is None
 
 
 def test_with_tile_padded_bounds_sets_padded_and_leaves_other_values():
-    params = _jax_compat.with_tile_padded_bounds(pltpu.InterpretParams(detect_races=True))
+    params = jax_internals.with_tile_padded_bounds(pltpu.InterpretParams(detect_races=True))
     assert params.buffer_bounds == "padded" and params.detect_races
-    assert _jax_compat.with_tile_padded_bounds(True) is True
+    assert jax_internals.with_tile_padded_bounds(True) is True
 
 
 def test_own_interpret_params_kept_merges_and_restores():
@@ -110,9 +111,9 @@ def test_own_interpret_params_kept_merges_and_restores():
             scratch_shapes=[pltpu.VMEM((8, 128), x.dtype), pltpu.SemaphoreType.DMA],
             interpret=pltpu.InterpretParams(out_of_bounds_reads="uninitialized"))(x)
 
-    _jax_compat.reset_interpreter_state()
+    tpu_interpreter.reset_interpreter_state()
     with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()), \
-            _jax_compat.own_interpret_params_kept(merge, lambda k, c: heard.append(c)) as on:
+            pallas_call_hooks.own_interpret_params_kept(merge, lambda k, c: heard.append(c)) as on:
         assert on
         out = np.asarray(f(jnp.ones((8, 128), jnp.float32)))
     assert np.isnan(out).all()          # the kernel's out_of_bounds_reads="uninitialized" held

@@ -22,7 +22,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 from pytest_pallas import assert_allclose
-from pytest_pallas.mismatch import reduction_steps_left_out
+from pytest_pallas.checks.mismatch import reduction_steps_left_out
 
 
 def matmul_kernel(x_ref, y_ref, o_ref, acc_ref):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from pytest_pallas import Operation, operations
-from pytest_pallas.domains import Domain
-from pytest_pallas.op_inputs import make_case, sweep_case
-from pytest_pallas.operation import OperationError
+from pytest_pallas.ops.domains import Domain
+from pytest_pallas.ops.inputs import make_case, sweep_case
+from pytest_pallas.ops.operation import OperationError
 
 # The dimension names of CONTRACT.md section 2, "Operations added in version 0.2", in its order.
 CONTRACT_DIMENSIONS = {
@@ -104,7 +104,7 @@ def test_the_collectives_global_oracles_match_their_shapes(name, devices):
     op = getattr(operations, name)
     dims = {"devices": devices, "rows": 5, "cols": 3}
     case = make_case(op, dims, "int32", "normal", 0, {})
-    from pytest_pallas.properties import expected_output
+    from pytest_pallas.suite.properties import expected_output
 
     expected = expected_output(case)
     assert expected.shape == op.result_shape(dims)

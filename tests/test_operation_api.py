@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pytest_pallas import Operation, operations
-from pytest_pallas.operation import OperationError
+from pytest_pallas.ops.operation import OperationError
 
 GUIDE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "your-own-op.md"
 PROPERTIES = {"shape_dtype", "finite", "value", "written", "deterministic", "vmap"}

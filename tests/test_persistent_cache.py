@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from pytest_pallas import compile_check
+from pytest_pallas.checks import compile_check
 
 KERNEL_TEST = textwrap.dedent('''
     import jax

@@ -2,7 +2,7 @@
 
 A ``@supports(multiple_of={"shape": 256})`` on the rank-free ``add`` once made
 the suite draw 768^3 arrays (1.8 GB each); every example must now fit
-``op_inputs.EXAMPLE_BUDGET_BYTES``, with every size still a declared multiple.
+``ops.inputs.EXAMPLE_BUDGET_BYTES``, with every size still a declared multiple.
 """
 
 import math
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_pallas import op_inputs
-from pytest_pallas.domains import Domain
-from pytest_pallas.ops import OP_NAMES
+from pytest_pallas.ops import inputs as op_inputs
+from pytest_pallas.ops.domains import Domain
+from pytest_pallas.ops.registry import OP_NAMES
 
 BUDGET = op_inputs.EXAMPLE_BUDGET_BYTES
 

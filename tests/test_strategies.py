@@ -332,8 +332,8 @@ def test_strategies_and_the_static_check_share_one_tiling_rule(shape, block, dty
     import jax
     from jax.experimental import pallas as pl
 
-    from pytest_pallas.kernel_check import CheckOptions, check_kernel
-    from pytest_pallas.tpu_checks import TpuRuleViolation
+    from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel
+    from pytest_pallas.checks.violations import TpuRuleViolation
 
     def copy(x):
         spec = pl.BlockSpec(block, lambda i: (0,) * len(block))

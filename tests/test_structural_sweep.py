@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_pallas import op_inputs, operations
-from pytest_pallas.domains import Domain
-from pytest_pallas.operation import Operation, OperationError
+from pytest_pallas import operations
+from pytest_pallas.ops import inputs as op_inputs
+from pytest_pallas.ops.domains import Domain
+from pytest_pallas.ops.operation import Operation, OperationError
 
 
 def _sweep_cases(op):

@@ -12,9 +12,9 @@ import ml_dtypes
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas.op_inputs import Case
-from pytest_pallas.properties import judge_against_oracle
+from pytest_pallas.ops.inputs import Case
 from pytest_pallas.reference_kernels import norms
+from pytest_pallas.suite.properties import judge_against_oracle
 
 
 def _subnormal_case():

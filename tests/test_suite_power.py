@@ -18,7 +18,7 @@ alternative runs the default number of examples (10; the
 written/deterministic and vmap properties run a fifth of them, at least 2).
 A seeded bug runs 30: a run stops at its first failure, so this costs time
 only when a bug is hard to find. Before the value property's sweep (explicit
-examples of every value profile and dtype, ``op_inputs.sweep``), 10 drawn
+examples of every value profile and dtype, ``ops.inputs.sweep``), 10 drawn
 examples missed the bugs that show on one profile or dtype only for some
 seeds: over seeds 0..22, 19 of 115 runs of five such bugs; with the sweep,
 none (docs/evidence/sweep-and-grid-coverage.md).
@@ -141,9 +141,9 @@ _COLLECTIVE_OPS = ("ppermute", "all_gather", "reduce_scatter")
 
 def _in_process_has_devices() -> bool:
     """Whether an in-process run can have 8 CPU devices (else it needs a fresh process)."""
-    from pytest_pallas import _jax_compat
+    from pytest_pallas._compat import jax_internals
 
-    if not _jax_compat.backends_are_initialized():
+    if not jax_internals.backends_are_initialized():
         return True  # the run's plugin asks JAX for its 8 devices before JAX starts
     import jax
 
@@ -232,7 +232,7 @@ def test_suite_passes_correct_alternative(conformance_run, op, alternative, rest
     assert summary and summary[0].endswith(restrictions), output[-3000:]
 
 
-# The version 0.2 ops' plain-XLA versions (pytest_pallas.xla_versions): a second correct
+# The version 0.2 ops' plain-XLA versions (pytest_pallas.ops.xla_versions): a second correct
 # implementation of each, written independently of its reference kernel, so a tolerance or
 # input structure tuned to the reference kernel alone shows up as a false alarm here.
 NEW_OPS = ("flash_attention", "rms_norm", "grouped_matmul", "quantized_matmul",
@@ -241,7 +241,7 @@ NEW_OPS = ("flash_attention", "rms_norm", "grouped_matmul", "quantized_matmul",
 
 @pytest.mark.parametrize("op", NEW_OPS)
 def test_suite_passes_plain_xla_version(conformance_run, op):
-    target = f"pytest_pallas.xla_versions:{op}"
+    target = f"pytest_pallas.ops.xla_versions:{op}"
     result, op_report = conformance_run(op, target)
     output = result.stdout.str()
     assert result.ret == 0, output[-5000:]

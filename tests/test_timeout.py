@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from pytest_pallas import _jax_compat
-from pytest_pallas.timeout import Watchdog
+from pytest_pallas._compat import tpu_interpreter
+from pytest_pallas.plugin.timeout import Watchdog
 
 
 class FakeKernels:
@@ -24,7 +24,7 @@ class FakeKernels:
 @pytest.fixture
 def no_abort(monkeypatch):
     aborted = []
-    monkeypatch.setattr(_jax_compat, "abort_interpreted_kernels",
+    monkeypatch.setattr(tpu_interpreter, "abort_interpreted_kernels",
                         lambda error: aborted.append(error) or True)
     return aborted
 

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from pytest_pallas import op_inputs
-from pytest_pallas.domains import Domain
-from pytest_pallas.ops import OP_NAMES, get_operation
+from pytest_pallas.ops import inputs as op_inputs
+from pytest_pallas.ops.domains import Domain
+from pytest_pallas.ops.registry import OP_NAMES, get_operation
 
 
 @pytest.mark.parametrize("op", OP_NAMES)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pytest_pallas import versions
+from pytest_pallas.plugin import versions
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Fixes to JAX's TPU interpreter that the plugin applies while a Pallas test runs.
 
-Part of the compatibility layer (see ``_jax_compat``): every private JAX
-internal used here is reached through ``_jax_compat._private`` and each fix
+Part of the compatibility layer (see ``_compat.jax_internals``): every private JAX
+internal used here is reached through ``_compat.jax_internals._private`` and each fix
 is a context manager that puts JAX back as it was on exit. Each is tested at
 both ends of the supported range in ``tests/test_interpreter_compat.py``.
 """
@@ -13,7 +13,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from ._jax_compat import JaxInternalsChanged, _private
+from .jax_internals import JaxInternalsChanged, _private
 
 _CALLBACK = "jax._src.callback"
 _INTERPRETER_PACKAGE = "jax._src.pallas.mosaic.interpret"
@@ -76,7 +76,7 @@ def own_interpret_params_kept_on_meshes(
     merge: Any, changed: Any,
 ) -> Iterator[bool]:
     """``pl.core_map`` and ``pl.kernel`` keep a kernel's own ``pltpu.InterpretParams``, as
-    ``_jax_compat.own_interpret_params_kept`` does for ``pallas_call``.
+    ``_compat.pallas_call_hooks.own_interpret_params_kept`` does for ``pallas_call``.
 
     JAX (0.10 to 0.12) reads ``force_tpu_interpret_mode``'s parameters in place of
     the ``interpret=`` a ``core_map`` passed, so a kernel that allowed HBM in

@@ -20,7 +20,7 @@ from typing import Any
 def tpu_estimates(fn: Callable[..., Any], args: Sequence[Any],
                   chips: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``extra_info["tpu_estimate"]``: per chip, the estimate of ``fn(*args)`` or its error."""
-    from .schedule_estimate import EstimateUnavailable, estimate
+    from .estimate import EstimateUnavailable, estimate
 
     found: dict[str, dict[str, Any]] = {}
     for chip in chips:

@@ -2,7 +2,7 @@
 
 ``estimate(fn, *args, chip="v5e")`` traces ``fn``, compiles each ``pallas_call`` it
 makes ahead of time for the chip (libtpu, no TPU), reads the compiler's schedule
-of the grid loop (``_libtpu_dump``) and turns it into seconds with the chip's
+of the grid loop (``_compat.libtpu_dump``) and turns it into seconds with the chip's
 constants (``backend.chip_timing``). Per grid step the kernel costs the larger of
 
 * its schedule: the loop body's bundles, ``pl.when`` regions weighted by the
@@ -85,7 +85,7 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
     CPU could never hold are estimated too. Raises :class:`EstimateUnavailable`
     (one line, naming the fix) without libtpu or for a chip it does not compile for.
     """
-    from . import compile_check
+    from ..checks import compile_check
 
     libtpu = compile_check.libtpu_version()
     if libtpu is None:
@@ -97,19 +97,21 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
     compile_check.quiet_libtpu_environment()
     import jax
 
-    from . import _jax_compat, _kernel_grid
-    from .backend import chip_info, chip_timing
+    from .._compat import jax_internals, pallas_call_hooks
+    from ..backend import chip_info, chip_timing
+    from ..checks import jaxpr_analysis, kernel_model
+    from . import kernel_grid as _kernel_grid
 
     timing = chip_timing(chip)
     # From the traced program, not from observing binds: a kernel inside a jit whose
     # trace JAX cached binds nothing when traced again.
     jaxpr = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
     calls = []
-    for params, avals, mesh_axes in _jax_compat.pallas_call_equations_in(jaxpr):
-        if not _jax_compat.describe_pallas_call(params).for_tensor_core:
+    for params, avals, mesh_axes in jaxpr_analysis.pallas_call_equations_in(jaxpr):
+        if not kernel_model.describe_pallas_call(params).for_tensor_core:
             continue
-        if mesh_axes and _jax_compat.pallas_call_communicates(params):
-            title = _jax_compat.describe_pallas_call(params).title
+        if mesh_axes and jaxpr_analysis.pallas_call_communicates(params):
+            title = kernel_model.describe_pallas_call(params).title
             raise EstimateUnavailable(
                 f"kernel {title} copies between devices inside shard_map; estimate() reads "
                 "single-device schedules only: estimate it without the remote copies")
@@ -118,18 +120,18 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
     exported = []
     for params, avals in calls:
         try:
-            exported.append(_jax_compat.exported_pallas_call(params, avals, info))
-        except _jax_compat.JaxInternalsChanged:
+            exported.append(pallas_call_hooks.exported_pallas_call(params, avals, info))
+        except jax_internals.JaxInternalsChanged:
             raise
         except Exception as error:  # noqa: BLE001  # Mosaic's lowering rejects the kernel
-            title = _jax_compat.describe_pallas_call(params).title
+            title = kernel_model.describe_pallas_call(params).title
             first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
             raise KernelRejected(f"kernel {title}: Mosaic cannot lower it for {chip}: "
                                  f"{first}") from None
     libtpu_seen, schedules = _compile_in_child(exported, chip, timing.branch_delay_slots)
     kernels = []
     for (params, _), schedule in zip(calls, schedules):
-        described = _jax_compat.describe_pallas_call(params)
+        described = kernel_model.describe_pallas_call(params)
         grid = tuple(g or 1 for g in described.grid)
         if isinstance(schedule, str):
             raise KernelRejected(f"kernel {described.title}: {schedule}")
@@ -149,7 +151,7 @@ def _compile_in_child(exported: list[Any], chip: str, delay_slots: int) -> tuple
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [root, os.environ.get("PYTHONPATH", "")])), "JAX_PLATFORMS": "cpu"}
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest_pallas._estimate_worker"],
+        done = subprocess.run([sys.executable, "-m", "pytest_pallas.bench.estimate_worker"],
                               input=request, capture_output=True, env=env, check=False,
                               timeout=_CHILD_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:

@@ -1,7 +1,7 @@
 """The regression gate's noise-free half: the TPU compiler's estimates, baseline against current.
 
 ``pallas_benchmark`` with libtpu records per chip ``extra_info["tpu_estimate"]``
-(``benchmark_estimate``). The estimate is deterministic: the same kernel,
+(``bench.benchmark_estimate``). The estimate is deterministic: the same kernel,
 arguments, chip, jax and libtpu give the same numbers, so any change is the
 kernel's. Per benchmark, chip and kernel, these metrics of one call are judged:
 

@@ -25,7 +25,7 @@ def main() -> None:
         os.environ["LIBTPU_INIT_ARGS"] = " ".join(filter(None, [
             os.environ.get("LIBTPU_INIT_ARGS", ""),
             f"--xla_jf_dump_to={dump} --xla_mosaic_dump_to={dump}"]))
-        from . import compile_check
+        from ..checks import compile_check
         compile_check.quiet_libtpu_environment()
         results = [_compile_and_read(exported, request["chip"], request["delay_slots"], dump)
                    for exported in request["kernels"]]
@@ -38,7 +38,8 @@ def _compile_and_read(exported: object, chip: str, delay_slots: int, dump: str) 
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    from . import _libtpu_dump, compile_check
+    from .._compat import libtpu_dump
+    from ..checks import compile_check
 
     for name in os.listdir(dump):
         os.remove(os.path.join(dump, name))
@@ -49,11 +50,11 @@ def _compile_and_read(exported: object, chip: str, delay_slots: int, dump: str) 
         jax.jit(exported.call).lower(*shapes).compile()  # type: ignore[attr-defined]
     except Exception as error:  # noqa: BLE001  # the compiler's rejection, reported
         return f"the TPU compiler rejects it for {chip}: {str(error).splitlines()[0][:300]}"
-    schedules = _libtpu_dump.read_kernel_schedules(dump, delay_slots)
+    schedules = libtpu_dump.read_kernel_schedules(dump, delay_slots)
     if len(schedules) > 1:  # XLA's own code around it (a copy for an aliased operand, ...)
         schedules = {name: s for name, s in schedules.items() if s.custom_call}
     if len(schedules) != 1:
-        schedule = _libtpu_dump.Schedule()
+        schedule = libtpu_dump.Schedule()
         schedule.notes.append(f"libtpu dumped {len(schedules)} Pallas kernels where 1 was compiled")
         return schedule
     schedule = next(iter(schedules.values()))

@@ -59,13 +59,11 @@ large slowdown, since XLA's version runs natively. That is expected, and why
 regressions are judged by the kernel's time relative to XLA's rather than by
 either alone.
 
-This module imports no JAX at import time: the plugin calls ``terminal_summary``
-in every run.
+This module imports no JAX at import time; the terminal table is ``bench.table``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -77,27 +75,13 @@ from typing import Any
 
 import pytest
 
-from . import _jax_compat
-from . import ops as _ops
-from ._benchmark_compat import benchmark_session, timer_of, use_timer
-from .operation import Operation
+from .._compat import jax_internals
+from .._compat.benchmark_internals import timer_of, use_timer
+from ..ops import registry as _ops
+from ..ops.operation import Operation
+from .roofline import performance_facts, roofline_of
+from .table import RESULTS, SINGLE_THREADED_XLA
 
-__all__ = [
-    "PallasBenchmark",
-    "Roofline",
-    "performance_facts",
-    "random_array",
-    "roofline_of",
-    "terminal_summary",
-    "xla_version",
-]
-
-# What the terminal table reads: one record per benchmark of the session.
-RESULTS = pytest.StashKey[list]()
-
-# XLA's CPU code on one thread, as the interpreted kernels mostly run: otherwise the
-# kernel/XLA ratio that the gate judges would change with the runner's core count.
-SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 # How XLA's CPU code runs in this session's benchmarks: "single-threaded", "as XLA_FLAGS
 # sets" or "multi-threaded" (JAX's CPU client existed before the benchmarks were known).
 XLA_THREADS = pytest.StashKey[str]()
@@ -118,7 +102,7 @@ def request_single_threaded_xla(config: pytest.Config, environ=os.environ) -> st
     flags = environ.get("XLA_FLAGS", "")
     if "intra_op_parallelism" in flags:
         state = "as XLA_FLAGS sets"
-    elif "jax" in sys.modules and _jax_compat.backends_are_initialized():
+    elif "jax" in sys.modules and jax_internals.backends_are_initialized():
         state = "multi-threaded"
     else:
         environ["XLA_FLAGS"] = f"{flags} {SINGLE_THREADED_XLA}".strip()
@@ -126,21 +110,23 @@ def request_single_threaded_xla(config: pytest.Config, environ=os.environ) -> st
     config.stash[XLA_THREADS] = state
     return state
 
+
 _DEFAULT: Any = object()
+
+
 # Untimed rounds of the kernel and of the XLA version before the statistics start.
 _WARMUP_ROUNDS = 1
+
+
 # At most this many XLA calls make up one round's XLA sample.
 _MAX_XLA_CALLS = 1000
-
-
-# --- the plain XLA version of each operation ------------------------------------------
 
 
 def xla_version(operation: str) -> Callable:
     """The operation written in plain ``jax.numpy``: what XLA makes of it without Pallas.
 
     The op record's ``xla`` (``Operation.xla``; the built-ins' are in
-    ``pytest_pallas.xla_versions``): same signature, dtypes and accumulation as
+    ``pytest_pallas.ops.xla_versions``): same signature, dtypes and accumulation as
     the contract (float32 accumulation for bfloat16 inputs), so that the kernel
     is compared with the version a user would otherwise write. Raises
     ``KeyError`` for an op without one.
@@ -149,20 +135,17 @@ def xla_version(operation: str) -> Callable:
     >>> xla_version("add")(jnp.ones(3), jnp.ones(3))
     Array([2., 2., 2.], dtype=float32)
     """
-    from . import ops
+    from ..ops import registry
 
-    op = ops.OPERATIONS.get(operation)
+    op = registry.OPERATIONS.get(operation)
     function = op.load_xla() if op is not None else None
     if function is None:
-        with_one = [name for name, o in ops.OPERATIONS.items() if o.xla is not None]
+        with_one = [name for name, o in registry.OPERATIONS.items() if o.xla is not None]
         raise KeyError(
             f"no XLA version for {operation!r}; the ops with one are {', '.join(with_one)}. "
             "Pass xla_fn= (or xla_fn=None for no baseline)."
         )
     return function
-
-
-# --- inputs -------------------------------------------------------------------------------
 
 
 def random_array(key: Any, shape: tuple[int, ...], dtype: Any = "float32") -> Any:
@@ -182,98 +165,6 @@ def random_array(key: Any, shape: tuple[int, ...], dtype: Any = "float32") -> An
     if jnp.issubdtype(dtype, jnp.integer):
         return jax.random.randint(key, shape, -1000, 1001, dtype=dtype)
     return jax.random.normal(key, shape, jnp.float32).astype(dtype)
-
-
-# --- the roofline -----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Roofline:
-    """Peak rates of what a benchmark runs on: FLOP/s and HBM bytes/s."""
-
-    peak_flops_per_second: float
-    peak_bytes_per_second: float
-
-    @property
-    def ridge_intensity(self) -> float:
-        """FLOPs per byte above which the peak FLOP/s, not bandwidth, bounds a kernel."""
-        return self.peak_flops_per_second / self.peak_bytes_per_second
-
-    def bound_seconds(self, flops: float, bytes_accessed: float) -> float:
-        """The least time the work can take: compute-bound or memory-bound, whichever is slower."""
-        return max(flops / self.peak_flops_per_second, bytes_accessed / self.peak_bytes_per_second)
-
-    def attainable_flops_per_second(self, intensity: float) -> float:
-        return min(self.peak_flops_per_second, intensity * self.peak_bytes_per_second)
-
-
-def roofline_of(tpu_info: Any, devices: int = 1) -> Roofline:
-    """The roofline of ``devices`` logical devices of the chip ``tpu_info`` describes.
-
-    ``pltpu.TpuInfo`` gives rates per TensorCore; a logical device has
-    ``num_cores`` of them (2 on a megacore v4 or v5p). FLOP/s are bfloat16 MXU
-    rates: the bound for float32 too, at the TPU's default matmul precision.
-    """
-    cores = max(1, int(getattr(tpu_info, "num_cores", 1))) * max(1, int(devices))
-    return Roofline(
-        peak_flops_per_second=float(tpu_info.bf16_ops_per_second) * cores,
-        peak_bytes_per_second=float(tpu_info.mem_bw_bytes_per_second) * cores,
-    )
-
-
-def performance_facts(cost: Any, median_seconds: float, roofline: Roofline | None,
-                      xla_median_seconds: float | None,
-                      paired_ratio: float | None = None) -> dict[str, Any]:
-    """The numbers a benchmark's ``extra_info`` derives from its cost, its time and XLA's.
-
-    ``cost`` is a ``pl.CostEstimate`` (or anything with ``flops`` and
-    ``bytes_accessed``), or None when the op has no cost model. ``paired_ratio``
-    is the median over rounds of kernel time / XLA time of the same round; it
-    becomes ``kernel_over_xla`` (else the ratio of the medians does).
-
-    >>> import types
-    >>> facts = performance_facts(types.SimpleNamespace(flops=2e9, bytes_accessed=1e9,
-    ...                           transcendentals=0), 0.01, Roofline(1e12, 1e11), 0.02)
-    >>> facts["arithmetic_intensity"], facts["fraction_of_roofline"], facts["speedup_vs_xla"]
-    (2.0, 1.0, 2.0)
-    """
-    facts: dict[str, Any] = {}
-    if cost is not None:
-        flops = int(cost.flops)
-        bytes_accessed = int(cost.bytes_accessed)
-        facts.update({
-            "flops": flops,
-            "transcendentals": int(getattr(cost, "transcendentals", 0) or 0),
-            "bytes_accessed": bytes_accessed,
-            "arithmetic_intensity": flops / bytes_accessed if bytes_accessed else None,
-            "achieved_flops_per_second": flops / median_seconds,
-            "achieved_bytes_per_second": bytes_accessed / median_seconds,
-        })
-        remote = getattr(cost, "remote_bytes_transferred", 0) or 0
-        if remote:
-            facts["remote_bytes_transferred"] = int(remote)
-        if roofline is not None:
-            bound = roofline.bound_seconds(flops, bytes_accessed)
-            compute_bound = flops / roofline.peak_flops_per_second >= (
-                bytes_accessed / roofline.peak_bytes_per_second)
-            facts.update({
-                "peak_flops_per_second": roofline.peak_flops_per_second,
-                "peak_bytes_per_second": roofline.peak_bytes_per_second,
-                "roofline_seconds": bound,
-                "roofline_bound": "compute" if compute_bound else "memory",
-                "fraction_of_roofline": bound / median_seconds,
-            })
-    if xla_median_seconds is not None:
-        facts.update({
-            "xla_median": xla_median_seconds,
-            "kernel_over_xla": (paired_ratio if paired_ratio is not None
-                                else median_seconds / xla_median_seconds),
-            "speedup_vs_xla": xla_median_seconds / median_seconds,
-        })
-    return facts
-
-
-# --- the fixture's object -------------------------------------------------------------------
 
 
 class PallasBenchmark:
@@ -453,7 +344,7 @@ class PallasBenchmark:
     def _describe(self, operation, implementation, args, kwargs, blocks, devices):
         import jax
 
-        from .report import environment_facts
+        from ..suite.report import environment_facts
 
         leaves = [leaf for leaf in jax.tree.leaves(args) if hasattr(leaf, "shape")]
         info: dict[str, Any] = {
@@ -527,117 +418,3 @@ def _describe_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return getattr(value, "__name__", None) or repr(value)
-
-
-# --- the terminal table ------------------------------------------------------------------------
-
-
-def format_seconds(seconds: float) -> str:
-    """``0.00123`` -> ``"1.23 ms"``."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
-def format_versus_xla(speedup: float | None) -> str:
-    """``2.0`` -> ``"2.00x faster"``, ``0.25`` -> ``"4.00x slower"``."""
-    if speedup is None:
-        return "-"
-    if speedup >= 1:
-        return f"{speedup:.2f}x faster"
-    return f"{1 / speedup:.3g}x slower"
-
-
-def _bar(fraction: float, width: int = 10) -> str:
-    filled = max(0, min(width, round(fraction * width)))
-    return "#" * filled + "." * (width - filled)
-
-
-def format_roofline(fraction: float | None, bound: str | None) -> str:
-    if fraction is None:
-        return "-"
-    percent = f"{fraction:.1%}" if fraction >= 0.001 else f"{fraction:.1e}"
-    return f"{_bar(fraction)} {percent} ({bound})"
-
-
-def summary_lines(records: list[dict[str, Any]]) -> list[str]:
-    """The rows of the table printed at the end of a benchmark run."""
-    from .benchmark_estimate import estimate_cell, estimate_columns
-
-    estimated = estimate_columns(records)  # chips with the TPU compiler's estimate
-    header = ("kernel", "median", *(f"{chip} est." for chip in estimated), "vs XLA",
-              "fraction of roofline")
-    rows = [(
-        record["name"],
-        format_seconds(record["median"]),
-        *(estimate_cell(record, chip, format_seconds) for chip in estimated),
-        format_versus_xla(record.get("speedup_vs_xla")),
-        format_roofline(record.get("fraction_of_roofline"), record.get("roofline_bound")),
-    ) for record in records]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
-             for row in [header, *rows]]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    if any(not record.get("roofline_meaningful") for record in records):
-        chips = sorted({str(record.get("chip")) for record in records})
-        lines.append(
-            f"interpreted on the CPU: the roofline is TPU {', '.join(chips)}'s and 'vs XLA' "
-            "compares with XLA's native CPU code; both mean something only with --pallas-tpu. "
-            "Regressions are judged by the ratio to XLA (python -m pytest_pallas.benchmark_gate)."
-        )
-    if estimated:
-        lines.append("'<chip> est.': the TPU compiler's schedule of the kernel for that chip as "
-                     "time (libtpu, no TPU; docs/estimate.md); the gate judges it without noise.")
-    if any(record.get("xla_threads") == "multi-threaded" for record in records):
-        lines.append(
-            "XLA ran multi-threaded: JAX had started before the benchmarks were collected, so "
-            "the ratio to XLA depends on the core count; run them with --benchmark-only, or set "
-            f"XLA_FLAGS='{SINGLE_THREADED_XLA}'.")
-    return lines
-
-
-# Set at the end of a run whose Pallas benchmarks were cut short (Ctrl-C).
-INTERRUPTED = pytest.StashKey[str]()
-
-
-def withhold_interrupted_run(config: pytest.Config, exitstatus: int) -> None:
-    """Keep an interrupted run's benchmarks out of pytest-benchmark's storage.
-
-    ``--benchmark-autosave``/``--benchmark-save`` would store the partial run as
-    the newest one, and ``--benchmark-compare`` (with no run id) then takes it
-    as the baseline. An explicit ``--benchmark-json`` file is still written,
-    marked ``"pallas": {"complete": false}``, which the gate refuses. Runs before
-    pytest-benchmark saves (the plugin's sessionfinish wrapper is tryfirst);
-    only runs that used ``pallas_benchmark`` are touched.
-    """
-    if exitstatus != pytest.ExitCode.INTERRUPTED or not config.stash.get(RESULTS, None):
-        return
-    # pytest-benchmark's session object: its save/autosave options, read when it saves.
-    session = benchmark_session(config)
-    saving = session is not None and (
-        getattr(session, "save", None) or getattr(session, "autosave", None))
-    if not saving:
-        config.stash[INTERRUPTED] = "the run was interrupted"
-        return
-    session.save, session.autosave = None, False
-    config.stash[INTERRUPTED] = (
-        "the run was interrupted: its benchmarks were NOT saved to the benchmark storage, where "
-        "--benchmark-compare would take a partial run for the newest baseline; rerun to save")
-
-
-def mark_completeness(config: pytest.Config, output_json: dict[str, Any]) -> None:
-    """Say in pytest-benchmark's JSON whether the run finished (``benchmark_gate`` checks)."""
-    output_json["pallas"] = {"complete": INTERRUPTED not in config.stash}
-
-
-def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Print the table of this run's Pallas benchmarks, if any ran (called by the plugin)."""
-    records = config.stash.get(RESULTS, None)
-    if not records:
-        return
-    terminalreporter.write_sep("=", "pallas benchmarks")
-    for line in summary_lines(records):
-        terminalreporter.write_line(line)
-    if INTERRUPTED in config.stash:
-        terminalreporter.write_line(f"pallas: {config.stash[INTERRUPTED]}.", yellow=True)

@@ -38,7 +38,7 @@ compare absolute times, which is right on a dedicated machine and raises false
 alarms on shared runners; this gate is for the latter.
 
 Where the runs had libtpu, each benchmark also carries the TPU compiler's
-estimate per chip (``extra_info["tpu_estimate"]``); ``estimate_gate`` judges
+estimate per chip (``extra_info["tpu_estimate"]``); ``bench.estimate_gate`` judges
 those without noise when the jax and libtpu versions match (``--max-estimate-change``).
 
 Exit status: 0 no regression, 1 a regression (or, with ``--fail-on-missing``, a

@@ -4,7 +4,7 @@ The TPU compiler's schedule says how long one grid step's bundles take; how
 many steps take a ``pl.when`` branch, and how many bytes Pallas' pipeline moves
 (it copies a block only when its index changes between consecutive steps), come
 from the kernel's jaxpr and its index maps. Both read JAX internals (jaxpr
-equations, the grid mapping), so they live here, beside ``_jax_compat``, and
+equations, the grid mapping), so they live here, beside ``_compat.jax_internals``, and
 answer None rather than fail when the internals are not what they expect.
 """
 
@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _jax_compat
+from .._compat import jax_internals
+from ..checks import kernel_model
 
 #: Grid points evaluated at most; a larger grid is sampled at evenly spaced steps.
 MAX_POINTS = 1 << 18
@@ -99,8 +100,8 @@ class Copies:
 def copied_bytes(params: dict[str, Any]) -> Copies:
     """What Pallas' pipeline copies between HBM and VMEM over the kernel's grid."""
     try:
-        info = _jax_compat.describe_pallas_call(params)
-    except _jax_compat.JaxInternalsChanged as error:
+        info = kernel_model.describe_pallas_call(params)
+    except jax_internals.JaxInternalsChanged as error:
         return Copies(None, notes=[str(error)])
     grid = tuple(g or 1 for g in info.grid)
     points = grid_points(grid)

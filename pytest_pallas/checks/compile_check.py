@@ -36,9 +36,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from . import _jax_compat
+from .._compat import device_kinds, jax_internals, pallas_call_hooks
+from . import jaxpr_analysis, kernel_model
 from .libtpu_environment import host_has_tpu, quiet_libtpu_environment_for  # noqa: F401
-from .tpu_checks import MIB, TpuRuleViolation, Violation, tpu_info_for
+from .violations import MIB, TpuRuleViolation, Violation
+from .vmem_footprint import tpu_info_for
 
 UNIMPLEMENTED = "compiler-unimplemented"
 TILING = "compiler-tiling"
@@ -66,8 +68,8 @@ _TOPOLOGY_SHAPES = {
 
 def libtpu_version() -> str | None:
     """The installed libtpu's version, or None when libtpu is not installed (not imported:
-    see ``options.installed_libtpu``)."""
-    from .options import installed_libtpu
+    see ``plugin.options.installed_libtpu``)."""
+    from ..plugin.options import installed_libtpu
 
     return installed_libtpu()
 
@@ -201,13 +203,16 @@ def compile_pallas_call(params: dict[str, Any], avals: Sequence[Any], chip: str,
     context (a shard_map's mesh, a forced interpreter) must not leak into this
     compile.
     """
-    kernel = _jax_compat.describe_pallas_call(params).title
+    kernel = kernel_model.describe_pallas_call(params).title
     start = time.perf_counter()
     try:
         # The compile binds the call again: no observer (this one included) sees it.
-        with _jax_compat.outside_current_trace(), _jax_compat.suspend_pallas_call_observers():
+        with (
+            jax_internals.outside_current_trace(),
+            pallas_call_hooks.suspend_pallas_call_observers(),
+        ):
             _compile(params, avals, chip, mesh_axes)
-    except (_jax_compat.JaxInternalsChanged, _NotTheCompiler):
+    except (jax_internals.JaxInternalsChanged, _NotTheCompiler):
         raise
     except Exception as failure:  # noqa: BLE001  # the compiler's rejection, judged below
         error: Exception | None = failure
@@ -240,7 +245,7 @@ def _compile(params: dict[str, Any], avals: Sequence[Any], chip: str,
     shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in avals]
 
     def call(*args: Any) -> Any:
-        return _jax_compat.bind_pallas_call(params, *args)
+        return jax_internals.bind_pallas_call(params, *args)
 
     if mesh_axes:
         import numpy as np
@@ -266,7 +271,7 @@ def _compile(params: dict[str, Any], avals: Sequence[Any], chip: str,
     info = tpu_info_for(chip)
     host_kind = jax.devices()[0].device_kind
     with (pltpu.force_tpu_interpret_mode(None),
-          _jax_compat.device_kind_answers_as(host_kind, lambda: info)):
+          device_kinds.device_kind_answers_as(host_kind, lambda: info)):
         jax.jit(target).lower(*shapes).compile()
 
 
@@ -292,7 +297,7 @@ def cache_key(params: dict[str, Any], avals: Sequence[Any], chip: str,
               mesh_axes: tuple[tuple[str, int], ...]) -> str:
     """A stable fingerprint of (kernel and its params, abstract arguments, mesh, chip)."""
     text = "\n".join([
-        _jax_compat.pallas_call_fingerprint(params),
+        jaxpr_analysis.pallas_call_fingerprint(params),
         repr([(tuple(a.shape), str(a.dtype)) for a in avals]),
         repr(mesh_axes),
         chip,
@@ -321,14 +326,15 @@ def verdict_for(params: dict[str, Any], avals: Sequence[Any], chip: str,
 
 
 def remember_verdicts(verdicts: dict[str, CompileVerdict]) -> None:
-    """Verdicts of an earlier run (``persistent_cache``), answered as if compiled in this one."""
+    """Verdicts of an earlier run (``plugin.persistent_cache``), answered as if compiled in this
+    one."""
     with _cache_lock:
         for key, verdict in verdicts.items():
             _cache.setdefault(key, verdict)
 
 
 def remembered_verdicts() -> dict[str, CompileVerdict]:
-    """Every verdict this process knows, by cache key (``persistent_cache`` stores them)."""
+    """Every verdict this process knows, by cache key (``plugin.persistent_cache`` stores them)."""
     with _cache_lock:
         return dict(_cache)
 
@@ -353,10 +359,10 @@ def pallas_call_compiler(
     cached and fails again on the next call).
     """
     def observe(params: dict[str, Any], avals: tuple[Any, ...]) -> None:
-        if not _jax_compat.describe_pallas_call(params).for_tensor_core:
+        if not kernel_model.describe_pallas_call(params).for_tensor_core:
             return  # GPU compiler params or a SparseCore mesh: not the TensorCore's compiler
-        mesh_axes = (_jax_compat.manual_mesh_axes()
-                     if _jax_compat.pallas_call_communicates(params) else ())
+        mesh_axes = (jax_internals.manual_mesh_axes()
+                     if jaxpr_analysis.pallas_call_communicates(params) else ())
         rejected = []
         for chip in chips:
             verdict = verdict_for(params, avals, chip, mesh_axes)
@@ -384,5 +390,5 @@ def compiling_pallas_calls(
     """
     verdicts: list[CompileVerdict] = []
     observer = pallas_call_compiler(tuple(chips), verdicts, on_verdict)
-    with _jax_compat.observe_pallas_calls(observer, with_avals=True):
+    with pallas_call_hooks.observe_pallas_calls(observer, with_avals=True):
         yield verdicts

@@ -2,7 +2,7 @@
 
 :func:`check_kernel` traces a function, finds every ``pallas_call`` in it
 (nested in ``jit``, ``shard_map``, ``custom_vjp``, ... included), runs the
-static checks of :mod:`pytest_pallas.tpu_checks` on each, then lowers the
+static checks of :mod:`pytest_pallas.checks.static_rules` on each, then lowers the
 function for the TPU, which runs Mosaic's own lowering checks without a TPU.
 :func:`checking_pallas_calls` runs the same static checks on every
 ``pallas_call`` traced while it is active (how the plugin checks the kernels
@@ -23,10 +23,23 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from pytest_pallas import _interpreter_compat, _jax_compat
-from pytest_pallas.tpu_checks import (
+from pytest_pallas._compat import (
+    device_kinds,
+    interpreter_fixes,
+    jax_internals,
+    pallas_call_hooks,
+    tpu_interpreter,
+)
+from pytest_pallas.checks import jaxpr_analysis, kernel_model
+from pytest_pallas.checks.runtime_rules import kernel_exit_violations
+from pytest_pallas.checks.static_rules import (
     ALL_CHECKS,
     MAX_GRID_POINTS,
+    check_pallas_call_info,
+    is_output_race,
+    settle_output_races,
+)
+from pytest_pallas.checks.violations import (
     TILING,
     UNINITIALIZED_READ,
     UNINITIALIZED_READ_FIX,
@@ -34,13 +47,9 @@ from pytest_pallas.tpu_checks import (
     KernelReport,
     TpuRuleViolation,
     Violation,
-    check_pallas_call_info,
-    is_output_race,
-    kernel_exit_violations,
     raise_for,
-    settle_output_races,
-    tpu_info_for,
 )
+from pytest_pallas.checks.vmem_footprint import tpu_info_for
 
 __all__ = [
     "CheckOptions",
@@ -70,7 +79,7 @@ class CheckOptions:
     max_grid_points: grids up to this size have their index maps evaluated at
         every point; larger ones are judged from the axes each map reads.
     lower_for_tpu: ``check_kernel`` also lowers the function for the TPU.
-    checks: which static checks run (names from ``tpu_checks.ALL_CHECKS``).
+    checks: which static checks run (names from ``checks.static_rules.ALL_CHECKS``).
     """
 
     packed_sublanes: bool = False
@@ -106,7 +115,7 @@ def check_kernel(
 
     With libtpu installed (the ``tpu`` extra) and a chip it knows, the TPU
     compiler judges each ``pallas_call`` (tiling, VMEM, what Mosaic lowers:
-    :mod:`pytest_pallas.compile_check`) and the static rules judge only the
+    :mod:`pytest_pallas.checks.compile_check`) and the static rules judge only the
     grid order (races on parallel axes, revisits), which no compiler checks;
     without it, the static rules judge everything and the function is lowered
     for the TPU. ``use_compiler`` forces one or the other (True without libtpu
@@ -140,19 +149,19 @@ def check_kernel(
     device_kind = jax.devices()[0].device_kind
     with (
         pltpu.force_tpu_interpret_mode(None),
-        _jax_compat.device_kind_answers_as(device_kind, lambda: info),
-        _jax_compat.optional_feature(
+        device_kinds.device_kind_answers_as(device_kind, lambda: info),
+        jax_internals.optional_feature(
             "the stand-in chip as JAX's abstract device",
-            lambda: _interpreter_compat.chip_as_abstract_device(device_kind, info.num_cores)),
-        _jax_compat.suspend_pallas_call_observers(),
+            lambda: interpreter_fixes.chip_as_abstract_device(device_kind, info.num_cores)),
+        pallas_call_hooks.suspend_pallas_call_observers(),
     ):
         closed = jax.make_jaxpr(target)(*args)
-        calls = list(_jax_compat.pallas_call_equations_in(closed))
+        calls = list(jaxpr_analysis.pallas_call_equations_in(closed))
         # Which outputs the program keeps: a race on an output it drops is no bug.
-        uses = [used for _, used in _jax_compat.pallas_call_uses_in(closed)]
+        uses = [used for _, used in jaxpr_analysis.pallas_call_uses_in(closed)]
         reports = [
             settle_output_races(
-                check_pallas_call_info(_jax_compat.describe_pallas_call(params), info, **static),
+                check_pallas_call_info(kernel_model.describe_pallas_call(params), info, **static),
                 used)
             for (params, _, _), used in zip(calls, uses)
         ]
@@ -182,9 +191,9 @@ def _as_the_chip_compiles(target: Callable[..., Any], args: Sequence[Any],
     import jax
 
     try:
-        return _jax_compat.as_compiled_for_the_chip(closed), tuple(jax.tree.leaves(args))
-    except _jax_compat.JaxInternalsChanged as error:
-        _jax_compat.feature_off("check_kernel's lowering of pallas_calls built under a "
+        return jax_internals.as_compiled_for_the_chip(closed), tuple(jax.tree.leaves(args))
+    except jax_internals.JaxInternalsChanged as error:
+        jax_internals.feature_off("check_kernel's lowering of pallas_calls built under a "
                                 "forced interpreter", error)
         return target, tuple(args)
 
@@ -213,7 +222,7 @@ def _compile_each(calls: Sequence[Any], reports: list[KernelReport], chip: str) 
 
     rejected = []
     for (params, avals, mesh_axes), report in zip(calls, reports):
-        if not _jax_compat.describe_pallas_call(params).for_tensor_core:
+        if not kernel_model.describe_pallas_call(params).for_tensor_core:
             continue  # the static report already says why it was skipped
         verdict = compile_check.verdict_for(params, avals, chip, mesh_axes)
         report.judged_by = f"TPU compiler (libtpu {compile_check.libtpu_version()}) for {chip}"
@@ -233,8 +242,8 @@ def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[tu
     import jax
 
     closed = jax.make_jaxpr(target)(*args)
-    return [(_jax_compat.describe_pallas_call(params), used)
-            for params, used in _jax_compat.pallas_call_uses_in(closed)]
+    return [(kernel_model.describe_pallas_call(params), used)
+            for params, used in jaxpr_analysis.pallas_call_uses_in(closed)]
 
 
 def _traced_arguments(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]):
@@ -305,7 +314,8 @@ def pallas_call_checker(
     *,
     defer_output_races: bool = False,
 ) -> Callable[[dict[str, Any]], None]:
-    """An observer for ``_jax_compat.observe_pallas_calls``: checks each pallas_call as traced.
+    """An observer for ``_compat.pallas_call_hooks.observe_pallas_calls``: checks each pallas_call
+    as traced.
 
     Raises :class:`TpuRuleViolation` from inside the trace, which aborts it
     (so the broken kernel is never cached and fails again on the next call).
@@ -314,7 +324,7 @@ def pallas_call_checker(
 
     With ``defer_output_races``, a race on an output is not raised at trace
     time: the returned observer's ``settle(params, used_outputs)`` (an
-    observer for ``_jax_compat.observe_pallas_call_uses``) raises it once the
+    observer for ``_compat.pallas_call_hooks.observe_pallas_call_uses``) raises it once the
     program shows that it uses that output, and drops it if it does not.
     """
     options = check_options or CheckOptions()
@@ -335,10 +345,10 @@ def pallas_call_checker(
             report = cached[1]
         else:
             try:
-                described = _jax_compat.describe_pallas_call(params)
-            except _jax_compat.JaxInternalsChanged as error:
+                described = kernel_model.describe_pallas_call(params)
+            except jax_internals.JaxInternalsChanged as error:
                 # A newer JAX moved what the rules read: the kernel runs unchecked.
-                _jax_compat.feature_off(STATIC_CHECKS, error)
+                jax_internals.feature_off(STATIC_CHECKS, error)
                 return
             report = check_pallas_call_info(described, info, **static)
             with lock:
@@ -387,15 +397,15 @@ def checking_pallas_calls(
             my_kernel(x)  # raises TpuRuleViolation at trace time if broken
 
     A race on an output is judged when JAX lowers the program, by whether the
-    program uses that output (``tpu_checks.settle_output_races``); on a JAX
+    program uses that output (``checks.static_rules.settle_output_races``); on a JAX
     whose dead-code elimination cannot be observed it is raised at trace time.
     """
     reports: list[KernelReport] = []
     with contextlib.ExitStack() as stack:
         checker = pallas_call_checker(chip, check_options, reports, defer_output_races=True)
-        if not stack.enter_context(_jax_compat.observe_pallas_call_uses(checker.settle)):
+        if not stack.enter_context(pallas_call_hooks.observe_pallas_call_uses(checker.settle)):
             checker = pallas_call_checker(chip, check_options, reports)
-        stack.enter_context(_jax_compat.observe_pallas_calls(checker))
+        stack.enter_context(pallas_call_hooks.observe_pallas_calls(checker))
         yield reports
 
 
@@ -407,11 +417,12 @@ def kernel_exits_checked() -> Iterator[list[Any]]:
     only with ``detect_races=True``. The check runs when the block ends
     normally; an exception from the block passes through unchanged.
 
-        with pltpu.force_tpu_interpret_mode(_jax_compat.interpret_params(detect_races=True)):
+        with
+        pltpu.force_tpu_interpret_mode(_compat.jax_internals.interpret_params(detect_races=True)):
             with kernel_exits_checked():
                 jax.block_until_ready(my_kernel(x))
     """
-    with _jax_compat.record_kernel_exits() as states:
+    with tpu_interpreter.record_kernel_exits() as states:
         yield states
     violations = kernel_exit_violations(states)
     if violations:
@@ -465,7 +476,7 @@ def run_on_poisoned_and_zeroed_memory(call: Callable[[], Any],
     """
     from jax.experimental.pallas import tpu as pltpu
 
-    from .backend import active_backend
+    from ..backend import active_backend
 
     backend = active_backend()
     if not isinstance(interpret_params, pltpu.InterpretParams):
@@ -474,10 +485,10 @@ def run_on_poisoned_and_zeroed_memory(call: Callable[[], Any],
         # megacore kernel run on one core waits for a prefetch only the other core issues).
         # Reads inside an array's tile padding are legal on the chip (see backend).
         interpret_params = (own if isinstance(own, pltpu.InterpretParams) else
-                            _jax_compat.with_tile_padded_bounds(pltpu.InterpretParams()))
+                            jax_internals.with_tile_padded_bounds(pltpu.InterpretParams()))
     chip = backend.tpu_info if backend is not None else "v5e"
     results = []
-    with _jax_compat.chip_answering_on_this_device(lambda: tpu_info_for(chip)):
+    with device_kinds.chip_answering_on_this_device(lambda: tpu_info_for(chip)):
         for memory in ("nan", "zero"):
             params = dataclasses.replace(interpret_params, uninitialized_memory=memory,
                                          detect_races=False)
@@ -491,7 +502,7 @@ def uninitialized_read_violation(kernel: str, poisoned: Any, zeroed: Any) -> Vio
     import jax
     import numpy as np
 
-    from .compare import bitwise_differences
+    from ..compare import bitwise_differences
 
     poisoned_leaves = jax.tree_util.tree_flatten_with_path(poisoned)[0]
     zeroed_leaves = jax.tree.leaves(zeroed)
@@ -529,7 +540,7 @@ def _chip_or_the_tests(chip: Any) -> Any:
     """``chip``, or the chip the running Pallas test stands in for (v5e outside one)."""
     if chip is not None:
         return chip
-    from .backend import active_backend
+    from ..backend import active_backend
 
     backend = active_backend()
     return backend.tpu_info if backend is not None else "v5e"
@@ -539,7 +550,7 @@ def _kernel_titles(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str
     """The pallas_calls ``fn`` makes, as a message names them; the function's name otherwise."""
     try:
         target, traced = _traced_arguments(fn, args, kwargs)
-        with _jax_compat.suspend_pallas_call_observers():
+        with pallas_call_hooks.suspend_pallas_call_observers():
             titles = [call.title for call, _ in _pallas_calls_in(target, traced)]
     except Exception:  # naming is best effort; running the function reports real errors
         titles = []

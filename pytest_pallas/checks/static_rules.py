@@ -4,8 +4,8 @@ Interpret mode runs a kernel's Python semantics; it does not know which block
 shapes Mosaic lowers, how much VMEM the chip has, that "parallel" grid axes
 are split across TensorCores, or that an output block is written back to HBM
 as soon as the grid leaves it. The checks here read a pallas_call's grid
-mapping (through :mod:`pytest_pallas._jax_compat`, which owns every JAX
-internal) and name the rule a kernel breaks, the operand, and the fix:
+mapping (as :mod:`pytest_pallas.checks.kernel_model` describes it) and name the rule a kernel
+breaks, the operand, and the fix:
 
 ``block-tiling``
     Mosaic's own lowering rule (``_check_block_mappings`` in
@@ -40,190 +40,46 @@ internal) and name the rule a kernel breaks, the operand, and the fix:
 ``block-out-of-bounds``
     An index map that returns a block lying wholly outside its array.
 
-Races, DMA waits and semaphores are dynamic: :func:`kernel_exit_violations`
+Races, DMA waits and semaphores are dynamic: :mod:`pytest_pallas.checks.runtime_rules`
 turns what the TPU interpreter saw at kernel exit into the same kind of
-error, and :func:`translate_interpreter_error` names the rule behind the
-interpreter's own errors.
+error, and names the rule behind the interpreter's own errors. The VMEM rule
+lives in :mod:`pytest_pallas.checks.vmem_footprint`, the rules' names and
+reports in :mod:`pytest_pallas.checks.violations`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import tiling
+from .. import tiling
+from .violations import (
+    OUT_OF_BOUNDS,
+    PARALLEL_RACE,
+    REVISIT,
+    TILING,
+    VMEM,
+    KernelReport,
+    Violation,
+    _bits,
+    _block_text,
+    _dtype_name,
+    describe_operand,
+)
+from .vmem_footprint import check_vmem_footprint, tpu_info_for
 
 if TYPE_CHECKING:
-    from pytest_pallas._jax_compat import BlockOperand, KernelExitState, PallasCallInfo
+    from pytest_pallas.checks.kernel_model import BlockOperand, PallasCallInfo
 
-TILING = "block-tiling"
-VMEM = "vmem-footprint"
-PARALLEL_RACE = "parallel-axis-race"
-REVISIT = "output-revisit"
-OUT_OF_BOUNDS = "block-out-of-bounds"
-DATA_RACE = "data-race"
-SEMAPHORES = "unbalanced-semaphores"
-DMA_NOT_WAITED = "dma-not-waited"
-DMA_OUT_OF_BOUNDS = "out-of-bounds-access"
-UNINITIALIZED_READ = "uninitialized-read"
-
-#: The fix for an uninitialized read, shared by every place that reports one.
-UNINITIALIZED_READ_FIX = (
-    "initialise each accumulator before its first read, at the first step of the reduction "
-    "axis (@pl.when(pl.program_id(axis) == 0)); write every element of each output block; and "
-    "read a DMA's destination only after its .wait()."
-)
-
-MIB = 1024 * 1024
 
 #: Largest grid whose index maps are evaluated point by point; beyond it the
 #: grid-order checks reason from which grid axes each index map reads.
 MAX_GRID_POINTS = 1 << 16
 
+
 _PARALLEL = ("parallel", "core_parallel")
-
-
-class TpuRuleViolation(AssertionError):
-    """A kernel breaks a rule the TPU enforces (or relies on) but interpret mode does not.
-
-    ``violations`` holds one :class:`Violation` per rule broken; the message
-    is their paragraphs, the first naming kernel, rule, operand and fix.
-    """
-
-    def __init__(self, violations: Sequence[Violation]):
-        self.violations = tuple(violations)
-        first = self.violations[0]
-        self.kernel = first.kernel
-        self.rule = first.rule
-        self.operand = first.operand
-        self.fix = first.fix
-        super().__init__("\n\n".join(str(v) for v in self.violations))
-
-
-@dataclasses.dataclass(frozen=True)
-class Violation:
-    """One rule broken by one kernel, as a one-paragraph explanation."""
-
-    rule: str
-    kernel: str  # the kernel's display title
-    operand: str | None  # "input 0 (args[0], kernel parameter x_ref)", ...
-    problem: str
-    fix: str
-    # For a race on an output: which output (its flat index), so the verdict can
-    # wait for what the program does with that output (settle_output_races).
-    output_index: int | None = None
-
-    def __str__(self) -> str:
-        where = f" {self.operand}:" if self.operand else ""
-        return (
-            f"TPU rule [{self.rule}] broken by kernel {self.kernel}:{where} {self.problem} "
-            f"Fix: {self.fix}"
-        )
-
-
-@dataclasses.dataclass
-class KernelReport:
-    """What the static checks found for one pallas_call."""
-
-    kernel: str
-    grid: tuple[int | None, ...]
-    dimension_semantics: tuple[str, ...]
-    vmem_bytes: int | None = None
-    vmem_limit_bytes: int | None = None
-    vmem_limit_source: str = ""
-    checked: list[str] = dataclasses.field(default_factory=list)
-    skipped: list[str] = dataclasses.field(default_factory=list)
-    violations: list[Violation] = dataclasses.field(default_factory=list)
-    # Each VMEM-blocked output's (array shape, block shape): where a value failure's
-    # mismatches are located (see mismatch.py).
-    output_blocks: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
-    # Who judged tiling, VMEM and lowering: "static rules", or "TPU compiler (libtpu ...)"
-    # when check_kernel compiled the call (compile_check.CompileVerdict in compile_verdict).
-    judged_by: str = "static rules"
-    compile_verdict: Any = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-
-# --- The chip ---------------------------------------------------------------
-
-
-def tpu_info_for(chip: Any = "v5e") -> Any:
-    """A ``pltpu.TpuInfo`` for a chip name (``"v5e"``, ``"v6e"``, ``"7x"``, ...) or a TpuInfo.
-
-    Megacore chips (v4, v5p) are described in megacore mode, two TensorCores
-    behind one device, as JAX sees them by default.
-
-        >>> tpu_info_for("v5e").vmem_capacity_bytes // 2**20
-        128
-    """
-    from jax.experimental.pallas import tpu as pltpu
-
-    if isinstance(chip, pltpu.TpuInfo):
-        return chip
-    try:
-        version = pltpu.ChipVersion(str(chip))
-    except ValueError:
-        known = ", ".join(v.value for v in pltpu.ChipVersion)
-        raise ValueError(f"unknown TPU chip {chip!r}; JAX knows {known}") from None
-    cores = 2 if version.supports_megacore else 1
-    return pltpu.get_tpu_info_for_chip(version, cores)
-
-
-def default_scoped_vmem_bytes(info: Any) -> int:
-    """The scoped-VMEM limit a kernel compiles under when it does not set ``vmem_limit_bytes``.
-
-    libtpu's ``--xla_tpu_scoped_vmem_limit_kib`` default: 16 MiB up to TPU v5,
-    32 MiB from v6e, never more than the chip's VMEM. A value of that flag in
-    ``LIBTPU_INIT_ARGS`` wins, as it does on the chip.
-    """
-    match = re.search(
-        r"--xla_tpu_scoped_vmem_limit_kib=(\d+)", os.environ.get("LIBTPU_INIT_ARGS", "")
-    )
-    if match:
-        limit = int(match.group(1)) * 1024
-    else:
-        limit = (16 if info.generation <= 5 else 32) * MIB
-    return min(limit, info.vmem_capacity_bytes)
-
-
-# --- Describing operands ----------------------------------------------------
-
-
-def describe_operand(op: BlockOperand) -> str:
-    """``input 0 (args[0], kernel parameter x_ref)``."""
-    names = [op.origin]
-    if op.parameter and op.parameter != op.origin:
-        names.append(f"kernel parameter {op.parameter}")
-    return f"{op.role} {op.index} ({', '.join(names)})"
-
-
-def _block_text(op: BlockOperand) -> str:
-    dims = ", ".join("None" if kind == "squeezed" else str(size) for kind, size in op.block_dims)
-    array = ", ".join(str(d) for d in op.array_shape)
-    comma = "," if len(op.block_dims) == 1 else ""
-    return f"block shape ({dims}{comma}) over a {_dtype_name(op.dtype)}[{array}] array"
-
-
-def _dtype_name(dtype: Any) -> str:
-    return str(getattr(dtype, "name", dtype))
-
-
-def _bits(dtype: Any) -> int | None:
-    return tiling.bits_of(dtype)
-
-
-def _mib(n: float) -> str:
-    return f"{n / MIB:.1f} MiB" if n >= MIB / 10 else f"{n / 1024:.1f} KiB"
-
-
-# --- block-tiling -------------------------------------------------------------
 
 
 def check_block_tiling(
@@ -364,177 +220,6 @@ def _suggest(op: BlockOperand, axis: int, multiple: int) -> str:
 def _next_rank1(size: int, chunk: int, min_tiling: int, full: int) -> int:
     power = max(min_tiling, 1 << max(0, (size - 1).bit_length()))
     return min(power, -(-size // chunk) * chunk, max(full, min_tiling))
-
-
-# --- vmem-footprint -------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class VmemItem:
-    what: str
-    buffers: int
-    bytes_each: int
-
-    @property
-    def total(self) -> int:
-        return self.buffers * self.bytes_each
-
-
-def padded_vmem_bytes(shape: Sequence[int], dtype: Any, info: Any) -> int:
-    """Bytes an array of ``shape`` takes in VMEM, its last two dimensions padded to (8, 128) tiles.
-
-    A lower bound: Mosaic may pick larger tiles for narrow dtypes.
-    """
-    bits = _bits(dtype) or 32
-    shape = tuple(int(d) for d in shape)
-    if not shape:
-        elements = info.num_sublanes * info.num_lanes
-    elif len(shape) == 1:
-        elements = _round_up(shape[0], info.num_lanes)
-    else:
-        elements = (
-            math.prod(shape[:-2])
-            * _round_up(shape[-2], info.num_sublanes)
-            * _round_up(shape[-1], info.num_lanes)
-        )
-    return elements * bits // 8
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return tiling.round_up(max(n, 1), multiple)
-
-
-def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
-    """Everything ``call`` keeps in VMEM at once: buffered blocks, scratch, the run_scoped peak."""
-    items = []
-    # A grid of one step (or none) has no pipeline to overlap: Mosaic keeps one copy of
-    # each block. Settled against the TPU compiler for v5e (16 MiB scoped VMEM): a
-    # whole-array float32 matmul without a grid, or with grid=(1,), compiles at
-    # 1152 x 1152 (15.2 MiB single-buffered, 30.4 double) and is rejected at 1280
-    # (18.8 MiB single-buffered).
-    single_step = all(g is not None for g in call.grid) and math.prod(
-        int(g) for g in call.grid) == 1
-    default_buffers = 1 if single_step else 2
-    for op in call.operands:
-        if op.memory_space == "vmem":
-            items.append(
-                VmemItem(
-                    f"{describe_operand(op)} block {op.ref_shape} {_dtype_name(op.dtype)}",
-                    op.buffer_count or default_buffers,
-                    padded_vmem_bytes(op.ref_shape, op.dtype, info),
-                )
-            )
-    for s in call.scratch:
-        if s.memory_space == "vmem":
-            name = f"scratch {s.index}" + (
-                f" (kernel parameter {s.parameter})" if s.parameter else ""
-            )
-            items.append(
-                VmemItem(
-                    f"{name} {s.shape} {_dtype_name(s.dtype)}",
-                    1,
-                    padded_vmem_bytes(s.shape, s.dtype, info),
-                )
-            )
-    peak, where = _scoped_peak(call.scoped, info)
-    if peak:
-        items.append(VmemItem(f"pl.run_scoped allocations (peak, {where})", 1, peak))
-    return items
-
-
-def _buffering_text(call: PallasCallInfo) -> str:
-    if all(g is not None for g in call.grid) and math.prod(int(g) for g in call.grid) == 1:
-        return "blocks single-buffered: a grid of one step has no pipeline"
-    return "blocks double-buffered"
-
-
-def _scoped_peak(region: Any, info: Any) -> tuple[int, str]:
-    own = sum(
-        padded_vmem_bytes(a.shape, a.dtype, info)
-        for a in region.allocations
-        if a.memory_space == "vmem"
-    )
-    where = region.allocations[0].where if region.allocations else ""
-    best, best_where = 0, ""
-    for child in region.children:
-        peak, child_where = _scoped_peak(child, info)
-        if peak > best:
-            best, best_where = peak, child_where
-    return own + best, where or best_where
-
-
-def check_vmem_footprint(
-    call: PallasCallInfo, info: Any, *, bound: str = "scoped"
-) -> tuple[list[Violation], int, int, str]:
-    """``(violations, footprint, limit, where the limit comes from)`` for one pallas_call.
-
-    ``bound="scoped"`` (the default) checks against the limit the kernel
-    compiles under; ``bound="capacity"`` only against the chip's VMEM, for
-    projects that raise ``--xla_tpu_scoped_vmem_limit_kib`` globally.
-    """
-    if bound not in ("scoped", "capacity"):
-        raise ValueError(f"bound must be 'scoped' or 'capacity', not {bound!r}")
-    capacity = info.vmem_capacity_bytes
-    chip = str(info.chip_version)
-    items = vmem_items(call, info)
-    total = sum(item.total for item in items)
-    violations = []
-    if call.vmem_limit_bytes is not None:
-        limit, source = call.vmem_limit_bytes, "its CompilerParams(vmem_limit_bytes=...)"
-        if limit > capacity:
-            violations.append(
-                Violation(
-                    VMEM,
-                    call.title,
-                    None,
-                    f"it asks for vmem_limit_bytes={limit} ({_mib(limit)}) but a {chip} "
-                    f"TensorCore has {_mib(capacity)} of VMEM.",
-                    f"set vmem_limit_bytes to at most {capacity} ({_mib(capacity)}).",
-                )
-            )
-            limit = capacity
-    elif bound == "capacity":
-        limit, source = capacity, f"the {chip}'s VMEM capacity"
-    else:
-        limit, source = default_scoped_vmem_bytes(info), f"the default scoped-VMEM limit on {chip}"
-    if total > limit:
-        biggest = sorted(items, key=lambda i: -i.total)[:4]
-        breakdown = "; ".join(
-            f"{item.what}: {item.buffers} x {_mib(item.bytes_each)}"
-            if item.buffers > 1
-            else f"{item.what}: {_mib(item.bytes_each)}"
-            for item in biggest
-        )
-        if total <= capacity:
-            suggestion = min(capacity, _round_up(int(total * 1.25), MIB))
-            fix = (
-                f"raise the limit with compiler_params=pltpu.CompilerParams(vmem_limit_bytes="
-                f"{suggestion}) (the chip has {_mib(capacity)}), or shrink the blocks, or "
-                "single-buffer blocks whose index map is constant with "
-                "pipeline_mode=pl.Buffered(1)."
-            )
-        else:
-            fix = (
-                f"shrink the blocks (the footprint is over the chip's whole {_mib(capacity)}), or "
-                "single-buffer blocks whose index map is constant with "
-                "pipeline_mode=pl.Buffered(1)."
-            )
-        violations.append(
-            Violation(
-                VMEM,
-                call.title,
-                None,
-                f"it needs at least {_mib(total)} of VMEM ({_buffering_text(call)}, tiles "
-                f"padded to ({info.num_sublanes}, {info.num_lanes})) but compiles under {source}, "
-                f"{_mib(limit)}, so "
-                f"Mosaic rejects it on the chip; largest: {breakdown}.",
-                fix,
-            )
-        )
-    return violations, total, limit, source
-
-
-# --- grid order: parallel-axis-race, output-revisit, block-out-of-bounds ---------
 
 
 def check_grid_order(
@@ -761,9 +446,6 @@ def _order_by_dataflow(call, op, grid, parallel_axes) -> list[Violation]:
     return []
 
 
-# --- everything for one pallas_call -----------------------------------------------
-
-
 ALL_CHECKS = (TILING, VMEM, "grid-order")
 
 
@@ -822,7 +504,7 @@ def settle_output_races(report: KernelReport, used_outputs: Sequence[bool]) -> K
     writes last. That is a bug only if the program uses the output: a kernel
     may keep running state (splash attention's m, l and o) in extra outputs
     that its caller throws away, and those may race harmlessly. A race on a
-    dropped output becomes a note in ``report.skipped``; a race on a kept one
+    dropped output becomes a note in ``suite.report.skipped``; a race on a kept one
     stays, and its message says that the output is kept.
     """
     kept: list[Violation] = []
@@ -849,165 +531,8 @@ def settle_output_races(report: KernelReport, used_outputs: Sequence[bool]) -> K
 
 def check_pallas_call(params: dict[str, Any], *, chip: Any = "v5e", **options: Any) -> KernelReport:
     """Run the static checks on a pallas_call equation's params (as an observer receives them)."""
-    from pytest_pallas import _jax_compat
+    from pytest_pallas.checks import kernel_model
 
     return check_pallas_call_info(
-        _jax_compat.describe_pallas_call(params), tpu_info_for(chip), **options
+        kernel_model.describe_pallas_call(params), tpu_info_for(chip), **options
     )
-
-
-def raise_for(reports: Iterable[KernelReport]) -> None:
-    """Raise one :class:`TpuRuleViolation` carrying every violation in ``reports``, if any."""
-    violations = [v for report in reports for v in report.violations]
-    if violations:
-        raise TpuRuleViolation(violations)
-
-
-# --- what the TPU interpreter saw at run time ---------------------------------------
-
-
-def kernel_exit_violations(states: Iterable[KernelExitState]) -> list[Violation]:
-    """Violations for kernels that exited with races, unbalanced semaphores or DMAs never waited."""
-    found = []
-    for state in states:
-        kernel = f"'{state.kernel}'"
-        where = f"on device {state.device}"
-        if state.race_found:
-            found.append(
-                Violation(
-                    DATA_RACE,
-                    kernel,
-                    None,
-                    f"the TPU interpreter's race detector found two unordered accesses to the same "
-                    f'buffer {where}, at least one a write (details under "RACE DETECTED" in the '
-                    "captured stdout): a read of a DMA's destination before its .wait(), a "
-                    "write to a DMA's source before it completes, or two cores writing one output "
-                    "block.",
-                    "wait on the DMA's semaphore before touching its source or destination, and "
-                    'keep reductions on "arbitrary" grid axes.',
-                )
-            )
-        if state.pending_dmas:
-            sem, core, count = state.pending_dmas[0]
-            found.append(
-                Violation(
-                    DMA_NOT_WAITED,
-                    kernel,
-                    None,
-                    f"{count} DMA(s) signalling semaphore {sem} (core {core}, {where}) were "
-                    "started and never waited for before the kernel ended; on the TPU the copy "
-                    "may still be in flight when the kernel's outputs are read, and the semaphore "
-                    "is left unbalanced.",
-                    "call .wait() on every pltpu.make_async_copy/make_async_remote_copy you "
-                    ".start() (for remote copies, both the send and the receive semaphore).",
-                )
-            )
-        if state.unbalanced_semaphores:
-            sem, core, count = state.unbalanced_semaphores[0]
-            found.append(
-                Violation(
-                    SEMAPHORES,
-                    kernel,
-                    None,
-                    f"semaphore {sem} ends the kernel with count {count} (core {core}, {where}), "
-                    "not 0; Mosaic checks semaphores at kernel exit and the TPU reports an error "
-                    "(or the next kernel that reuses the semaphore misbehaves).",
-                    "match every signal (pl.semaphore_signal, a DMA's completion) with a wait of "
-                    "the same amount before the kernel returns.",
-                )
-            )
-    return found
-
-
-_REVISIT_ERROR = re.compile(
-    r"Revisited block (?P<block>.+?) of output (?P<output>\d+) in iteration (?P<at>\(.*?\))\. "
-    r"The block was previously visited in iterations (?P<first>\(.*?\)) through (?P<last>\(.*?\))"
-)
-_OOB_READ = re.compile(
-    r"reading \[\((?P<slices>.*)\)\] but buffer has shape \((?P<shape>[\d, ]*)\)")
-_SLICE = re.compile(r"slice\((\d+), (\d+)(?:, \d+)?\)|(?<![\w(])(\d+)(?![\d)])")
-
-
-def _beyond_padding_text(message: str) -> str:
-    """Whether an out-of-bounds read stays inside the array's (8, 128) tile padding.
-
-    On the chip a 32-bit array's last two dimensions are stored in whole
-    (8, 128) tiles, so a read past the logical end but inside the last tile reads
-    padding (legal; the kernel must mask it). The plugin runs the TPU interpreter
-    with tile-padded bounds, so what it stops is past the padding: outside the
-    buffer on the chip too.
-    """
-    match = _OOB_READ.search(message)
-    if match is None or "smem" in message.lower():  # SMEM is not tiled: no padding to read
-        return "On the TPU this reads or writes memory outside the buffer."
-    shape = [int(d) for d in match["shape"].replace(" ", "").split(",") if d]
-    ends = []
-    for m in _SLICE.finditer(match["slices"]):
-        ends.append(int(m.group(2)) if m.group(2) else int(m.group(3)) + 1)
-    if len(ends) != len(shape) or len(shape) < 2:
-        return "On the TPU this reads or writes memory outside the buffer."
-    tiles = [1] * (len(shape) - 2) + [8, 128]
-    padded = [-(-d // t) * t for d, t in zip(shape, tiles)]
-    if all(e <= p for e, p in zip(ends, padded)):
-        return (f"The read stays inside the array's (8, 128) tile padding (padded shape "
-                f"{tuple(padded)}), which the TPU allows: this interpreter ran with logical "
-                "bounds (pltpu.InterpretParams(buffer_bounds='padded') models the chip), so "
-                "this is not a bug on the chip as long as the kernel masks what it reads there.")
-    return (f"The read goes past the array's tile padding too (padded shape {tuple(padded)}): "
-            "on the TPU it reads memory outside the buffer.")
-
-
-_OOB_ERROR = re.compile(
-    r"(Out-of-bounds (read|block index)[^\n]*|Range [^\n]* out of bounds[^\n]*)"
-)
-
-
-def translate_interpreter_error(
-    error: BaseException, kernel: str | None = None
-) -> TpuRuleViolation | None:
-    """The rule behind an error the TPU interpreter raised, or None if it is not one of its checks.
-
-        try:
-            kernel(x)
-        except Exception as error:
-            violation = translate_interpreter_error(error, "my_kernel")
-            if violation is not None:
-                raise violation from error
-            raise
-    """
-    text = str(error)
-    title = f"'{kernel}'" if kernel else "(run by TPU interpret mode)"
-    match = _REVISIT_ERROR.search(text)
-    if match:
-        return TpuRuleViolation(
-            [
-                Violation(
-                    REVISIT,
-                    title,
-                    f"output {match['output']}",
-                    f"block {match['block']} was visited again in grid iteration {match['at']} "
-                    f"after the grid left it (earlier visits: iterations {match['first']} "
-                    f"through {match['last']}); Pallas TPU writes a block back when the grid "
-                    "moves on and never reads it back.",
-                    "put the reduction axis last in the grid so each output block's visits are "
-                    "consecutive, or pass pipeline_mode=pl.Buffered(1, "
-                    "revisit=pl.RevisitMode.ANY).",
-                )
-            ]
-        )
-    match = _OOB_ERROR.search(text)
-    if match:
-        return TpuRuleViolation(
-            [
-                Violation(
-                    DMA_OUT_OF_BOUNDS,
-                    title,
-                    None,
-                    "the TPU interpreter stopped an out-of-bounds access: "
-                    f"{match.group(0).strip()} {_beyond_padding_text(match.group(0))}",
-                    "clamp the copy's pl.ds(start, size) so start + size stays within the array, "
-                    "or handle the ragged tail with a smaller final copy.",
-                )
-            ]
-        )
-    return None

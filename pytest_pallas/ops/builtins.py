@@ -35,7 +35,7 @@ from typing import Any
 from .operation import FLOAT_DTYPES, Deferred, Operation
 
 _KERNELS = "pytest_pallas.reference_kernels"
-_XLA = "pytest_pallas.xla_versions"
+_XLA = "pytest_pallas.ops.xla_versions"
 _HERE = __name__
 
 
@@ -57,7 +57,8 @@ def _builtin(name: str, signature: str, module: str, attr: str | None = None, *,
 
 
 def logit_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
-    """Attention's logit rounding (``error_models.attention_allowance``) for a case of the suite."""
+    """Attention's logit rounding (``ops.error_models.attention_allowance``) for a case of the
+    suite."""
     import numpy as np
 
     from .error_models import attention_allowance
@@ -69,7 +70,8 @@ def logit_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, 
 
 
 def activation_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
-    """The activation's rounding (``error_models.activation_allowance``) for a case of the suite."""
+    """The activation's rounding (``ops.error_models.activation_allowance``) for a case of the
+    suite."""
     from .error_models import activation_allowance
 
     activation = case.kwargs.get("activation")
@@ -104,7 +106,7 @@ def ppermute_oracle(x: Any, *, shift: int, devices: int) -> Any:
     """The global result: device i's block is the one device (i - shift) mod n held."""
     import numpy as np
 
-    from .reference_kernels.collectives import ppermute_reference
+    from ..reference_kernels.collectives import ppermute_reference
 
     blocks = np.split(x, devices, axis=0)
     return np.concatenate(list(ppermute_reference(blocks, shift)), axis=0)
@@ -158,10 +160,10 @@ ppermute = _builtin("ppermute", "(rows,cols)->(rows,cols)", "collectives",
 # --- the ops added in version 0.2 (CONTRACT.md section 2) -------------------------------------
 #
 # Their kernel modules state the oracles, cost models, input structure and derived allowances;
-# pytest_pallas/op_facts.py adapts them to a record's terms. Sizes are small (each distinct
+# pytest_pallas/ops/facts.py adapts them to a record's terms. Sizes are small (each distinct
 # shape is a compilation and each grid step an interpreted step): buckets of two or three sizes
 # that still reach every code path (one block and several, ragged sizes, a size of 1).
-_FACTS = "pytest_pallas.op_facts"
+_FACTS = "pytest_pallas.ops.facts"
 
 flash_attention = _builtin(
     "flash_attention", "(b,h,s,d),(b,g,t,d),(b,g,t,d)->(b,h,s,d)", "flash_attention",

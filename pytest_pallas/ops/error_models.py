@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import epsilon
+from ..dtypes import epsilon
 
 # How far a correct evaluation of the activation in the output dtype may be from the float64
 # oracle, in units of eps(dtype) * max|x @ y|. jax.nn.gelu in float32 is off by up to 1.4 ulp

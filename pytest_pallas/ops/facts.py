@@ -3,7 +3,7 @@
 The kernel modules (``reference_kernels/flash_attention.py`` and its siblings)
 state each op's oracle, allowance and input structure in the op's own terms
 (per-device blocks, keyword arguments, a NumPy Generator). The records in
-``operations.py`` need them in the suite's terms: an oracle of the global
+``ops/builtins.py`` need them in the suite's terms: an oracle of the global
 arrays, an allowance of a ``Case``, an inputs builder that leaves the values
 to the drawn value profile, and a ``constrain`` that ties dimensions and
 parameters together. This module is those adapters, one small function each;
@@ -85,7 +85,7 @@ def _logit_precision(case: Any, backend_precision: str) -> tuple[str, float]:
     bfloat16 inputs multiply exactly into float32 sums; only float32 inputs on
     a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
     """
-    from .dtypes import epsilon
+    from ..dtypes import epsilon
 
     accumulator = ("bfloat16" if backend_precision == "bfloat16" and case.dtype == "float32"
                    else "float32")
@@ -142,7 +142,7 @@ def all_gather_shapes(dims: dict[str, Any]) -> tuple[list[tuple[int, ...]], tupl
 
 def all_gather_oracle(x: Any, *, devices: int) -> Any:
     """The global result: every device returns all blocks in mesh order."""
-    from .reference_kernels.collectives import all_gather_reference
+    from ..reference_kernels.collectives import all_gather_reference
 
     gathered = all_gather_reference(np.split(x, devices, axis=0))
     return np.concatenate([gathered] * devices, axis=0)
@@ -156,7 +156,7 @@ def reduce_scatter_shapes(dims: dict[str, Any]) -> tuple[list[tuple[int, ...]], 
 
 def reduce_scatter_oracle(x: Any, *, devices: int) -> Any:
     """The global result: rows block i of the sum of the devices' x, stacked over i."""
-    from .reference_kernels.collectives import reduce_scatter_reference
+    from ..reference_kernels.collectives import reduce_scatter_reference
 
     scattered = reduce_scatter_reference(np.split(x, devices, axis=0))
     return scattered.reshape(-1, *scattered.shape[2:])

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from . import strategies
+from .. import strategies
 from .domains import Domain
 from .operation import SHAPE, Operation
 
@@ -38,7 +38,7 @@ _INTEGER_PROFILES = ("normal", "large", "ties", "extremes")
 def _operation(op: Operation | str) -> Operation:
     if isinstance(op, Operation):
         return op
-    from .ops import get_operation
+    from .registry import get_operation
 
     return get_operation(op)
 
@@ -242,7 +242,7 @@ def block_multiple(op: Operation, dim: str, dtype: str, multiple: int | None) ->
     dimension's kind (lanes 128, the dtype's native sublanes, 1 for a batch-like axis)."""
     if multiple is not None:
         return multiple
-    from .tiling import LANES, native_sublanes
+    from ..tiling import LANES, native_sublanes
 
     kind = op.dimension_kind(dim)
     if kind in ("minor", "reduction"):
@@ -369,7 +369,7 @@ def sweep_slots(op: Operation | str) -> int:
 
 def sweep_count(op: Operation | str, domain: Domain) -> int:
     """How many sweep cases ``op`` has inside ``domain``: its (dtype, profile) pairs, then its
-    structural cases (``structural_sweep``)."""
+    structural cases (``ops.structural_sweep``)."""
     op = _operation(op)
     return len(sweep(op, domain)) + len(_structural(op, domain))
 

@@ -28,7 +28,7 @@ arguments are all scalars in the signature (``"(),()->()"``) is elementwise:
 it is drawn on whole arrays of rank 1 to 3, as one dimension named
 ``shape``.
 
-Adding a built-in op is one record in ``pytest_pallas/operations.py`` plus its
+Adding a built-in op is one record in ``pytest_pallas/ops/builtins.py`` plus its
 kernel module in ``reference_kernels/`` (see that module's docstring).
 
 Callables may be given as ``"module:attr"`` strings, imported on first use,
@@ -430,7 +430,7 @@ class Operation:
         dims: dict[str, Any] = {}
         for i, name in enumerate(self.dimensions):
             dims[name] = (2, 3) if name == SHAPE else (2 if name == DEVICES else 3 + i)
-        from .op_inputs import build_arguments
+        from .inputs import build_arguments
 
         try:
             dims, kwargs = self.constrained(dims, {k: v[0] for k, v in self.params.items()})

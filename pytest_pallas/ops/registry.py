@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from .builtins import BUILT_IN
 from .operation import Operation, OperationError
-from .operations import BUILT_IN
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in BUILT_IN}
 

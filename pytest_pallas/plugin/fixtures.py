@@ -61,9 +61,9 @@ def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
             x = pallas_benchmark.random((1024, 1024))
             pallas_benchmark("softmax", my_softmax, x)
 
-    See ``pytest_pallas.benchmarking.PallasBenchmark`` for what lands in ``extra_info``.
+    See ``pytest_pallas.bench.fixture.PallasBenchmark`` for what lands in ``extra_info``.
     """
-    from .benchmarking import PallasBenchmark
+    from ..bench.fixture import PallasBenchmark
 
     pallas = _session(request.config)
     return PallasBenchmark.for_test(request, benchmark, pallas.item_backend(request.node),
@@ -74,8 +74,8 @@ def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
 @pytest.fixture
 def conformance(request: pytest.FixtureRequest):
     """The conformance harness: draws inputs for an op and checks the chosen implementation."""
-    from .conformance_harness import Conformance
-    from .conformance_suite import class_binding
+    from ..suite.generated import class_binding
+    from ..suite.harness import Conformance
 
     pallas = _session(request.config)
     binding = class_binding(getattr(request, "cls", None))

@@ -7,19 +7,17 @@ so it imports nothing heavy: JAX is imported only when a test uses Pallas.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from . import options as options_module
 from . import versions
-from .fixtures import (  # noqa: F401  (pytest finds the plugin's fixtures here)
-    conformance,
-    device_mesh,
-    pallas_backend,
-    pallas_benchmark,
-    pallas_key,
+from .hypothesis_settings import (
+    _load_hypothesis_profile,
+    _restate_hypothesis_notes,
+    _restore_hypothesis_attributes,
+    _seed_hypothesis,
 )
 from .session import (
     CONFORMANCE_DIRECTORY,
@@ -75,7 +73,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     # The compile summary counts this session's compiles (an in-process run shares STATS;
     # a process that never imported the compile check has compiled nothing).
-    stats = _loaded("compile_check", "STATS")
+    stats = _loaded("checks.compile_check", "STATS")
     _COMPILES_BEFORE[id(session)] = ((stats.compiles, stats.cached, stats.seconds)
                                      if stats is not None else (0, 0, 0.0))
     if not parsed.tpu and (parsed.session_opted_in or parsed.devices_requested):
@@ -93,7 +91,7 @@ def pytest_configure(config: pytest.Config) -> None:
             and config.getoption("--benchmark-only", default=False)):
         # Before the backend below creates JAX's CPU client, which reads XLA_FLAGS (without
         # a Pallas flag, the collection of a pallas_benchmark test does it in time).
-        from .benchmarking import request_single_threaded_xla
+        from ..bench.fixture import request_single_threaded_xla
 
         request_single_threaded_xla(config)
     if parsed.session_opted_in:
@@ -104,7 +102,7 @@ def pytest_configure(config: pytest.Config) -> None:
         register(config)  # compilations kept in pytest's cache directory across runs
     # Every run records what conformance tests it runs: the packaged suite's, and those of
     # a conformance_tests class in the user's own modules.
-    from .report import ConformanceRecorder
+    from ..suite.report import ConformanceRecorder
 
     session.recorder = ConformanceRecorder()
     if _is_controller(config):
@@ -119,20 +117,20 @@ def _register_operations(config: pytest.Config) -> None:
     checked against it."""
     if not config.hook.pytest_pallas_operations.get_hookimpls():
         return  # no op of a conftest or plugin: the registry is not even imported
-    from . import ops
-    from .operation import OperationError
+    from ..ops import registry
+    from ..ops.operation import OperationError
 
     try:
         for returned in config.hook.pytest_pallas_operations(config=config):
             for operation in returned or ():
-                ops.register(operation)
+                registry.register(operation)
     except OperationError as error:
         raise pytest.UsageError(f"pytest_pallas_operations: {error}") from None
 
 
 def _configure_conformance(config: pytest.Config, session: PallasSession,
                            user_callables: dict) -> None:
-    from .conformance_harness import bind_implementations, selected_ops
+    from ..suite.harness import bind_implementations, selected_ops
     from .options import report_directory_to_create
 
     user_targets = dict(session.options.implementations)
@@ -191,46 +189,23 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not ours:
         return
     if not pallas.options.tpu:
-        from .libtpu_environment import quiet_libtpu_environment_for
+        from ..checks.libtpu_environment import quiet_libtpu_environment_for
 
         # A Pallas test is going to run: before it starts JAX's backends, keep libtpu's
         # start-up warnings away. Never at load: a run without Pallas keeps its environment.
         quiet_libtpu_environment_for(pallas.options.libtpu)
     if not pallas.options.tpu and any(
             "pallas_benchmark" in getattr(item, "fixturenames", ()) for item in ours):
-        from .benchmarking import request_single_threaded_xla
+        from ..bench.fixture import request_single_threaded_xla
 
         request_single_threaded_xla(config)
     _load_hypothesis_profile(pallas, config)
 
 
-def _load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> None:
-    from hypothesis import Verbosity, settings
-
-    from ._hypothesis_compat import current_profile_name
-    from .strategies import register_profiles
-
-    register_profiles()
-    profile = f"pallas-{pallas.options.profile}"
-    overrides = {}
-    if pallas.options.examples is not None:
-        overrides["max_examples"] = pallas.options.examples
-    # Hypothesis's own flag: our profile replaces the one it loaded, so carry it over.
-    verbosity = config.getoption("--hypothesis-verbosity", default=None)
-    if verbosity:
-        overrides["verbosity"] = Verbosity[verbosity]
-    if overrides:
-        settings.register_profile("pallas-cli", parent=settings.get_profile(profile),
-                                  **overrides)
-        profile = "pallas-cli"
-    if pallas.hypothesis_profile_before is None:
-        # Restored at pytest_unconfigure: the profile is this run's, not the process's.
-        pallas.hypothesis_profile_before = current_profile_name()
-    settings.load_profile(profile)
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
-    unregister_all = _loaded("ops", "unregister_all")  # nothing registered if never imported
+    unregister_all = _loaded(
+        "ops.registry", "unregister_all"
+    )  # nothing registered if never imported
     if unregister_all is not None:
         unregister_all()
     pallas = config.stash.get(SESSION_KEY, None)
@@ -272,37 +247,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _seed_hypothesis(pallas, item)
 
 
-def _seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
-    """The same --pallas-seed and test id give the same examples, on any worker.
-
-    Seeded just before the item runs: parametrized items share one function, so a seed
-    set at collection would be the last item's; a method's ``obj`` is a bound method, which
-    takes no attributes, so the seed goes on the function behind it.
-    """
-    from ._hypothesis_compat import is_given_test, seed_with_run_settings
-
-    function = getattr(item, "obj", None)
-    function = getattr(function, "__func__", function)
-    if is_given_test(function):
-        from .conformance_suite import SETTINGS_ATTRIBUTE
-
-        # Put back at teardown: the function is shared by its parametrized items and by
-        # a later run of the suite in the same process. A conformance test makes its own
-        # count (a fifth of the profile's, say) from the profile of this run.
-        item.stash[_HYPOTHESIS_RESTORE] = seed_with_run_settings(
-            function, pallas.key_seed(item.nodeid), getattr(function, SETTINGS_ATTRIBUTE, None))
-
-
-_HYPOTHESIS_RESTORE = pytest.StashKey[Callable[[], None]]()
-
-
-def _restore_hypothesis_attributes(item: pytest.Item) -> None:
-    restore = item.stash.get(_HYPOTHESIS_RESTORE, None)
-    if restore is not None:
-        restore()
-        del item.stash[_HYPOTHESIS_RESTORE]
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     __tracebackhide__ = True
@@ -336,19 +280,6 @@ def pytest_runtest_call(item: pytest.Item):
     return result
 
 
-def _restate_hypothesis_notes(item: pytest.Item, error: BaseException) -> None:
-    """Hypothesis's advice, in terms a user of the plugin can act on."""
-    from ._hypothesis_compat import restate_notes
-
-    if is_conformance_item(item):
-        # The suite's explicit examples are its sweep cases, and its tests are not the
-        # user's to decorate: the pallas section below gives the command that reproduces.
-        # The harness notes a sweep case's input, so Hypothesis's call of the test goes.
-        restate_notes(error, examples="sweep cases", reproduce="", explicit_example=False)
-    else:
-        restate_notes(error)
-
-
 def _run_in_other_interpreter(item: pytest.Item, params: Any, paragraph: str) -> None:
     """Run the test again with ``params`` after JAX's interpreter crashed inside JAX."""
     __tracebackhide__ = True
@@ -356,7 +287,7 @@ def _run_in_other_interpreter(item: pytest.Item, params: Any, paragraph: str) ->
 
     from jax.experimental.pallas import tpu as pltpu
 
-    from ._jax_compat import reset_interpreter_state
+    from .._compat.tpu_interpreter import reset_interpreter_state
 
     reset_interpreter_state()
     pallas = _session(item.config)
@@ -377,7 +308,7 @@ class PallasInterpreterFallback(UserWarning):
 
 
 def _running_kernels_text(item: pytest.Item) -> str:
-    from ._jax_compat import running_interpreted_kernels
+    from .._compat.tpu_interpreter import running_interpreted_kernels
 
     kernels = running_interpreted_kernels()  # already short ('body at kernels.py:12')
     if not kernels:
@@ -391,7 +322,8 @@ def _raise_as_tpu_rule(error: BaseException) -> None:
     __tracebackhide__ = True
     if not isinstance(error, Exception):
         return
-    from .tpu_checks import TpuRuleViolation, translate_interpreter_error
+    from ..checks.runtime_rules import translate_interpreter_error
+    from ..checks.violations import TpuRuleViolation
 
     if isinstance(error, TpuRuleViolation):
         return
@@ -486,7 +418,7 @@ def pytest_handlecrashitem(crashitem, report, sched) -> None:
 # terminal summary, which says why the conformance report is incomplete.
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus):
-    withhold_interrupted_run = _loaded("benchmarking", "withhold_interrupted_run")
+    withhold_interrupted_run = _loaded("bench.table", "withhold_interrupted_run")
     if withhold_interrupted_run is not None:
         withhold_interrupted_run(session.config, exitstatus)
     _finish_conformance_report(session, exitstatus)
@@ -495,7 +427,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json) -> None:
-    from .benchmarking import mark_completeness
+    from ..bench.table import mark_completeness
 
     mark_completeness(config, output_json)
 
@@ -539,7 +471,7 @@ def _is_controller(config: pytest.Config) -> bool:
 
 
 def _write_report(config: pytest.Config, *, complete: bool) -> None:
-    from .report import environment_facts, write_json_atomically
+    from ..suite.report import environment_facts, write_json_atomically
 
     pallas = _session(config)
     backend = pallas._backend
@@ -555,7 +487,7 @@ def _write_report(config: pytest.Config, *, complete: bool) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    benchmark_summary = _loaded("benchmarking", "terminal_summary")
+    benchmark_summary = _loaded("bench.table", "terminal_summary")
     if benchmark_summary is not None:
         benchmark_summary(terminalreporter, config)
     pallas = _session(config)
@@ -596,6 +528,7 @@ _SUMMARY_LEGEND = (
     "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)",
 )
 
+
 _COMPILES_BEFORE: dict[int, tuple[int, int, float]] = {}
 
 
@@ -605,13 +538,13 @@ def _loaded(module: str, name: str) -> Any:
     A run that never benchmarked or compiled for a TPU never imported those modules, and
     its closing hooks need not import them (with JAX's compatibility layer) to find out.
     """
-    found = sys.modules.get(f"{__package__}.{module}")
+    found = sys.modules.get(f"pytest_pallas.{module}")
     return getattr(found, name, None) if found is not None else None
 
 
 def _compile_summary(pallas: PallasSession) -> str | None:
     """What the TPU compiler check cost in this session (pytest-xdist workers count apart)."""
-    STATS = _loaded("compile_check", "STATS")  # noqa: N806
+    STATS = _loaded("checks.compile_check", "STATS")  # noqa: N806
     if not pallas.options.compile_chips or STATS is None:
         return None
     compiles, cached, seconds = _COMPILES_BEFORE.get(id(pallas), (0, 0, 0.0))
@@ -625,4 +558,6 @@ def _compile_summary(pallas: PallasSession) -> str | None:
 
 assert set(FIXTURE_NAMES) == {"pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark"}, (
     "fixtures drifted")
+
+
 _ = sys  # the module must stay importable without JAX; see tests/test_startup.py

@@ -16,7 +16,7 @@ import pytest
 
 
 def _unknown_op(op: str, flag: str) -> pytest.UsageError:
-    from . import ops as _ops
+    from ..ops import registry as _ops
 
     return pytest.UsageError(
         f"{flag}: unknown op {op!r}; the conformance ops are {', '.join(_ops.op_names())} "
@@ -28,7 +28,7 @@ def parse_impl_flags(values: list[str]) -> tuple[tuple[str, str], ...]:
     """``["matmul=my.kernels:matmul"]`` -> ``(("matmul", "my.kernels:matmul"),)``, validated."""
     if not values:
         return ()  # the registry is imported only when a flag names an op
-    from . import ops as _ops
+    from ..ops import registry as _ops
 
     parsed: dict[str, str] = {}
     for value in values:
@@ -54,7 +54,7 @@ def parse_ops_flag(value: str | None) -> tuple[str, ...]:
     """``"add,matmul"`` -> ``("add", "matmul")``, validated."""
     if value is None:
         return ()
-    from . import ops as _ops
+    from ..ops import registry as _ops
 
     ops = tuple(op.strip() for op in value.split(",") if op.strip())
     if not ops:
@@ -94,7 +94,7 @@ def resolve(target: str, *, flag: str) -> Callable:
     if cwd not in sys.path:
         # As `python -m` does: the user's kernels usually live beside their tests.
         sys.path.insert(0, cwd)
-    from .domains import SupportsError
+    from ..ops.domains import SupportsError
 
     try:
         module = importlib.import_module(module_name)

@@ -62,7 +62,7 @@ def _verdicts_key() -> str:
 def _stored_verdicts(config: pytest.Config) -> dict:
     import dataclasses
 
-    from .compile_check import CompileVerdict
+    from ..checks.compile_check import CompileVerdict
 
     stored = config.cache.get(_verdicts_key(), None)
     if not isinstance(stored, dict):
@@ -80,7 +80,7 @@ def _stored_verdicts(config: pytest.Config) -> dict:
 
 def load_verdicts(config: pytest.Config) -> int:
     """The TPU compiler's verdicts of earlier runs into this run's cache; how many."""
-    from .compile_check import remember_verdicts
+    from ..checks.compile_check import remember_verdicts
 
     verdicts = _stored_verdicts(config)
     remember_verdicts(verdicts)
@@ -91,11 +91,11 @@ def save_verdicts(config: pytest.Config) -> None:
     """This run's verdicts added to the stored ones (pytest-xdist workers each add theirs)."""
     import dataclasses
 
-    from .compile_check import remembered_verdicts
+    from ..checks.compile_check import remembered_verdicts
 
     verdicts = remembered_verdicts()
     if verdicts:
-        from .compile_check import CACHE_SIZE
+        from ..checks.compile_check import CACHE_SIZE
 
         merged = {**_stored_verdicts(config), **verdicts}
         merged = dict(list(merged.items())[-CACHE_SIZE:])  # the newest, as in memory

@@ -21,7 +21,7 @@ import pytest
 from .options import PallasOptions
 
 if TYPE_CHECKING:  # imported where used: a run without Pallas tests loads none of them
-    from .backend import Backend
+    from ..backend import Backend
 
 MARKERS = {
     "pallas": "the test runs Pallas kernels: interpret them on the CPU, "
@@ -75,8 +75,8 @@ class PallasSession:
     # --- the backend ------------------------------------------------------------
 
     def ensure_devices(self) -> None:
-        from .backend import request_cpu_devices
-        from .compile_check import quiet_libtpu_environment
+        from ..backend import request_cpu_devices
+        from ..checks.compile_check import quiet_libtpu_environment
 
         if self.devices_note is None:
             # Before JAX starts: libtpu, when installed, loads with JAX's backends.
@@ -86,7 +86,7 @@ class PallasSession:
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            from .backend import select_backend
+            from ..backend import select_backend
 
             if not self.options.tpu:
                 self.ensure_devices()
@@ -102,7 +102,7 @@ class PallasSession:
         chips = [str(chip) for chip in marker.args]
         if backend.chip in chips:
             return backend
-        from .backend import chip_info, make_interpret_params
+        from ..backend import chip_info, make_interpret_params
 
         info = chip_info(chips[0])
         return dataclasses.replace(
@@ -131,30 +131,30 @@ class PallasSession:
         return None
 
     def activate(self, item: pytest.Item) -> None:
-        """Enter the test's backend and the TPU-fidelity checks (see ``tpu_checks``)."""
-        from . import _jax_compat
-        from .compare import backend_matmul_precision, interpreted_kernels
-        from .kernel_check import STATIC_CHECKS, checking_pallas_calls
-        from .mismatch import TracedOutput, traced_output_blocks
+        """Enter the test's backend and the TPU-fidelity checks (see ``checks.static_rules``)."""
+        from .._compat import jax_internals, tpu_interpreter
+        from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
+        from ..checks.mismatch import TracedOutput, traced_output_blocks
+        from ..compare import backend_matmul_precision, interpreted_kernels
 
         backend = self.backend_for(item)
         stack = contextlib.ExitStack()
-        optional = _jax_compat.optional_feature
+        optional = jax_internals.optional_feature
         if not backend.is_tpu:
             # A kernel that raised while interpreted leaves the TPU interpreter's
             # shared memory behind; start every test from a clean interpreter.
-            _jax_compat.reset_interpreter_state()
+            tpu_interpreter.reset_interpreter_state()
             # The interpreter keeps the race flag of its last kernel only, and
             # only prints unbalanced semaphores: record every kernel's exit.
             item.stash[_KERNEL_EXITS] = _list_or_empty(stack.enter_context(optional(
-                KERNEL_EXIT_CHECKS, _jax_compat.record_kernel_exits)))
+                KERNEL_EXIT_CHECKS, tpu_interpreter.record_kernel_exits)))
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
         reports = item.stash[_KERNEL_REPORTS] = _list_or_empty(stack.enter_context(optional(
             STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip))))
         if not backend.is_tpu and self.options.compile_chips:
             # Then the TPU compiler's verdict on each kernel, for each chip asked for.
-            from .compile_check import compiling_pallas_calls
+            from ..checks.compile_check import compiling_pallas_calls
 
             stack.enter_context(optional(TPU_COMPILER_CHECK, lambda: compiling_pallas_calls(
                 self.options.compile_chips, on_verdict=self._compile_recorder(item))))
@@ -182,13 +182,13 @@ class PallasSession:
     def deactivate(self, item: pytest.Item) -> None:
         stack = item.stash.get(_ACTIVE, None)
         if stack is not None:
-            from . import _jax_compat
+            from .._compat import jax_internals
 
             del item.stash[_ACTIVE]
             try:
                 stack.close()
-            except _jax_compat.JaxInternalsChanged as error:  # met at a kernel's exit
-                _jax_compat.feature_off(KERNEL_EXIT_CHECKS, error)
+            except jax_internals.JaxInternalsChanged as error:  # met at a kernel's exit
+                jax_internals.feature_off(KERNEL_EXIT_CHECKS, error)
 
     def item_backend(self, item: pytest.Item) -> Backend:
         return item.stash.get(_BACKEND, None) or self.backend_for(item)
@@ -207,13 +207,14 @@ class PallasSession:
         Also asked when the test failed otherwise: a race is the cause of the wrong
         values it produced, and the failure should say so first.
         """
-        from . import _jax_compat
-        from .tpu_checks import TpuRuleViolation, kernel_exit_violations
+        from .._compat import tpu_interpreter
+        from ..checks.runtime_rules import kernel_exit_violations
+        from ..checks.violations import TpuRuleViolation
 
         exits = list(item.stash.get(_KERNEL_EXITS, ()))
-        if self.options.detect_races and _jax_compat.races_found() and not any(
+        if self.options.detect_races and tpu_interpreter.races_found() and not any(
                 state.race_found for state in exits):
-            _jax_compat.reset_interpreter_state()
+            tpu_interpreter.reset_interpreter_state()
             return AssertionError(
                 "pallas: the TPU interpreter detected a data race in a kernel this test ran "
                 "(two accesses to the same buffer not ordered by a DMA wait, semaphore or "
@@ -227,7 +228,7 @@ class PallasSession:
             exits = [dataclasses.replace(state, race_found=False) for state in exits]
         violations = kernel_exit_violations(exits)
         if violations:
-            _jax_compat.reset_interpreter_state()
+            tpu_interpreter.reset_interpreter_state()
             return TpuRuleViolation(violations)
         return None
 
@@ -238,13 +239,13 @@ class PallasSession:
         The TPU interpreter falls back to the plain one (values, not DMAs, semaphores,
         races or poisoned memory), the plain one to the TPU one.
         """
-        from . import _jax_compat
-        from .backend import make_interpret_params
+        from .._compat import jax_internals
+        from ..backend import make_interpret_params
 
         backend = self.item_backend(item)
         if backend.is_tpu or is_conformance_item(item):
             return None
-        crash = _jax_compat.interpreter_crash(error)
+        crash = jax_internals.interpreter_crash(error)
         if crash is None:
             return None
         kernels = [report.kernel for report in item.stash.get(_KERNEL_REPORTS, ())]
@@ -268,9 +269,9 @@ class PallasSession:
 
     def cannot_interpret(self, paragraph: str, second: BaseException) -> str | None:
         """The skip reason when the fallback interpreter crashed inside JAX too, else None."""
-        from . import _jax_compat
+        from .._compat import jax_internals
 
-        crash = _jax_compat.interpreter_crash(second)
+        crash = jax_internals.interpreter_crash(second)
         if crash is None:
             return None
         return (paragraph.replace("The test was run again", "It was tried again")
@@ -286,7 +287,7 @@ class PallasSession:
         """
         import re
 
-        from .compare import describe_uninitialized_read
+        from ..compare import describe_uninitialized_read
 
         if self.item_backend(item).is_tpu or is_conformance_item(item):
             return None  # the suite finds the cause of a NaN itself (its "cause:" line)
@@ -339,7 +340,7 @@ class PallasSession:
         if options.tpu:
             backend = "TPU (compiled)"
         else:
-            from .backend import chip_info
+            from ..backend import chip_info
 
             cores = (self._backend.tpu_info if self._backend is not None
                      else chip_info(options.chip)).num_cores

@@ -6,7 +6,7 @@ to a device that never receives, a barrier some device never reaches. A
 watchdog thread times each TPU-interpreted kernel from the moment it starts
 (not the test: a property runs many kernels, each quick); once one has run
 longer than the timeout, it fills the interpreter's failure slot (see
-``_jax_compat.abort_interpreted_kernels``) so that the waiting kernel
+``_compat.tpu_interpreter.abort_interpreted_kernels``) so that the waiting kernel
 raises, and the test fails with a message that names it. Work that is not
 a TPU-interpreted kernel (a Python loop, a plain-interpreter
 ``while_loop``) is neither timed nor interrupted; a test still running
@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import _jax_compat
+from .._compat import tpu_interpreter
 
 
 class KernelTimeout(RuntimeError):
@@ -32,7 +32,7 @@ class Watchdog:
 
     def __init__(self, seconds: float, describe: Callable[[], str],
                  kernel_ages: Callable[[], dict[str, float] | None] = (
-                     _jax_compat.running_interpreted_kernel_ages)) -> None:
+                     tpu_interpreter.running_interpreted_kernel_ages)) -> None:
         """``describe()`` names what hung; asked when the timeout fires, not before.
 
         ``kernel_ages()`` gives the seconds each running kernel has run, or None
@@ -95,7 +95,7 @@ class Watchdog:
         aborted = False
         # Keep aborting until the test returns: a test may start another kernel.
         while not self._stop.is_set():
-            aborted = _jax_compat.abort_interpreted_kernels(error) or aborted
+            aborted = tpu_interpreter.abort_interpreted_kernels(error) or aborted
             if not aborted:
                 sys.stderr.write(
                     f"\n{self.message}\n(pallas: no TPU-interpreted kernel is waiting, so it "

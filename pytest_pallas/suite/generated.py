@@ -13,10 +13,10 @@ Two users of the same generator:
 
 Each test draws with ``st.data()`` (the domain depends on the implementation,
 chosen on the command line or given here, so it cannot be fixed at import
-time) and hands over to the harness (``conformance_harness.Conformance``).
+time) and hands over to the harness (``suite.harness.Conformance``).
 The value property runs the profile's full number of examples after the
 sweep (explicit examples that try each value profile and dtype on purpose,
-``op_inputs.sweep``); the properties that cost several kernel calls per
+``ops.inputs.sweep``); the properties that cost several kernel calls per
 example (written and deterministic, vmap) run a fifth of them, at least two.
 """
 
@@ -30,8 +30,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from .op_inputs import SweepSlot, sweep_slots
-from .operation import Operation
+from ..ops.inputs import SweepSlot, sweep_slots
+from ..ops.operation import Operation
 
 __all__ = ["conformance_tests", "packaged_tests"]
 
@@ -135,7 +135,7 @@ def _with_sweep_decorator(slots: int) -> Callable:
 def _packaged_ops(kernel_module: str) -> list[Operation]:
     """The ops of packaged module ``test_<kernel_module>``: those whose reference kernel lives
     in that kernel module; ``test_operations`` has every op no other packaged module has."""
-    from .ops import OPERATIONS
+    from ..ops.registry import OPERATIONS
 
     own = {name[len("test_"):-len(".py")] for name in os.listdir(_conformance_directory())
            if name.startswith("test_") and name.endswith(".py")}
@@ -157,7 +157,7 @@ def _kernel_module(op: Operation) -> str | None:
 
 
 def _conformance_directory() -> str:
-    from .session import CONFORMANCE_DIRECTORY
+    from ..plugin.session import CONFORMANCE_DIRECTORY
 
     return CONFORMANCE_DIRECTORY
 
@@ -180,8 +180,8 @@ def conformance_tests(op: Operation, implementation: Callable, **settings: Any) 
     ``module:function``), ``examples`` (examples of the value property, instead
     of the Hypothesis profile's; the other properties run a fifth of it).
     """
-    from .conformance_harness import bind_function
-    from .domains import SupportsError
+    from ..ops.domains import SupportsError
+    from .harness import bind_function
 
     unknown = sorted(set(settings) - {"label", "examples"})
     if unknown:

@@ -38,7 +38,7 @@ class AxisRun:
 def axis_runs(info: Any, argument_names: Sequence[tuple[str, ...]] = (),
               result_names: tuple[str, ...] = (),
               argument_shapes: Sequence[tuple[int, ...]] = ()) -> list[AxisRun]:
-    """The grid axes of a described ``pallas_call`` (``_jax_compat.PallasCallInfo``).
+    """The grid axes of a described ``pallas_call`` (``checks.kernel_model.PallasCallInfo``).
 
     ``argument_names``/``argument_shapes`` (the op's core dimensions per argument and the
     shapes drawn) and ``result_names`` name the dimension an axis walks when the

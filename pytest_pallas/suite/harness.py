@@ -18,13 +18,16 @@ import numpy as np
 from hypothesis import note, target
 from hypothesis import strategies as st
 
-from . import _jax_compat, grid_coverage, op_inputs, properties
-from .backend import Backend
-from .compare import bitwise_differences, without_uninitialized_read_hint
-from .domains import Domain, SupportsError, declared_domain
-from .kernel_check import run_on_poisoned_and_zeroed_memory, uninitialized_read_violation
-from .operation import Operation
-from .ops import get_operation, op_names
+from .._compat import jax_internals, pallas_call_hooks
+from ..backend import Backend
+from ..checks import kernel_model
+from ..checks.kernel_check import run_on_poisoned_and_zeroed_memory, uninitialized_read_violation
+from ..compare import bitwise_differences, without_uninitialized_read_hint
+from ..ops import inputs as op_inputs
+from ..ops.domains import Domain, SupportsError, declared_domain
+from ..ops.operation import Operation
+from ..ops.registry import get_operation, op_names
+from . import grid_coverage, properties
 from .report import ConformanceRecorder
 
 
@@ -169,7 +172,7 @@ class Conformance:
                 with pltpu.force_tpu_interpret_mode(True), self._failures_unrecorded():
                     return call()
             except Exception as error:  # the TPU interpreter's verdict follows
-                crash = _jax_compat.interpreter_crash(error)
+                crash = jax_internals.interpreter_crash(error)
                 if crash is not None:
                     self._plain_crashed[op] = crash
                     import warnings
@@ -238,9 +241,9 @@ class Conformance:
     @contextlib.contextmanager
     def _grid_recorded(self, op: str, case: op_inputs.Case):
         """Record the grid axes of every ``pallas_call`` traced inside the block as one example
-        of ``op``; yields the list of ``grid_coverage.AxisRun`` found (filled on exit)."""
+        of ``op``; yields the list of ``suite.grid_coverage.AxisRun`` found (filled on exit)."""
         runs: list[grid_coverage.AxisRun] = []
-        if _GRID_COVERAGE in _jax_compat.features_off():
+        if _GRID_COVERAGE in jax_internals.features_off():
             yield runs
             return
         operation = case.operation
@@ -249,14 +252,14 @@ class Conformance:
         def observer(params: dict[str, Any]) -> None:
             # Never raises: an observer that raises aborts the kernel's trace.
             try:
-                info = _jax_compat.describe_pallas_call(params)
+                info = kernel_model.describe_pallas_call(params)
                 runs.extend(grid_coverage.axis_runs(info, operation.arguments,
                                                     operation.result, shapes))
             except Exception as error:
-                _jax_compat.feature_off(_GRID_COVERAGE, error)
+                jax_internals.feature_off(_GRID_COVERAGE, error)
 
         try:
-            with _jax_compat.observe_pallas_calls(observer):
+            with pallas_call_hooks.observe_pallas_calls(observer):
                 yield runs
         finally:
             unique = list(dict.fromkeys(runs))  # a call retried in the TPU interpreter

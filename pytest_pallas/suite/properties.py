@@ -18,10 +18,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .compare import compare_arrays
-from .op_inputs import Case
-from .operation import DEVICES, resolve_params
-from .strategies import as_dtype
+from ..compare import compare_arrays
+from ..ops.inputs import Case
+from ..ops.operation import DEVICES, resolve_params
+from ..strategies import as_dtype
 
 
 def call_kwargs(case: Case) -> dict[str, Any]:

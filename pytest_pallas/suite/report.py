@@ -128,7 +128,7 @@ class ConformanceRecorder:
                 result.first_failure = message.strip().splitlines()[0][:300] if message else ""
 
     def compiled(self, op: str, verdict: Any) -> None:
-        """Record a ``compile_check.CompileVerdict`` on one of ``op``'s kernels."""
+        """Record a ``checks.compile_check.CompileVerdict`` on one of ``op``'s kernels."""
         record = self.ops.get(op)
         if record is None:
             return  # the op's implementation was not resolved: nothing of it ran
@@ -144,7 +144,7 @@ class ConformanceRecorder:
             result.vmem_limit_bytes = verdict.vmem_limit_bytes
 
     def grid_axes(self, op: str, runs: list[AxisRun]) -> None:
-        """Record the grid axes one example of ``op`` ran (``grid_coverage.axis_runs``)."""
+        """Record the grid axes one example of ``op`` ran (``suite.grid_coverage.axis_runs``)."""
         record = self.ops.get(op)
         if record is not None:
             record.grid_coverage.add(runs)

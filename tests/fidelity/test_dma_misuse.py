@@ -25,15 +25,15 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas import _jax_compat
-from pytest_pallas.kernel_check import kernel_exits_checked
-from pytest_pallas.tpu_checks import (
+from pytest_pallas._compat import jax_internals, pallas_call_hooks, tpu_interpreter
+from pytest_pallas.checks.kernel_check import kernel_exits_checked
+from pytest_pallas.checks.runtime_rules import translate_interpreter_error
+from pytest_pallas.checks.violations import (
     DATA_RACE,
     DMA_NOT_WAITED,
     DMA_OUT_OF_BOUNDS,
     SEMAPHORES,
     TpuRuleViolation,
-    translate_interpreter_error,
 )
 
 pytestmark = pytest.mark.pallas
@@ -96,16 +96,16 @@ def interpret():
 
     @contextlib.contextmanager
     def run(**params):
-        _jax_compat.reset_interpreter_state()
+        tpu_interpreter.reset_interpreter_state()
         try:
             with (
-                _jax_compat.suspend_pallas_call_observers(),
-                _jax_compat.suspend_kernel_exit_recording(),
-                pltpu.force_tpu_interpret_mode(_jax_compat.interpret_params(**params)),
+                pallas_call_hooks.suspend_pallas_call_observers(),
+                tpu_interpreter.suspend_kernel_exit_recording(),
+                pltpu.force_tpu_interpret_mode(jax_internals.interpret_params(**params)),
             ):
                 yield
         finally:
-            _jax_compat.reset_interpreter_state()
+            tpu_interpreter.reset_interpreter_state()
 
     return run
 
@@ -138,7 +138,7 @@ def test_read_before_wait_is_a_race(interpret, mode):
 
 def test_read_before_wait_is_an_uninitialized_read_without_race_detection():
     from pytest_pallas import check_uninitialized_reads
-    from pytest_pallas.tpu_checks import UNINITIALIZED_READ
+    from pytest_pallas.checks.violations import UNINITIALIZED_READ
 
     with pytest.raises(TpuRuleViolation) as caught:
         check_uninitialized_reads(functools.partial(manual_copy, _read_before_wait), X)

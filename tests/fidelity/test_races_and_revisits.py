@@ -22,15 +22,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
-from pytest_pallas import _jax_compat
-from pytest_pallas.kernel_check import CheckOptions, check_kernel, kernel_exits_checked
-from pytest_pallas.tpu_checks import (
+from pytest_pallas._compat import jax_internals, pallas_call_hooks, tpu_interpreter
+from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel, kernel_exits_checked
+from pytest_pallas.checks.runtime_rules import translate_interpreter_error
+from pytest_pallas.checks.violations import (
     DATA_RACE,
     OUT_OF_BOUNDS,
     PARALLEL_RACE,
     REVISIT,
     TpuRuleViolation,
-    translate_interpreter_error,
 )
 
 pytestmark = pytest.mark.pallas
@@ -182,16 +182,16 @@ def interpreter():
 
     @contextlib.contextmanager
     def run(**params):
-        _jax_compat.reset_interpreter_state()
+        tpu_interpreter.reset_interpreter_state()
         try:
             with (
-                _jax_compat.suspend_pallas_call_observers(),
-                _jax_compat.suspend_kernel_exit_recording(),
-                pltpu.force_tpu_interpret_mode(_jax_compat.interpret_params(**params)),
+                pallas_call_hooks.suspend_pallas_call_observers(),
+                tpu_interpreter.suspend_kernel_exit_recording(),
+                pltpu.force_tpu_interpret_mode(jax_internals.interpret_params(**params)),
             ):
                 yield
         finally:
-            _jax_compat.reset_interpreter_state()
+            tpu_interpreter.reset_interpreter_state()
 
     return run
 
@@ -215,7 +215,7 @@ def test_two_simulated_cores_with_race_detection_catch_the_parallel_reduction(in
 
 def test_the_plain_interpreter_computes_the_racy_reduction_right():
     x = _stack(4)
-    with pltpu.force_tpu_interpret_mode(None), _jax_compat.suspend_pallas_call_observers():
+    with pltpu.force_tpu_interpret_mode(None), pallas_call_hooks.suspend_pallas_call_observers():
         out = pl.pallas_call(
             lambda x_ref, o_ref: _accumulate_kernel(x_ref, o_ref, reduction_axis=0),
             out_shape=jax.ShapeDtypeStruct((8, 128), x.dtype),

@@ -13,9 +13,9 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as fa
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
-from pytest_pallas import _jax_compat
-from pytest_pallas.kernel_check import CheckOptions, check_kernel, checking_pallas_calls
-from pytest_pallas.tpu_checks import TILING, TpuRuleViolation
+from pytest_pallas._compat import pallas_call_hooks
+from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel, checking_pallas_calls
+from pytest_pallas.checks.violations import TILING, TpuRuleViolation
 
 pytestmark = pytest.mark.pallas
 
@@ -96,7 +96,7 @@ def test_eight_rows_of_an_8_bit_dtype_pass_mosaic_lowering_but_not_the_compiler(
     assert _verdict(MOSAIC_ONLY, (64, 256), (8, 128), jnp.int8) is None
     assert _verdict(STATIC_ONLY, (64, 256), (8, 128), jnp.int8) == TILING
     assert _verdict(STATIC_ONLY, (64, 256), (16, 128), jnp.int8) == TILING
-    from pytest_pallas import compile_check
+    from pytest_pallas.checks import compile_check
 
     version = compile_check.libtpu_version()
     if version is not None:
@@ -114,7 +114,7 @@ def test_eight_rows_of_an_8_bit_dtype_pass_mosaic_lowering_but_not_the_compiler(
 def test_a_kernel_traced_before_checking_began_is_checked_when_traced_again():
     x = jnp.ones((16, 256), jnp.float32)
     with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()):
-        with _jax_compat.suspend_pallas_call_observers():
+        with pallas_call_hooks.suspend_pallas_call_observers():
             jax.make_jaxpr(lambda x: blocked_copy(x, (4, 128)))(x)
         with checking_pallas_calls(), pytest.raises(TpuRuleViolation, match=TILING):
             jax.make_jaxpr(lambda x: blocked_copy(x, (4, 128)))(x)

@@ -29,7 +29,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas import _jax_compat
+from pytest_pallas._compat import tpu_interpreter
 
 pytestmark = pytest.mark.pallas
 
@@ -66,7 +66,7 @@ def reduce_rows(x, *, combine, initialise, interpret):
 
 def run(mode, x, **kernel):
     """Run ``reduce_rows`` in the "plain" or "tpu" interpreter ("tpu-zero": zeroed memory)."""
-    _jax_compat.reset_interpreter_state()
+    tpu_interpreter.reset_interpreter_state()
     if mode == "plain":
         with pltpu.force_tpu_interpret_mode(None):
             return np.asarray(reduce_rows(x, interpret=True, **kernel))
@@ -130,7 +130,7 @@ def _output_accumulator_kernel(x_ref, o_ref):
 
 @pytest.mark.parametrize("mode", ["plain", "tpu"])
 def test_output_block_initialised_only_once_fails(mode):
-    _jax_compat.reset_interpreter_state()
+    tpu_interpreter.reset_interpreter_state()
     params = None if mode == "plain" else pltpu.InterpretParams()
     with pltpu.force_tpu_interpret_mode(params):
         out = np.asarray(
@@ -153,7 +153,7 @@ def test_output_block_initialised_only_once_fails(mode):
 # --- check_uninitialized_reads: a named rule, whatever the dtype ------------------------------
 
 from pytest_pallas import check_uninitialized_reads  # noqa: E402
-from pytest_pallas.tpu_checks import UNINITIALIZED_READ, TpuRuleViolation  # noqa: E402
+from pytest_pallas.checks.violations import UNINITIALIZED_READ, TpuRuleViolation  # noqa: E402
 
 
 def reducer(**kernel):

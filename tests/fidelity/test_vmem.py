@@ -15,9 +15,11 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as fa
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
-from pytest_pallas import _jax_compat, compile_check
-from pytest_pallas.kernel_check import CheckOptions, check_kernel
-from pytest_pallas.tpu_checks import VMEM, TpuRuleViolation, default_scoped_vmem_bytes, tpu_info_for
+from pytest_pallas._compat import pallas_call_hooks
+from pytest_pallas.checks import compile_check
+from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel
+from pytest_pallas.checks.violations import VMEM, TpuRuleViolation
+from pytest_pallas.checks.vmem_footprint import default_scoped_vmem_bytes, tpu_info_for
 
 pytestmark = pytest.mark.pallas
 
@@ -164,7 +166,7 @@ def test_run_scoped_counts_its_peak_not_its_sum():
 def test_interpret_mode_runs_what_the_chip_rejects():
     x = jnp.ones((2560, 1024), jnp.float32)
     kernel = lambda x: tiled_copy(x, (1280, 1024))  # two steps: 4 x 5 MiB of blocks
-    with _jax_compat.suspend_pallas_call_observers():  # a harness's own static checks
+    with pallas_call_hooks.suspend_pallas_call_observers():  # a harness's own static checks
         np.testing.assert_array_equal(jax.jit(kernel)(x), x)  # no VMEM limit when interpreted
     with pytest.raises(TpuRuleViolation, match="needs at least 20.0 MiB"):
         check_kernel(kernel, x, use_compiler=False)

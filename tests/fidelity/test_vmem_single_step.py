@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 
-from pytest_pallas.kernel_check import CheckOptions, check_kernel
-from pytest_pallas.tpu_checks import VMEM, TpuRuleViolation
+from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel
+from pytest_pallas.checks.violations import VMEM, TpuRuleViolation
 
 STATIC_ONLY = CheckOptions(lower_for_tpu=False)
 

@@ -27,7 +27,7 @@ KERNELS = textwrap.dedent(
     from jax.experimental.pallas import tpu as pltpu
 
     from pytest_pallas import check_kernel
-    from pytest_pallas.tpu_checks import TpuRuleViolation
+    from pytest_pallas.checks.violations import TpuRuleViolation
 
     X = jax.ShapeDtypeStruct((256, 256), jnp.float32)
     Q = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.float32)

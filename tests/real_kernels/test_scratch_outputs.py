@@ -15,8 +15,8 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas.kernel_check import CheckOptions, check_kernel
-from pytest_pallas.tpu_checks import PARALLEL_RACE, TpuRuleViolation
+from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel
+from pytest_pallas.checks.violations import PARALLEL_RACE, TpuRuleViolation
 
 pytestmark = pytest.mark.pallas
 

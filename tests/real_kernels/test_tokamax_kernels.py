@@ -42,9 +42,9 @@ def test_base2_flash_attention_passes_the_offset_sweep_case(op):
     as tokamax's blocks need)."""
     import jax.numpy as jnp
 
-    from pytest_pallas.domains import Domain
-    from pytest_pallas.op_inputs import sweep, sweep_case
-    from pytest_pallas.properties import expected_output
+    from pytest_pallas.ops.domains import Domain
+    from pytest_pallas.ops.inputs import sweep, sweep_case
+    from pytest_pallas.suite.properties import expected_output
 
     from .tokamax_corpus import _ops
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pytest_pallas import assert_allclose
-from pytest_pallas.compile_check import libtpu_version
+from pytest_pallas.checks.compile_check import libtpu_version
 from pytest_pallas.reference_kernels import dma
 
 # With libtpu installed the plugin compiles each kernel for the TPU (--pallas-compile).

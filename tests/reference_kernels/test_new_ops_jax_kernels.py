@@ -39,17 +39,12 @@ from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kern
 from jax.sharding import PartitionSpec as P
 from test_paged_attention import assert_within_allowance as paged_within_allowance
 
-from pytest_pallas import (
-    _jax_compat,
-    check_kernel,
-    conformance_tests,
-    op_inputs,
-    operations,
-    supports,
-)
-from pytest_pallas.domains import declared_domain
-from pytest_pallas.kernel_check import kernel_exits_checked
-from pytest_pallas.tpu_checks import TpuRuleViolation
+from pytest_pallas import check_kernel, conformance_tests, operations, supports
+from pytest_pallas._compat import jax_internals, tpu_interpreter
+from pytest_pallas.checks.kernel_check import kernel_exits_checked
+from pytest_pallas.checks.violations import TpuRuleViolation
+from pytest_pallas.ops import inputs as op_inputs
+from pytest_pallas.ops.domains import declared_domain
 
 pytestmark = pytest.mark.pallas
 
@@ -240,7 +235,7 @@ def test_jax_paged_attention_float32_error_is_the_bfloat16_rounding_of_k_and_v(s
 
 @pytest.fixture
 def _tpu_compiler():
-    from pytest_pallas.compile_check import libtpu_version
+    from pytest_pallas.checks.compile_check import libtpu_version
 
     if libtpu_version() is None:
         pytest.skip("the TPU compiler's verdict needs libtpu: pip install 'pytest-pallas[tpu]'")
@@ -300,13 +295,13 @@ def test_jax_all_gather_forwards_rows_before_they_arrive(device_mesh, devices):
     that have not arrived; memory nobody wrote is NaN. With every DMA completed as soon as it
     is issued, in order, the same kernel is exact and race-free: only the order breaks it."""
     mesh = device_mesh(devices)
-    in_order = _jax_compat.interpret_params(dma_execution_mode="eager", detect_races=True,
+    in_order = jax_internals.interpret_params(dma_execution_mode="eager", detect_races=True,
                                             uninitialized_memory="nan")
     with pltpu.force_tpu_interpret_mode(in_order), kernel_exits_checked():
         out, expected = _all_gather_on(mesh)
     np.testing.assert_array_equal(out, expected)
 
-    completed_on_wait = _jax_compat.interpret_params(uninitialized_memory="nan")
+    completed_on_wait = jax_internals.interpret_params(uninitialized_memory="nan")
     with pltpu.force_tpu_interpret_mode(completed_on_wait):
         out, expected = _all_gather_on(mesh)
     unwritten = np.isnan(out)
@@ -320,10 +315,10 @@ def test_jax_all_gather_on_eight_devices_for_the_race_detector(device_mesh):
     forwards before the copy into it is ordered before the read. The test asks JAX to detect
     races itself, so the verdict is the test's: the plugin judges races only when
     --pallas-detect-races asks it to."""
-    detecting = _jax_compat.interpret_params(detect_races=True, uninitialized_memory="nan")
+    detecting = jax_internals.interpret_params(detect_races=True, uninitialized_memory="nan")
     with pltpu.force_tpu_interpret_mode(detecting):
         _all_gather_on(device_mesh(8))
-    assert _jax_compat.races_found(), "JAX's race detector found no race in all_gather"
+    assert tpu_interpreter.races_found(), "JAX's race detector found no race in all_gather"
 
 
 @pytest.mark.usefixtures("_tpu_interpreter")
@@ -331,7 +326,7 @@ def test_jax_all_gather_with_odd_rows_never_sends_the_last_row(device_mesh):
     """The evidence for its rows % 2 == 0: it sends each block as two halves of rows // 2, so
     with 5 rows the fifth never leaves its device (NaN elsewhere), even with every DMA
     completed in order on 2 devices, where the shared semaphore does no harm."""
-    in_order = _jax_compat.interpret_params(dma_execution_mode="eager",
+    in_order = jax_internals.interpret_params(dma_execution_mode="eager",
                                             uninitialized_memory="nan")
     with pltpu.force_tpu_interpret_mode(in_order):
         out, expected = _all_gather_on(device_mesh(2), rows=5)

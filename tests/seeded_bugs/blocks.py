@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas.domains import supports
+from pytest_pallas.ops.domains import supports
 
 _LANES = 128
 _DEFAULT_CAP = 512  # the reference kernels' largest default block

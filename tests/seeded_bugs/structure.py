@@ -3,7 +3,7 @@
 Each is plain ``jax.numpy`` (a valid implementation of its op), right on every input
 whose structure avoids its bug, and each bug shows on one value of a dimension of the
 op's own sizes or a combination of two, which the sweep's two shapes never take: before
-the sweep's structural cases (``pytest_pallas/structural_sweep.py``), whether the suite
+the sweep's structural cases (``pytest_pallas/ops/structural_sweep.py``), whether the suite
 caught it depended on the seed. The ring walked the wrong way, wrong only on more than
 two devices, is ``kernels.ppermute_wrong_direction``.
 """

@@ -1,0 +1,134 @@
+"""The terminal table of a benchmark session: the results ``PallasBenchmark`` records
+(``RESULTS``), each kernel's time, its ratio to XLA and its fraction of the
+roofline; and what an interrupted run withholds. The fixture imports this module, so
+the plugin finds it loaded exactly when a benchmark ran.
+
+This module imports no JAX: the plugin calls ``terminal_summary`` in every run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .._compat.benchmark_internals import benchmark_session
+
+# What the terminal table reads: one record per benchmark of the session.
+RESULTS = pytest.StashKey[list]()
+
+
+# XLA's CPU code on one thread, as the interpreted kernels mostly run: otherwise the
+# kernel/XLA ratio that the gate judges would change with the runner's core count.
+SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def format_seconds(seconds: float) -> str:
+    """``0.00123`` -> ``"1.23 ms"``."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def format_versus_xla(speedup: float | None) -> str:
+    """``2.0`` -> ``"2.00x faster"``, ``0.25`` -> ``"4.00x slower"``."""
+    if speedup is None:
+        return "-"
+    if speedup >= 1:
+        return f"{speedup:.2f}x faster"
+    return f"{1 / speedup:.3g}x slower"
+
+
+def _bar(fraction: float, width: int = 10) -> str:
+    filled = max(0, min(width, round(fraction * width)))
+    return "#" * filled + "." * (width - filled)
+
+
+def format_roofline(fraction: float | None, bound: str | None) -> str:
+    if fraction is None:
+        return "-"
+    percent = f"{fraction:.1%}" if fraction >= 0.001 else f"{fraction:.1e}"
+    return f"{_bar(fraction)} {percent} ({bound})"
+
+
+def summary_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The rows of the table printed at the end of a benchmark run."""
+    from .benchmark_estimate import estimate_cell, estimate_columns
+
+    estimated = estimate_columns(records)  # chips with the TPU compiler's estimate
+    header = ("kernel", "median", *(f"{chip} est." for chip in estimated), "vs XLA",
+              "fraction of roofline")
+    rows = [(
+        record["name"],
+        format_seconds(record["median"]),
+        *(estimate_cell(record, chip, format_seconds) for chip in estimated),
+        format_versus_xla(record.get("speedup_vs_xla")),
+        format_roofline(record.get("fraction_of_roofline"), record.get("roofline_bound")),
+    ) for record in records]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+             for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    if any(not record.get("roofline_meaningful") for record in records):
+        chips = sorted({str(record.get("chip")) for record in records})
+        lines.append(
+            f"interpreted on the CPU: the roofline is TPU {', '.join(chips)}'s and 'vs XLA' "
+            "compares with XLA's native CPU code; both mean something only with --pallas-tpu. "
+            "Regressions are judged by the ratio to XLA (python -m pytest_pallas.benchmark_gate)."
+        )
+    if estimated:
+        lines.append("'<chip> est.': the TPU compiler's schedule of the kernel for that chip as "
+                     "time (libtpu, no TPU; docs/estimate.md); the gate judges it without noise.")
+    if any(record.get("xla_threads") == "multi-threaded" for record in records):
+        lines.append(
+            "XLA ran multi-threaded: JAX had started before the benchmarks were collected, so "
+            "the ratio to XLA depends on the core count; run them with --benchmark-only, or set "
+            f"XLA_FLAGS='{SINGLE_THREADED_XLA}'.")
+    return lines
+
+
+# Set at the end of a run whose Pallas benchmarks were cut short (Ctrl-C).
+INTERRUPTED = pytest.StashKey[str]()
+
+
+def withhold_interrupted_run(config: pytest.Config, exitstatus: int) -> None:
+    """Keep an interrupted run's benchmarks out of pytest-benchmark's storage.
+
+    ``--benchmark-autosave``/``--benchmark-save`` would store the partial run as
+    the newest one, and ``--benchmark-compare`` (with no run id) then takes it
+    as the baseline. An explicit ``--benchmark-json`` file is still written,
+    marked ``"pallas": {"complete": false}``, which the gate refuses. Runs before
+    pytest-benchmark saves (the plugin's sessionfinish wrapper is tryfirst);
+    only runs that used ``pallas_benchmark`` are touched.
+    """
+    if exitstatus != pytest.ExitCode.INTERRUPTED or not config.stash.get(RESULTS, None):
+        return
+    # pytest-benchmark's session object: its save/autosave options, read when it saves.
+    session = benchmark_session(config)
+    saving = session is not None and (
+        getattr(session, "save", None) or getattr(session, "autosave", None))
+    if not saving:
+        config.stash[INTERRUPTED] = "the run was interrupted"
+        return
+    session.save, session.autosave = None, False
+    config.stash[INTERRUPTED] = (
+        "the run was interrupted: its benchmarks were NOT saved to the benchmark storage, where "
+        "--benchmark-compare would take a partial run for the newest baseline; rerun to save")
+
+
+def mark_completeness(config: pytest.Config, output_json: dict[str, Any]) -> None:
+    """Say in pytest-benchmark's JSON whether the run finished (``benchmark_gate`` checks)."""
+    output_json["pallas"] = {"complete": INTERRUPTED not in config.stash}
+
+
+def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Print the table of this run's Pallas benchmarks, if any ran (called by the plugin)."""
+    records = config.stash.get(RESULTS, None)
+    if not records:
+        return
+    terminalreporter.write_sep("=", "pallas benchmarks")
+    for line in summary_lines(records):
+        terminalreporter.write_line(line)
+    if INTERRUPTED in config.stash:
+        terminalreporter.write_line(f"pallas: {config.stash[INTERRUPTED]}.", yellow=True)

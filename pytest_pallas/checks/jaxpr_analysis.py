@@ -1,0 +1,114 @@
+"""Finding the ``pallas_call``s of a traced program: their params, operand avals and
+meshes, which of their outputs the program uses, whether they communicate, and a
+fingerprint that is equal for two traces of the same kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .._compat import jax_internals
+
+
+def pallas_call_params_in(jaxpr: Any) -> Iterator[dict[str, Any]]:
+    """The params of every ``pallas_call`` equation in a (closed) jaxpr, nested ones included.
+
+    Descends into every sub-jaxpr an equation carries (``jit``/``pjit``,
+    ``closed_call``, ``shard_map``, ``custom_vjp_call``/``custom_jvp_call``,
+    ``cond`` branches, ``scan``/``while`` bodies, ...), but not into a
+    kernel's own body.
+    """
+    inner = getattr(jaxpr, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns"):
+        jaxpr = inner
+    for equation in getattr(jaxpr, "eqns", ()):
+        if equation.primitive is jax_internals.pallas_call_primitive():
+            yield equation.params
+            continue
+        for value in equation.params.values():
+            for sub in _sub_jaxprs(value):
+                yield from pallas_call_params_in(sub)
+
+
+def pallas_call_uses_in(jaxpr: Any) -> Iterator[tuple[dict[str, Any], tuple[bool, ...]]]:
+    """Each ``pallas_call`` of a (closed) jaxpr with which of its outputs the program uses.
+
+    An output counts as used when a later equation reads it or the enclosing
+    jaxpr returns it (so an output handed back out of a nested ``jit`` is
+    used, conservatively). Same traversal as :func:`pallas_call_params_in`.
+    """
+    inner = getattr(jaxpr, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns"):
+        jaxpr = inner
+    equations = list(getattr(jaxpr, "eqns", ()))
+    read = {id(v) for v in getattr(jaxpr, "outvars", ())}
+    for equation in equations:
+        read.update(id(v) for v in equation.invars)
+    for equation in equations:
+        if equation.primitive is jax_internals.pallas_call_primitive():
+            yield equation.params, tuple(id(v) in read for v in equation.outvars)
+            continue
+        for value in equation.params.values():
+            for sub in _sub_jaxprs(value):
+                yield from pallas_call_uses_in(sub)
+
+
+def _sub_jaxprs(value: Any) -> Iterator[Any]:
+    if hasattr(value, "eqns"):
+        yield value
+    elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
+        yield value.jaxpr
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _sub_jaxprs(item)
+
+
+def pallas_call_fingerprint(params: dict[str, Any]) -> str:
+    """Text that is equal for two traces of the same kernel with the same grid and params.
+
+    The kernel jaxpr, grid mapping (block shapes, index maps) and compiler params
+    print without source locations, so a kernel traced again for another example
+    of the same shapes prints the same. The interpreter choice is left out.
+    """
+    return "\n".join(f"{name}={params[name]!r}" if name != "jaxpr" else f"jaxpr={params[name]}"
+                     for name in sorted(params) if name not in ("interpret", "debug"))
+
+
+def pallas_call_communicates(params: dict[str, Any]) -> bool:
+    """Whether a pallas_call's kernel names mesh axes or talks to other devices.
+
+    Mosaic's own test (``MosaicGridMapping.has_communication``): such a kernel
+    lowers only inside ``shard_map``, with the mesh.
+    """
+    names = {"NamedAxisEffect", "CommsEffect"}
+    jaxprs = [params.get("jaxpr")]
+    grid_mapping = params.get("grid_mapping")
+    for mapping in getattr(grid_mapping, "block_mappings", ()):
+        jaxprs.append(getattr(getattr(mapping, "index_map_jaxpr", None), "jaxpr", None))
+    return any(type(effect).__name__ in names
+               for jaxpr in jaxprs for effect in getattr(jaxpr, "effects", ()))
+
+
+def pallas_call_equations_in(
+        jaxpr: Any, mesh_axes: tuple[tuple[str, int], ...] = ()
+) -> Iterator[tuple[dict[str, Any], tuple[Any, ...], tuple[tuple[str, int], ...]]]:
+    """Each ``pallas_call`` of a (closed) jaxpr: its params, operand avals and enclosing mesh.
+
+    As :func:`pallas_call_params_in`, with the abstract values of the call's
+    operands and the axes (name, size) of the ``shard_map`` it sits in, if any.
+    """
+    inner = getattr(jaxpr, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns"):
+        jaxpr = inner
+    for equation in getattr(jaxpr, "eqns", ()):
+        if equation.primitive is jax_internals.pallas_call_primitive():
+            yield equation.params, tuple(v.aval for v in equation.invars), mesh_axes
+            continue
+        axes = mesh_axes
+        mesh = equation.params.get("mesh") if equation.primitive.name == "shard_map" else None
+        if mesh is not None and hasattr(mesh, "axis_names"):
+            axes = tuple((str(n), int(s)) for n, s in zip(mesh.axis_names, mesh.axis_sizes))
+        for value in equation.params.values():
+            for sub in _sub_jaxprs(value):
+                yield from pallas_call_equations_in(sub, axes)

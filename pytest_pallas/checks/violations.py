@@ -1,0 +1,154 @@
+"""The TPU rules' names, and what a broken one reports: ``Violation`` (one rule, one
+kernel, one paragraph), ``TpuRuleViolation`` (the error a test fails with) and
+``KernelReport`` (what the checks found for one pallas_call).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import tiling
+
+if TYPE_CHECKING:
+    from pytest_pallas.checks.kernel_model import BlockOperand
+
+
+TILING = "block-tiling"
+
+
+VMEM = "vmem-footprint"
+
+
+PARALLEL_RACE = "parallel-axis-race"
+
+
+REVISIT = "output-revisit"
+
+
+OUT_OF_BOUNDS = "block-out-of-bounds"
+
+
+DATA_RACE = "data-race"
+
+
+SEMAPHORES = "unbalanced-semaphores"
+
+
+DMA_NOT_WAITED = "dma-not-waited"
+
+
+DMA_OUT_OF_BOUNDS = "out-of-bounds-access"
+
+
+UNINITIALIZED_READ = "uninitialized-read"
+
+
+#: The fix for an uninitialized read, shared by every place that reports one.
+UNINITIALIZED_READ_FIX = (
+    "initialise each accumulator before its first read, at the first step of the reduction "
+    "axis (@pl.when(pl.program_id(axis) == 0)); write every element of each output block; and "
+    "read a DMA's destination only after its .wait()."
+)
+
+
+MIB = 1024 * 1024
+
+
+class TpuRuleViolation(AssertionError):
+    """A kernel breaks a rule the TPU enforces (or relies on) but interpret mode does not.
+
+    ``violations`` holds one :class:`Violation` per rule broken; the message
+    is their paragraphs, the first naming kernel, rule, operand and fix.
+    """
+
+    def __init__(self, violations: Sequence[Violation]):
+        self.violations = tuple(violations)
+        first = self.violations[0]
+        self.kernel = first.kernel
+        self.rule = first.rule
+        self.operand = first.operand
+        self.fix = first.fix
+        super().__init__("\n\n".join(str(v) for v in self.violations))
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    """One rule broken by one kernel, as a one-paragraph explanation."""
+
+    rule: str
+    kernel: str  # the kernel's display title
+    operand: str | None  # "input 0 (args[0], kernel parameter x_ref)", ...
+    problem: str
+    fix: str
+    # For a race on an output: which output (its flat index), so the verdict can
+    # wait for what the program does with that output (settle_output_races).
+    output_index: int | None = None
+
+    def __str__(self) -> str:
+        where = f" {self.operand}:" if self.operand else ""
+        return (
+            f"TPU rule [{self.rule}] broken by kernel {self.kernel}:{where} {self.problem} "
+            f"Fix: {self.fix}"
+        )
+
+
+@dataclasses.dataclass
+class KernelReport:
+    """What the static checks found for one pallas_call."""
+
+    kernel: str
+    grid: tuple[int | None, ...]
+    dimension_semantics: tuple[str, ...]
+    vmem_bytes: int | None = None
+    vmem_limit_bytes: int | None = None
+    vmem_limit_source: str = ""
+    checked: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    violations: list[Violation] = dataclasses.field(default_factory=list)
+    # Each VMEM-blocked output's (array shape, block shape): where a value failure's
+    # mismatches are located (see mismatch.py).
+    output_blocks: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    # Who judged tiling, VMEM and lowering: "static rules", or "TPU compiler (libtpu ...)"
+    # when check_kernel compiled the call (compile_check.CompileVerdict in compile_verdict).
+    judged_by: str = "static rules"
+    compile_verdict: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def describe_operand(op: BlockOperand) -> str:
+    """``input 0 (args[0], kernel parameter x_ref)``."""
+    names = [op.origin]
+    if op.parameter and op.parameter != op.origin:
+        names.append(f"kernel parameter {op.parameter}")
+    return f"{op.role} {op.index} ({', '.join(names)})"
+
+
+def _block_text(op: BlockOperand) -> str:
+    dims = ", ".join("None" if kind == "squeezed" else str(size) for kind, size in op.block_dims)
+    array = ", ".join(str(d) for d in op.array_shape)
+    comma = "," if len(op.block_dims) == 1 else ""
+    return f"block shape ({dims}{comma}) over a {_dtype_name(op.dtype)}[{array}] array"
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(getattr(dtype, "name", dtype))
+
+
+def _bits(dtype: Any) -> int | None:
+    return tiling.bits_of(dtype)
+
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:.1f} MiB" if n >= MIB / 10 else f"{n / 1024:.1f} KiB"
+
+
+def raise_for(reports: Iterable[KernelReport]) -> None:
+    """Raise one :class:`TpuRuleViolation` carrying every violation in ``reports``, if any."""
+    violations = [v for report in reports for v in report.violations]
+    if violations:
+        raise TpuRuleViolation(violations)
