@@ -107,18 +107,21 @@ class ConformanceRecorder:
         self.ops.setdefault(op, OpRecord(implementation, restrictions, restrictions_text))
 
     def row(self, implementation: Any) -> str:
-        """The row of ``implementation`` (a ``suite.harness.Implementation``), registered the
-        first time the recorder meets it: the op's name, or ``"op (label)"`` for a second
-        implementation of the same op in one run (two ``conformance_tests`` classes)."""
+        """The row of ``implementation`` (a ``suite.harness.Implementation``): the op's name,
+        or ``"op (label)"`` for a second implementation of the same op in one run (two
+        ``conformance_tests`` classes). Registered when the recorder first meets it, and
+        again only after a ``take`` emptied the recorder (a pytest-xdist worker's, per test).
+        """
         key = self._rows.get(implementation)
         if key is None:
             key = implementation.operation.name
             known = self.ops.get(key)
             if known is not None and known.implementation != implementation.label:
                 key = f"{key} ({implementation.label})"
+            self._rows[implementation] = key
+        if key not in self.ops:
             domain = implementation.domain
             self.register(key, implementation.label, domain.as_dict(), domain.describe())
-            self._rows[implementation] = key
         return key
 
     def property(self, op: str, name: str) -> PropertyResult:
