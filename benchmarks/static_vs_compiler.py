@@ -62,7 +62,7 @@ def _sweep_entries(source: str, op: str, function) -> list[tuple[str, object, tu
     domain = declared_domain(function)
     entries = []
     for index in range(16):
-        case = sweep_case(op, domain, index)
+        case = sweep_case(get_operation(op), domain, index)
         if case is None:
             break
         label = f"{source} {op} {case.dims} {case.dtype}"

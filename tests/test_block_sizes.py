@@ -57,7 +57,7 @@ def test_every_sweep_case_splits_each_blocked_dimension_past_a_tile_into_several
 def test_a_kernel_that_needs_dividing_blocks_gets_them():
     domain = supports(blocks={"block_k": "k"}, ragged_blocks=False)(lambda x, y: x)
     domain = declared_domain(domain)
-    choices = op_inputs.block_choices("matmul", domain, {"m": 8, "k": 384, "n": 128},
+    choices = op_inputs.block_choices(operations.matmul, domain, {"m": 8, "k": 384, "n": 128},
                                       "float32")
     assert all(size is None or 384 % size == 0 for size in choices["block_k"])
     assert choices["block_k"][0] == 128  # 384 = 3 x 128: no two-block split divides it

@@ -173,6 +173,7 @@ def test_plain_xla_activations_pass_and_a_wrong_activation_fails(activation):
     float32 (a -4 pre-activation made plain XLA's gelu fail it by 1.27x), and no more."""
     import jax
 
+    from pytest_pallas import operations
     from pytest_pallas.ops.inputs import Case
     from pytest_pallas.ops.operation import Deferred
     from pytest_pallas.suite.properties import expected_output, judge_value
@@ -182,7 +183,8 @@ def test_plain_xla_activations_pass_and_a_wrong_activation_fails(activation):
     for x, y in [(rng.integers(-2, 3, (24, 1)), rng.integers(0, 3, (1, 100))),
                  (rng.normal(size=(40, 128)) * 3, rng.normal(size=(128, 200)))]:
         x, y = x.astype(np.float32), y.astype(np.float32)
-        case = Case("matmul_activation", {"m": x.shape[0], "k": x.shape[1], "n": y.shape[1]},
+        case = Case(operations.matmul_activation,
+                    {"m": x.shape[0], "k": x.shape[1], "n": y.shape[1]},
                     "float32", "ties", 0, (x, y), {"activation": Deferred(f"jax.nn:{activation}")})
         expected = expected_output(case)
         z = jax.numpy.dot(x, y, precision="highest")

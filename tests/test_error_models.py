@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from seeded_bugs import kernels as wrong
 
-from pytest_pallas import assert_allclose, error_models
+from pytest_pallas import assert_allclose, error_models, operations
 from pytest_pallas.ops import registry
 from pytest_pallas.ops.domains import Domain
 from pytest_pallas.ops.inputs import sweep, sweep_case
@@ -69,18 +69,18 @@ def test_unknown_op_and_missing_inputs_are_one_line_usage_errors():
 
 
 def test_suite_and_public_function_give_the_same_allowance():
-    case = sweep_case("attention", Domain(), 0)
+    case = sweep_case(operations.attention, Domain(), 0)
     public, _ = error_models.attention_allowance(*case.args)
     suite, _ = registry.op_allowance("attention", case.args)
     assert public == suite > 0
 
 
-ATTENTION_SWEEP = range(len(sweep("attention")))
+ATTENTION_SWEEP = range(len(sweep(operations.attention)))
 
 
 @pytest.mark.parametrize("index", ATTENTION_SWEEP)
 def test_exp2_attention_passes_every_sweep_case(index):
-    case = sweep_case("attention", Domain(), index)
+    case = sweep_case(operations.attention, Domain(), index)
     verdicts, worst, message = judge_value(case, attention_exp2(*case.args),
                                            expected_output(case), matmul_precision="float32")
     assert all(verdicts.values()), message
@@ -92,7 +92,7 @@ def test_exp2_attention_passes_every_sweep_case(index):
 def test_wrong_attention_kernels_still_fail_the_sweep(kernel):
     failed = []
     for index in ATTENTION_SWEEP:
-        case = sweep_case("attention", Domain(), index)
+        case = sweep_case(operations.attention, Domain(), index)
         verdicts, worst, _ = judge_value(case, kernel(*case.args), expected_output(case),
                                          matmul_precision="float32")
         failed.append(not all(verdicts.values()))

@@ -29,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas import assert_allclose
+from pytest_pallas import assert_allclose, operations
 from pytest_pallas.ops.domains import Domain
 from pytest_pallas.ops.inputs import sweep, sweep_case
 from pytest_pallas.suite.properties import expected_output
@@ -100,8 +100,9 @@ def for_op(op: str, **mistakes):
 
 
 def _offset_case(op: str, dtype: str = "float32"):
-    index = sweep(op, TOKAMAX_SHAPES).index((dtype, "offset"))
-    return sweep_case(op, TOKAMAX_SHAPES, index)
+    operation = getattr(operations, op)
+    index = sweep(operation, TOKAMAX_SHAPES).index((dtype, "offset"))
+    return sweep_case(operation, TOKAMAX_SHAPES, index)
 
 
 def _softmax64_of(logits2, v):
@@ -153,8 +154,8 @@ def test_base2_attention_error_is_the_rounding_of_its_logits():
 def test_wrong_base2_kernels_fail_the_sweep(mistake):
     kernel = for_op("attention", **mistake)
     failed = []
-    for index in range(len(sweep("attention", TOKAMAX_SHAPES))):
-        case = sweep_case("attention", TOKAMAX_SHAPES, index)
+    for index in range(len(sweep(operations.attention, TOKAMAX_SHAPES))):
+        case = sweep_case(operations.attention, TOKAMAX_SHAPES, index)
         try:
             assert_allclose(kernel(*case.args), expected_output(case),
                             reduction_length=case.args[1].shape[0], op="attention",

@@ -92,7 +92,7 @@ def test_an_axis_never_run_with_several_steps_is_named_and_merged_across_workers
 def test_the_sweep_has_a_ragged_multi_tile_and_a_whole_multi_tile_size_on_every_tiled_dimension(
         op):
     operation = get_operation(op)
-    cases = [op_inputs.sweep_case(op, Domain(), index) for index in range(2)]
+    cases = [op_inputs.sweep_case(operation, Domain(), index) for index in range(2)]
     if operation.is_elementwise:
         kinds = {"second_minor": 0, "minor": 1}
         sizes = {kind: {case.dims["shape"][axis] for case in cases}
@@ -157,11 +157,12 @@ def test_coverage_never_fails_a_kernel_when_the_grid_cannot_be_read(monkeypatch)
     monkeypatch.setattr(kernel_model, "describe_pallas_call", unreadable)
     monkeypatch.setattr(jax_internals, "_features_off", {})
     recorder = ConformanceRecorder()
-    conformance = harness.Conformance({}, backend=None, recorder=recorder)
-    recorder.register("add", "mine", {}, "none")
-    case = op_inputs.sweep_case("add", Domain(), 0)
+    add = get_operation("add")
+    conformance = harness.Conformance(harness.bind_function(add, _tiled_copy, "mine"),
+                                      backend=None, recorder=recorder)
+    case = op_inputs.sweep_case(add, Domain(), 0)
     with pytest.warns(jax_internals.JaxFeatureOff, match="grid coverage"):
-        with conformance._grid_recorded("add", case) as runs:
+        with conformance._grid_recorded(case) as runs:
             result = _tiled_copy(np.zeros((16, 128), np.float32))
     assert runs == [] and result.shape == (16, 128)
     assert recorder.coverage_lines() == []

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pytest_pallas.ops import inputs as op_inputs
 from pytest_pallas.ops.domains import Domain
-from pytest_pallas.ops.registry import OP_NAMES
+from pytest_pallas.ops.registry import OP_NAMES, get_operation
 
 BUDGET = op_inputs.EXAMPLE_BUDGET_BYTES
 
@@ -34,7 +34,7 @@ def test_drawn_examples_stay_in_the_budget_and_honour_the_restriction(op, domain
     @settings(max_examples=25, database=None, deadline=None)
     @given(st.data())
     def draw(data):
-        case = data.draw(op_inputs.cases(op, domain))
+        case = data.draw(op_inputs.cases(get_operation(op), domain))
         assert _bytes(case) <= BUDGET, case
         sizes = case.dims["shape"] if op == "add" else [case.dims[d] for d in domain.multiple_of]
         multiples = ([domain.multiple_of["shape"]] * len(sizes) if op == "add"
@@ -47,11 +47,12 @@ def test_drawn_examples_stay_in_the_budget_and_honour_the_restriction(op, domain
 @pytest.mark.parametrize("op", OP_NAMES)
 def test_sweep_cases_stay_in_the_budget(op):
     index = 0
-    while (case := op_inputs.sweep_case(op, Domain(), index)) is not None:
+    while (case := op_inputs.sweep_case(get_operation(op), Domain(), index)) is not None:
         assert _bytes(case) <= BUDGET
         index += 1
 
 
 def test_a_restriction_with_no_example_in_the_budget_is_an_error_naming_it():
     with pytest.raises(ValueError, match=r"over the suite's budget of 16 MiB per example"):
-        op_inputs.sweep_case("matmul", Domain(multiple_of={"m": 4096, "k": 4096, "n": 4096}), 0)
+        op_inputs.sweep_case(get_operation("matmul"),
+                             Domain(multiple_of={"m": 4096, "k": 4096, "n": 4096}), 0)

@@ -12,6 +12,7 @@ import ml_dtypes
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
+from pytest_pallas import operations
 from pytest_pallas.ops.inputs import Case
 from pytest_pallas.reference_kernels import norms
 from pytest_pallas.suite.properties import judge_against_oracle
@@ -20,7 +21,7 @@ from pytest_pallas.suite.properties import judge_against_oracle
 def _subnormal_case():
     x = np.array([[2.8e-40]], dtype=ml_dtypes.bfloat16)
     w = np.array([1.0], dtype=ml_dtypes.bfloat16)
-    return Case("rms_norm", {"rows": 1, "cols": 1}, "bfloat16", "small", 0, (x, w),
+    return Case(operations.rms_norm, {"rows": 1, "cols": 1}, "bfloat16", "small", 0, (x, w),
                 {"eps": 1e-6})
 
 

@@ -16,8 +16,9 @@ from pytest_pallas.ops.registry import OP_NAMES, get_operation
 
 @pytest.mark.parametrize("op", OP_NAMES)
 def test_the_sweep_tries_every_profile_and_every_dtype(op):
+    op = get_operation(op)
     pairs = op_inputs.sweep(op)
-    dtypes = get_operation(op).dtypes
+    dtypes = op.dtypes
     first = {profile for dtype, profile in pairs if dtype == dtypes[0]}
     assert first == set(op_inputs._profiles_for(op, dtypes[0])) - {"normal"}
     stressed = {dtype for dtype, _ in pairs}
@@ -29,7 +30,7 @@ def test_the_sweep_tries_every_profile_and_every_dtype(op):
 
 @pytest.mark.parametrize("op", OP_NAMES)
 def test_sweep_cases_are_inside_the_op_domain_and_the_users(op):
-    operation = get_operation(op)
+    operation = op = get_operation(op)
     dimensions = list(operation.dimensions)
     restricted = Domain(dtypes=operation.dtypes[-1:],
                         max_size={} if operation.is_elementwise else {dimensions[-1]: 8})

@@ -30,9 +30,13 @@ Importing this module is cheap (no JAX): every callable is named by a
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
-from .operation import FLOAT_DTYPES, Deferred, Operation
+import numpy as np
+
+from .operation import FLOAT_DTYPES, Deferred, Operation, load
 
 _KERNELS = "pytest_pallas.reference_kernels"
 _XLA = "pytest_pallas.ops.xla_versions"
@@ -112,6 +116,149 @@ def ppermute_oracle(x: Any, *, shift: int, devices: int) -> Any:
     return np.concatenate(list(ppermute_reference(blocks, shift)), axis=0)
 
 
+# --- the version 0.2 ops' facts in a record's terms -------------------------------------------
+#
+# Their kernel modules (``reference_kernels/flash_attention.py`` and its siblings) state each
+# op's oracle, allowance and input structure in the op's own terms (per-device blocks, keyword
+# arguments, a NumPy Generator). A record needs them in the suite's terms: an oracle of the
+# global arrays, an allowance of a ``Case``, an inputs builder that leaves the values to the
+# drawn value profile, and a ``constrain`` that ties dimensions and parameters together. These
+# are those adapters, one small function each, next to the records that name them.
+
+# --- ties between dimensions and parameters (``Operation.constrain``) ------------------------
+
+# flash_attention's sm_scale values: 1 and this marker, which becomes 1/sqrt(d) for the drawn d.
+INVERSE_SQRT_D = "1/sqrt(d)"
+
+
+def _largest_divisor_up_to(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is at most ``limit`` (1 always qualifies)."""
+    return max(divisor for divisor in range(1, max(1, min(limit, n)) + 1) if n % divisor == 0)
+
+
+def flash_attention_constrain(dims: dict[str, Any], params: dict[str, Any]
+                              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """g divides h (the drawn g becomes h's largest divisor not above it: g = h MHA, 1 < g < h
+    GQA, g = 1 MQA); s = t under the causal mask (both the shorter one, so the masked
+    square is a prefix of what was drawn); sm_scale 1/sqrt(d) for the drawn d."""
+    dims, params = dict(dims), dict(params)
+    dims["g"] = _largest_divisor_up_to(int(dims["h"]), int(dims["g"]))
+    if params.get("causal"):
+        dims["s"] = dims["t"] = min(int(dims["s"]), int(dims["t"]))
+    if params.get("sm_scale") == INVERSE_SQRT_D:
+        params["sm_scale"] = 1.0 / math.sqrt(int(dims["d"]))
+    return dims, params
+
+
+def grouped_heads_constrain(dims: dict[str, Any], params: dict[str, Any]
+                            ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """g divides h (paged attention's kv heads), as for flash attention."""
+    dims = dict(dims)
+    dims["g"] = _largest_divisor_up_to(int(dims["h"]), int(dims["g"]))
+    return dims, dict(params)
+
+
+# --- inputs: the structure from the kernel module's builder, the values from the profile -----
+
+
+def _structure_only(module: str, builder: str, keep: tuple[int, ...]) -> Callable:
+    def inputs(dims: dict[str, Any], dtype: str, rng: np.random.Generator) -> tuple[Any, ...]:
+        built = load(f"{_KERNELS}.{module}:{builder}")(dims, dtype, rng)
+        return tuple(arg if i in keep else None for i, arg in enumerate(built))
+
+    inputs.__doc__ = (f"The structured arguments {keep} of ``{module}.{builder}``; the others "
+                      "(None) are drawn by the value profile.")
+    return inputs
+
+
+# group_sizes (int32, summing to m: zeros, one group holding every row, ragged cuts).
+grouped_matmul_inputs = _structure_only("grouped_matmul", "grouped_matmul_inputs", (2,))
+# w int8 over its whole range and scales from 1e-4 to 1e2; x from the profile.
+quantized_matmul_inputs = _structure_only("quantized_matmul", "quantized_matmul_inputs", (1, 2))
+# lengths 1, a page boundary, one past it and the capacity; shuffled page tables.
+paged_attention_inputs = _structure_only("paged_attention", "paged_attention_inputs", (3, 4))
+
+
+# --- their allowances ----------------------------------------------------------------------------
+
+
+def _logit_precision(case: Any, backend_precision: str) -> tuple[str, float]:
+    """The precision logits are rounded in, and its epsilon relative to float32's.
+
+    bfloat16 inputs multiply exactly into float32 sums; only float32 inputs on
+    a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
+    """
+    from ..dtypes import epsilon
+
+    accumulator = ("bfloat16" if backend_precision == "bfloat16" and case.dtype == "float32"
+                   else "float32")
+    return accumulator, epsilon(accumulator) / epsilon("float32")
+
+
+def flash_attention_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
+    """``flash_attention_error_allowance`` (float32 logits; derived in the kernel module),
+    scaled to the precision the logits are rounded in."""
+    allowance = load(f"{_KERNELS}.flash_attention:flash_attention_error_allowance")
+    accumulator, factor = _logit_precision(case, backend_precision)
+    q, k, v = (np.asarray(a, np.float64) for a in case.args)
+    extra = factor * allowance(q, k, v, causal=case.kwargs["causal"],
+                               sm_scale=case.kwargs["sm_scale"])
+    return extra, f"logits rounded in {accumulator} add {extra:.3g}"
+
+
+def paged_attention_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
+    """``paged_attention_error_allowance`` (float32 logits over each sequence's visible keys),
+    scaled to the precision the logits are rounded in."""
+    allowance = load(f"{_KERNELS}.paged_attention:paged_attention_error_allowance")
+    accumulator, factor = _logit_precision(case, backend_precision)
+    q, k_pages, v_pages, lengths, page_indices = case.args
+    extra = factor * allowance(np.asarray(q, np.float64), np.asarray(k_pages, np.float64),
+                               np.asarray(v_pages, np.float64), lengths, page_indices)
+    return extra, f"logits rounded in {accumulator} add {extra:.3g}"
+
+
+def reduce_scatter_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
+    """``reduce_scatter_error_allowance``: partial sums travelling in x's dtype round n - 1
+    times (derived in the kernel module)."""
+    del backend_precision
+    allowance = load(f"{_KERNELS}.collectives:reduce_scatter_error_allowance")
+    devices = int(case.dims["devices"])
+    extra = allowance(np.split(np.asarray(case.args[0]), devices, axis=0))
+    return extra, (f"{devices - 1} roundings of partial sums in {case.dtype} add {extra:.3g}"
+                   if extra else "")
+
+
+# --- collectives: shapes and oracles of the global arrays ---------------------------------------
+
+
+def all_gather_shapes(dims: dict[str, Any]) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    """x: n blocks (rows, cols); the result: every device's (n * rows, cols), n times."""
+    n, rows, cols = int(dims["devices"]), int(dims["rows"]), int(dims["cols"])
+    return [(n * rows, cols)], (n * n * rows, cols)
+
+
+def all_gather_oracle(x: Any, *, devices: int) -> Any:
+    """The global result: every device returns all blocks in mesh order."""
+    from ..reference_kernels.collectives import all_gather_reference
+
+    gathered = all_gather_reference(np.split(x, devices, axis=0))
+    return np.concatenate([gathered] * devices, axis=0)
+
+
+def reduce_scatter_shapes(dims: dict[str, Any]) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    """x: each of n devices holds (n * rows, cols); the result: device i's rows block i."""
+    n, rows, cols = int(dims["devices"]), int(dims["rows"]), int(dims["cols"])
+    return [(n * n * rows, cols)], (n * rows, cols)
+
+
+def reduce_scatter_oracle(x: Any, *, devices: int) -> Any:
+    """The global result: rows block i of the sum of the devices' x, stacked over i."""
+    from ..reference_kernels.collectives import reduce_scatter_reference
+
+    scattered = reduce_scatter_reference(np.split(x, devices, axis=0))
+    return scattered.reshape(-1, *scattered.shape[2:])
+
+
 # --- the records ------------------------------------------------------------------------------
 
 # Attention draws large logits as "offset" rather than "large": a correct kernel's softmax
@@ -160,10 +307,9 @@ ppermute = _builtin("ppermute", "(rows,cols)->(rows,cols)", "collectives",
 # --- the ops added in version 0.2 (CONTRACT.md section 2) -------------------------------------
 #
 # Their kernel modules state the oracles, cost models, input structure and derived allowances;
-# pytest_pallas/ops/facts.py adapts them to a record's terms. Sizes are small (each distinct
+# the adapters above put them in a record's terms. Sizes are small (each distinct
 # shape is a compilation and each grid step an interpreted step): buckets of two or three sizes
 # that still reach every code path (one block and several, ragged sizes, a size of 1).
-_FACTS = "pytest_pallas.ops.facts"
 
 flash_attention = _builtin(
     "flash_attention", "(b,h,s,d),(b,g,t,d),(b,g,t,d)->(b,h,s,d)", "flash_attention",
@@ -173,14 +319,14 @@ flash_attention = _builtin(
     # is a size either could draw.
     sizes={"b": (1, 2), "h": (1, 2, 4), "g": (1, 2, 4), "s": (1, 100, 256), "t": (1, 100, 256),
            "d": _HEAD},
-    # sm_scale "1/sqrt(d)" is 1 / sqrt(the drawn d) (op_facts.flash_attention_constrain).
+    # sm_scale "1/sqrt(d)" is 1 / sqrt(the drawn d) (flash_attention_constrain above).
     params={"causal": (False, True), "sm_scale": (1.0, "1/sqrt(d)")},
-    constrain=f"{_FACTS}:flash_attention_constrain",
+    constrain=f"{_HERE}:flash_attention_constrain",
     # Every (h, g) that divides (MHA, GQA with 1 < g < h, MQA) and causal with each s (s = t
     # under the mask; s != t without it) in the sweep, whatever the seed.
     sweep_pairs=(("h", "g"), ("causal", "s")),
     reduction="t", profiles=("normal", "ties", "small", "offset"),
-    allowance=f"{_FACTS}:flash_attention_allowance", low_precision_matmul=True,
+    allowance=f"{_HERE}:flash_attention_allowance", low_precision_matmul=True,
     profile_adjustments={"offset": f"{_HERE}:offset_logits"},
 )
 rms_norm = _builtin("rms_norm", "(rows,cols),(cols)->(rows,cols)", "norms", reduction="cols",
@@ -190,12 +336,12 @@ grouped_matmul = _builtin(
     dimensions=("m", "k", "n", "g"), reduction="k",
     # g: one group, a few, and more groups than an m of 5 has rows (empty groups for sure).
     sizes={"g": (1, 3, 8)}, arg_dtypes={2: "int32"},
-    inputs=f"{_FACTS}:grouped_matmul_inputs",
+    inputs=f"{_HERE}:grouped_matmul_inputs",
     vmap=False,  # group_sizes perturbed per batch slice would no longer sum to m
 )
 quantized_matmul = _builtin(
     "quantized_matmul", "(m,k),(k,n),(n)->(m,n)", "quantized_matmul", reduction="k",
-    arg_dtypes={1: "int8", 2: "float32"}, inputs=f"{_FACTS}:quantized_matmul_inputs",
+    arg_dtypes={1: "int8", 2: "float32"}, inputs=f"{_HERE}:quantized_matmul_inputs",
 )
 paged_attention = _builtin(
     "paged_attention",
@@ -208,13 +354,13 @@ paged_attention = _builtin(
     # one more pair of interpreted DMAs per (sequence, kv head).
     sizes={"b": (1, 4), "h": (2, 4), "g": (1, 2), "d": _HEAD, "pages": (3, 8),
            "page_size": (8, 16), "pages_per_sequence": (1, 2)},
-    constrain=f"{_FACTS}:grouped_heads_constrain",
+    constrain=f"{_HERE}:grouped_heads_constrain",
     sweep_pairs=(("page_size", "pages_per_sequence"), ("h", "g")),
     reduction=("pages_per_sequence", "page_size"),
     profiles=("normal", "ties", "small", "offset"),
-    allowance=f"{_FACTS}:paged_attention_allowance", low_precision_matmul=True,
+    allowance=f"{_HERE}:paged_attention_allowance", low_precision_matmul=True,
     profile_adjustments={"offset": f"{_HERE}:offset_logits"},
-    arg_dtypes={3: "int32", 4: "int32"}, inputs=f"{_FACTS}:paged_attention_inputs",
+    arg_dtypes={3: "int32", 4: "int32"}, inputs=f"{_HERE}:paged_attention_inputs",
     vmap=False,  # lengths and page tables perturbed per batch slice leave their ranges
 )
 # The collectives' blocks stay at most 8 x 200 (6.4 KB): on 8 simulated devices a block of
@@ -224,14 +370,14 @@ paged_attention = _builtin(
 _SMALL_BLOCKS = {"rows": (1, 5, 8), "cols": (1, 128, 200)}
 
 all_gather = _builtin("all_gather", "(rows,cols)->(rows,cols)", "collectives",
-                      oracle=f"{_FACTS}:all_gather_oracle", shapes=f"{_FACTS}:all_gather_shapes",
+                      oracle=f"{_HERE}:all_gather_oracle", shapes=f"{_HERE}:all_gather_shapes",
                       dtypes=FLOAT_DTYPES + ("int32",), exact=True, collective="axis_name",
                       sizes=_SMALL_BLOCKS, vmap=False, needs_tpu_interpreter=True)
 reduce_scatter = _builtin("reduce_scatter", "(rows,cols)->(rows,cols)", "collectives",
-                          oracle=f"{_FACTS}:reduce_scatter_oracle",
-                          shapes=f"{_FACTS}:reduce_scatter_shapes",
+                          oracle=f"{_HERE}:reduce_scatter_oracle",
+                          shapes=f"{_HERE}:reduce_scatter_shapes",
                           dtypes=FLOAT_DTYPES + ("int32",), collective="axis_name",
-                          reduction="devices", allowance=f"{_FACTS}:reduce_scatter_allowance",
+                          reduction="devices", allowance=f"{_HERE}:reduce_scatter_allowance",
                           sizes=_SMALL_BLOCKS, vmap=False, needs_tpu_interpreter=True)
 
 BUILT_IN: tuple[Operation, ...] = (

@@ -11,7 +11,8 @@ by hand.
 Distinct compilations per op are bounded by the product of the bucket sizes
 of its dimensions times its dtypes and parameter values (``compilation_bound``).
 
-Every function takes the op as an ``Operation`` or as the name of a registered one.
+Every function takes the op's ``Operation`` record itself: the suite hands the record
+down from its door, and nothing here looks an op up by its name.
 """
 
 from __future__ import annotations
@@ -35,14 +36,6 @@ _EXTRA_BUCKETS = {
 _INTEGER_PROFILES = ("normal", "large", "ties", "extremes")
 
 
-def _operation(op: Operation | str) -> Operation:
-    if isinstance(op, Operation):
-        return op
-    from .registry import get_operation
-
-    return get_operation(op)
-
-
 def bucket(kind: str) -> tuple[int, ...]:
     return _EXTRA_BUCKETS.get(kind) or strategies.SIZE_BUCKETS[kind]
 
@@ -60,11 +53,11 @@ class Case:
     as one line (``__repr__``).
     """
 
-    def __init__(self, op: Operation | str, dims: dict[str, Any], dtype: str, profile: str,
+    def __init__(self, op: Operation, dims: dict[str, Any], dtype: str, profile: str,
                  seed: int, args: tuple[np.ndarray, ...],
                  kwargs: dict[str, Any] | None = None,
                  blocks: dict[str, int] | None = None) -> None:
-        self.operation = _operation(op)
+        self.operation = op
         self.dims, self.dtype, self.profile, self.seed = dims, dtype, profile, seed
         self.args = args
         self.kwargs = dict(kwargs or {})
@@ -125,7 +118,7 @@ def _dtypes_for(op: Operation, domain: Domain) -> tuple[str, ...]:
 EXAMPLE_BUDGET_BYTES = 16 * 2**20
 
 
-def fit_size_budget(op: Operation | str, candidates: dict[str, tuple[int, ...]],
+def fit_size_budget(op: Operation, candidates: dict[str, tuple[int, ...]],
                     budget_bytes: int = EXAMPLE_BUDGET_BYTES) -> dict[str, tuple[int, ...]]:
     """``candidates`` (sizes each dimension may take) without the sizes that let an example
     of ``op`` go over ``budget_bytes``: the largest size of the dimension with the largest
@@ -133,7 +126,6 @@ def fit_size_budget(op: Operation | str, candidates: dict[str, tuple[int, ...]],
 
     For an elementwise op the dimensions are its axes by position (``"shape0"``, ...).
     """
-    op = _operation(op)
     sizes = {dim: tuple(sorted(values)) for dim, values in candidates.items()}
 
     def largest_bytes() -> int:
@@ -185,15 +177,7 @@ def _budgeted_sizes(op: Operation, domain: Domain) -> dict[str, tuple[int, ...]]
     return fit_size_budget(op, {dim: _sizes_for(op, dim, domain) for dim in op.dimensions})
 
 
-def _values(shape, dtype: str, profile: str, seed: int) -> np.ndarray:
-    if profile not in strategies.VALUE_PROFILES + ("neg_inf",):
-        # An op's own profile (attention's "offset"): integer values, adjusted afterwards.
-        return strategies.generate_values(shape, dtype, seed=seed, profile="ties")
-    return strategies.generate_values(shape, dtype, seed=seed, profile=profile)
-
-
-def _profiles_for(op: Operation | str, dtype: str) -> list[str]:
-    op = _operation(op)
+def _profiles_for(op: Operation, dtype: str) -> list[str]:
     integer = np.issubdtype(strategies.as_dtype(dtype), np.integer)
     return [p for p in op.profiles if not integer or p in _INTEGER_PROFILES]
 
@@ -204,9 +188,8 @@ _ELEMENTWISE_KINDS = {1: ("minor",), 2: ("second_minor", "minor"),
 
 
 @st.composite
-def cases(draw, op: Operation | str, domain: Domain = Domain()) -> Case:
+def cases(draw, op: Operation, domain: Domain = Domain()) -> Case:
     """Inputs of ``op`` inside ``domain``, covering the whole contract domain by default."""
-    op = _operation(op)
     dtype = draw(st.sampled_from(_dtypes_for(op, domain)))
     profile = draw(st.sampled_from(_profiles_for(op, dtype)))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -265,11 +248,10 @@ def _two_step_block(size: int, multiple: int, ragged: bool) -> int | None:
     return block if block < size else None
 
 
-def block_choices(op: Operation | str, domain: Domain, dims: dict[str, Any],
+def block_choices(op: Operation, domain: Domain, dims: dict[str, Any],
                   dtype: str) -> dict[str, tuple[int | None, ...]]:
     """Per declared block keyword, the blocks an example may take: the two-step block first
     (the sweep's), then the smallest legal one, then None (the implementation's default)."""
-    op = _operation(op)
     choices: dict[str, tuple[int | None, ...]] = {}
     for keyword, (dim, declared) in domain.blocks.items():
         size = dims.get(dim)
@@ -283,35 +265,10 @@ def block_choices(op: Operation | str, domain: Domain, dims: dict[str, Any],
     return choices
 
 
-def build_arguments(op: Operation, dims: dict[str, Any], dtype: str, profile: str,
-                    seed: int) -> tuple[np.ndarray, ...]:
-    """The arguments of ``op`` for these sizes, dtype, value profile and seed."""
-    shapes = op.argument_shapes(dims)
-    built: tuple[Any, ...] = (None,) * len(shapes)
-    builder = op.load_inputs()
-    if builder is not None:
-        built = tuple(builder(dict(dims), dtype, np.random.default_rng(seed)))
-        if len(built) != len(shapes):
-            raise ValueError(f"the inputs builder of {op.name} returned {len(built)} arguments; "
-                             f"its signature {op.signature!r} has {len(shapes)}")
-    args = tuple(
-        np.asarray(given) if given is not None
-        else _values(shape, op.arg_dtypes.get(i, dtype), profile, seed + i)
-        for i, (shape, given) in enumerate(zip(shapes, built))
-    )
-    adjust = op.profile_adjustments.get(profile)
-    if adjust is not None:
-        from .operation import load
-
-        args = tuple(load(adjust)(args))
-    return args
-
-
-def make_case(op: Operation | str, dims: dict[str, Any], dtype: str, profile: str, seed: int,
+def make_case(op: Operation, dims: dict[str, Any], dtype: str, profile: str, seed: int,
               kwargs: dict[str, Any]) -> Case:
-    op = _operation(op)
     dims, kwargs = op.constrained(dims, kwargs)
-    args = build_arguments(op, dims, dtype, profile, seed)
+    args = op.build_arguments(dims, dtype, profile, seed)
     return Case(op, dims=dims, dtype=dtype, profile=profile, seed=seed, args=args, kwargs=kwargs)
 
 
@@ -346,9 +303,8 @@ class SweepSlot:
         return f"sweep case {self.case + 1}"
 
 
-def sweep(op: Operation | str, domain: Domain = Domain()) -> list[tuple[str, str]]:
+def sweep(op: Operation, domain: Domain = Domain()) -> list[tuple[str, str]]:
     """The (dtype, value profile) pairs the value property tries on purpose for ``op``."""
-    op = _operation(op)
     dtypes = _dtypes_for(op, domain)
     if not dtypes:
         return []
@@ -362,15 +318,14 @@ def sweep(op: Operation | str, domain: Domain = Domain()) -> list[tuple[str, str
     return pairs
 
 
-def sweep_slots(op: Operation | str) -> int:
+def sweep_slots(op: Operation) -> int:
     """How many sweep cases ``op`` has over its whole domain (the explicit examples it needs)."""
     return sweep_count(op, Domain())
 
 
-def sweep_count(op: Operation | str, domain: Domain) -> int:
+def sweep_count(op: Operation, domain: Domain) -> int:
     """How many sweep cases ``op`` has inside ``domain``: its (dtype, profile) pairs, then its
     structural cases (``ops.structural_sweep``)."""
-    op = _operation(op)
     return len(sweep(op, domain)) + len(_structural(op, domain))
 
 
@@ -403,7 +358,7 @@ def _structural_case(op: Operation, domain: Domain, index: int) -> Case | None:
     return case
 
 
-def sweep_order(op: Operation | str, domain: Domain, first: int | None) -> list[int]:
+def sweep_order(op: Operation, domain: Domain, first: int | None) -> list[int]:
     """The order the sweep cases of ``op`` run in: case ``first`` (1-based, as failures
     number them) first when ``op`` has it, then the others in turn."""
     order = list(range(sweep_count(op, domain)))
@@ -448,9 +403,8 @@ def _sweep_size(sizes: tuple[int, ...], kind: str, shape: int = 0, *, own_sizes:
     return sizes[3] if len(sizes) > 3 else sizes[min(1, len(sizes) - 1)]
 
 
-def sweep_case(op: Operation | str, domain: Domain, index: int) -> Case | None:
+def sweep_case(op: Operation, domain: Domain, index: int) -> Case | None:
     """Sweep case ``index`` of ``op`` inside ``domain``; None past the op's last one."""
-    op = _operation(op)
     pairs = sweep(op, domain)
     if index >= len(pairs):
         return _structural_case(op, domain, index - len(pairs))
@@ -477,13 +431,12 @@ def sweep_case(op: Operation | str, domain: Domain, index: int) -> Case | None:
     return case
 
 
-def argument_shapes(op: Operation | str, dims: dict[str, Any]) -> list[tuple[int, ...]]:
-    return _operation(op).argument_shapes(dims)
+def argument_shapes(op: Operation, dims: dict[str, Any]) -> list[tuple[int, ...]]:
+    return op.argument_shapes(dims)
 
 
-def compilation_bound(op: Operation | str, domain: Domain = Domain()) -> int:
+def compilation_bound(op: Operation, domain: Domain = Domain()) -> int:
     """The most distinct input signatures (shapes x dtypes) the suite can draw for ``op``."""
-    op = _operation(op)
     dtypes = len(_dtypes_for(op, domain))
     if op.is_elementwise:
         per_rank = [math.prod(len(_sizes_for(op, SHAPE, domain, k)) for k in kinds)

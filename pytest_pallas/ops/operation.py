@@ -386,6 +386,36 @@ class Operation:
         dims, params = load(self.constrain)(dims, params)
         return dict(dims), dict(params)
 
+    def build_arguments(self, dims: Mapping[str, Any], dtype: str, profile: str,
+                        seed: int) -> tuple[Any, ...]:
+        """The arguments for these sizes, dtype, value profile and seed: the ``inputs``
+        builder's structured arguments, the others drawn by the value profile, then the
+        profile's adjustment."""
+        import numpy as np
+
+        from ..strategies import VALUE_PROFILES, generate_values
+
+        shapes = self.argument_shapes(dims)
+        built: tuple[Any, ...] = (None,) * len(shapes)
+        builder = self.load_inputs()
+        if builder is not None:
+            built = tuple(builder(dict(dims), dtype, np.random.default_rng(seed)))
+            if len(built) != len(shapes):
+                raise ValueError(f"the inputs builder of {self.name} returned {len(built)} "
+                                 f"arguments; its signature {self.signature!r} has {len(shapes)}")
+        # An op's own profile (attention's "offset"): integer values, adjusted afterwards.
+        drawn = profile if profile in VALUE_PROFILES + ("neg_inf",) else "ties"
+        args = tuple(
+            np.asarray(given) if given is not None
+            else generate_values(shape, self.arg_dtypes.get(i, dtype), seed=seed + i,
+                                 profile=drawn)
+            for i, (shape, given) in enumerate(zip(shapes, built))
+        )
+        adjust = self.profile_adjustments.get(profile)
+        if adjust is not None:
+            args = tuple(load(adjust)(args))
+        return args
+
     def estimate_cost(self, *args: Any, **params: Any) -> Any:
         """The cost of one call: the record's model, else ``pl.estimate_cost`` of ``xla``."""
         if self.cost is not None:
@@ -430,11 +460,9 @@ class Operation:
         dims: dict[str, Any] = {}
         for i, name in enumerate(self.dimensions):
             dims[name] = (2, 3) if name == SHAPE else (2 if name == DEVICES else 3 + i)
-        from .inputs import build_arguments
-
         try:
             dims, kwargs = self.constrained(dims, {k: v[0] for k, v in self.params.items()})
-            args = build_arguments(self, dims, self.dtypes[0], "normal", 0)
+            args = self.build_arguments(dims, self.dtypes[0], "normal", 0)
             if self.collective:
                 kwargs[DEVICES] = dims[DEVICES]
             result = self.oracle(*(np.asarray(a, np.float64)

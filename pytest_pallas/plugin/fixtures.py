@@ -78,13 +78,19 @@ def conformance(request: pytest.FixtureRequest):
     from ..suite.harness import Conformance
 
     pallas = _session(request.config)
-    binding = class_binding(getattr(request, "cls", None))
-    if binding is not None:  # a conformance_tests class: its own op and implementation
-        implementations = {binding.op: binding}
-    elif not (pallas.options.conformance or pallas.options.implementations):
-        pytest.skip("conformance tests run with --pallas-conformance")
-    else:
-        implementations = pallas.implementations
-    return Conformance(implementations, pallas.item_backend(request.node), pallas.recorder,
+    # The door: the implementation comes from the class (``conformance_tests``) or, for a
+    # packaged test, from the run's binding of the op record the test is parametrized by.
+    implementation = class_binding(getattr(request, "cls", None))
+    if implementation is None:
+        if not (pallas.options.conformance or pallas.options.implementations):
+            pytest.skip("conformance tests run with --pallas-conformance")
+        callspec = getattr(request.node, "callspec", None)
+        operation = callspec.params.get("op") if callspec is not None else None
+        if operation is None or getattr(operation, "name", None) not in pallas.implementations:
+            pytest.fail("the conformance fixture serves the conformance suite's own tests; "
+                        "check an implementation with pytest_pallas.conformance_tests(op, fn).",
+                        pytrace=False)
+        implementation = pallas.implementations[operation.name]
+    return Conformance(implementation, pallas.item_backend(request.node), pallas.recorder,
                        interpreter_chosen=pallas.options.interpreter_chosen,
                        sweep_first=pallas.options.sweep_first)

@@ -137,13 +137,13 @@ def _register_operations(config: pytest.Config) -> None:
 
 def _configure_conformance(config: pytest.Config, session: PallasSession,
                            user_callables: dict) -> None:
-    from ..suite.harness import bind_implementations, selected_ops
+    from .conformance_ops import bind_implementations, selected_ops
     from .options import report_directory_to_create
 
     user_targets = dict(session.options.implementations)
     session.conformance_ops = selected_ops(session.options.ops, tuple(user_targets))
-    session.implementations = bind_implementations(
-        user_targets, lambda target, op: user_callables[op], session.conformance_ops)
+    session.implementations = bind_implementations(user_targets, user_callables,
+                                                   session.conformance_ops)
     if session.options.report_path and _is_controller(config):
         config.stash[_REPORT_DIRECTORY_CREATED] = report_directory_to_create(
             session.options.report_path)

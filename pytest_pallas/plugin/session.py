@@ -434,7 +434,8 @@ def conformance_op(item: pytest.Item) -> str | None:
     if binding is not None:
         return binding.op
     callspec = getattr(item, "callspec", None)
-    return callspec.params.get("op") if callspec is not None else None
+    op = callspec.params.get("op") if callspec is not None else None
+    return getattr(op, "name", op)  # a packaged test is parametrized by the op's record
 
 
 def device_shortfall(needed: int, backend: Backend) -> str:

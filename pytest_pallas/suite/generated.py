@@ -89,8 +89,9 @@ _VMAP_DOC = "The op under jax.vmap equals the op on each batch element."
 def packaged_tests(module_name: str) -> dict[str, Any]:
     """The test functions of packaged module ``module_name`` (``...conformance.test_matmul``).
 
-    Parametrized by op name (``test_value[matmul]``), so that ``--pallas-ops``
-    and ``--pallas-impl`` select among them.
+    Parametrized by the ops' records, named by the ops' names (``test_value[matmul]``), so
+    that ``--pallas-ops`` and ``--pallas-impl`` select among them; the ``conformance`` fixture
+    hands each test the implementation of its op.
     """
     ops = _packaged_ops(module_name.rpartition(".")[2].removeprefix("test_"))
     tests: dict[str, Any] = {"pytestmark": pytest.mark.pallas, "OPS": [op.name for op in ops]}
@@ -98,27 +99,27 @@ def packaged_tests(module_name: str) -> dict[str, Any]:
         return tests
     slots = max(sweep_slots(op) for op in ops)
 
-    @pytest.mark.parametrize("op", [op.name for op in ops])
+    @_by_op(ops)
     @_with_sweep_decorator(slots)
     @given(data=st.data())
     def test_value(op, data, conformance):
-        conformance.check_value(op, data)
+        conformance.check_value(data)
 
-    @pytest.mark.parametrize("op", [op.name for op in ops])
+    @_by_op(ops)
     @given(data=st.data())
     def test_written_and_deterministic(op, data, conformance):
-        conformance.check_repeatable(op, data)
+        conformance.check_repeatable(data)
 
     tests["test_value"] = _value_doc(test_value)
     test_written_and_deterministic.__doc__ = _REPEATABLE_DOC
     tests["test_written_and_deterministic"] = _tag(test_written_and_deterministic,
                                                    _secondary(None))
-    vmapped = [op.name for op in ops if op.vmap]
+    vmapped = [op for op in ops if op.vmap]
     if vmapped:
-        @pytest.mark.parametrize("op", vmapped)
+        @_by_op(vmapped)
         @given(data=st.data())
         def test_vmap(op, data, conformance):
-            conformance.check_vmap(op, data)
+            conformance.check_vmap(data)
 
         test_vmap.__doc__ = _VMAP_DOC
         tests["test_vmap"] = _tag(test_vmap, _secondary(None))
@@ -126,6 +127,11 @@ def packaged_tests(module_name: str) -> dict[str, Any]:
         if test in tests:
             tests[test].__module__ = module_name
     return tests
+
+
+def _by_op(ops: list[Operation]) -> Callable:
+    """Parametrize a packaged test by the ops' records; each test id is the op's name."""
+    return pytest.mark.parametrize("op", ops, ids=[op.name for op in ops])
 
 
 def _with_sweep_decorator(slots: int) -> Callable:
@@ -198,16 +204,15 @@ def conformance_tests(op: Operation, implementation: Callable, **settings: Any) 
         binding = bind_function(op, implementation, settings.get("label"))
     except SupportsError as error:
         raise SupportsError(f"conformance_tests({op.name!r}, ...): {error}") from None
-    name = op.name
 
     @_with_sweep_decorator(sweep_slots(op))
     @given(data=st.data())
     def test_value(self, data, conformance):
-        conformance.check_value(name, data)
+        conformance.check_value(data)
 
     @given(data=st.data())
     def test_written_and_deterministic(self, data, conformance):
-        conformance.check_repeatable(name, data)
+        conformance.check_repeatable(data)
 
     test_written_and_deterministic.__doc__ = _REPEATABLE_DOC
     namespace: dict[str, Any] = {
@@ -221,7 +226,7 @@ def conformance_tests(op: Operation, implementation: Callable, **settings: Any) 
     if op.vmap:
         @given(data=st.data())
         def test_vmap(self, data, conformance):
-            conformance.check_vmap(name, data)
+            conformance.check_vmap(data)
 
         test_vmap.__doc__ = _VMAP_DOC
         namespace["test_vmap"] = _tag(test_vmap, _secondary(examples))

@@ -99,10 +99,30 @@ class ConformanceRecorder:
     def __init__(self) -> None:
         self.ops: dict[str, OpRecord] = {}
         self.started = time.time()
+        # Each implementation's row, by the implementation (``suite.harness.Implementation``).
+        self._rows: dict[Any, str] = {}
 
     def register(self, op: str, implementation: str, restrictions: dict[str, Any],
                  restrictions_text: str) -> None:
         self.ops.setdefault(op, OpRecord(implementation, restrictions, restrictions_text))
+
+    def row(self, implementation: Any) -> str:
+        """The row of ``implementation`` (a ``suite.harness.Implementation``): the op's name,
+        or ``"op (label)"`` for a second implementation of the same op in one run (two
+        ``conformance_tests`` classes). Registered when the recorder first meets it, and
+        again only after a ``take`` emptied the recorder (a pytest-xdist worker's, per test).
+        """
+        key = self._rows.get(implementation)
+        if key is None:
+            key = implementation.operation.name
+            known = self.ops.get(key)
+            if known is not None and known.implementation != implementation.label:
+                key = f"{key} ({implementation.label})"
+            self._rows[implementation] = key
+        if key not in self.ops:
+            domain = implementation.domain
+            self.register(key, implementation.label, domain.as_dict(), domain.describe())
+        return key
 
     def property(self, op: str, name: str) -> PropertyResult:
         return self.ops[op].properties.setdefault(name, PropertyResult())

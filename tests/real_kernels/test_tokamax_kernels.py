@@ -42,6 +42,7 @@ def test_base2_flash_attention_passes_the_offset_sweep_case(op):
     as tokamax's blocks need)."""
     import jax.numpy as jnp
 
+    from pytest_pallas import operations
     from pytest_pallas.ops.domains import Domain
     from pytest_pallas.ops.inputs import sweep, sweep_case
     from pytest_pallas.suite.properties import expected_output
@@ -49,7 +50,8 @@ def test_base2_flash_attention_passes_the_offset_sweep_case(op):
     from .tokamax_corpus import _ops
 
     domain = Domain(multiple_of={"s": 128, "t": 128, "d": 128})
-    case = sweep_case(op, domain, sweep(op, domain).index(("float32", "offset")))
+    operation = getattr(operations, op)
+    case = sweep_case(operation, domain, sweep(operation, domain).index(("float32", "offset")))
     q, k, v = (jnp.asarray(a) for a in case.args)
     if k.ndim == 3:  # mqa: one k and v head
         k, v = k[:, :, None], v[:, :, None]

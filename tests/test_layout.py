@@ -1,0 +1,162 @@
+"""The package's layout holds: no import cycle among its modules, function-level imports
+counted, and no module over 700 lines.
+
+A cycle hidden inside a function still ties two modules together: each can only be
+understood, moved or tested with the other. The graph is read from the source (``ast``),
+so nothing is imported and the test costs no JAX.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 700
+
+# The top-level folders that install inside the package (pyproject.toml's package-dir).
+_INSTALLED_AS = {"reference_kernels": "pytest_pallas.reference_kernels",
+                 "conformance": "pytest_pallas.conformance"}
+
+
+def _modules(root: Path) -> dict[str, tuple[Path, bool]]:
+    """Module name -> (its file, whether it is a package's ``__init__``)."""
+    modules = {}
+    for path in (root / "pytest_pallas").rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    for folder, package in _INSTALLED_AS.items():
+        for path in (root / folder).glob("*.py"):
+            is_package = path.stem == "__init__"
+            modules[package if is_package else f"{package}.{path.stem}"] = (path, is_package)
+    return modules
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    if node.level > 1:
+        base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """The nodes under ``if TYPE_CHECKING:``: not imports at run time."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(inner) for inner in ast.walk(node))
+    return skipped
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, at the top or inside a function."""
+    modules = _modules(root)
+    graph: dict[str, set[str]] = {module: set() for module in modules}
+    for module, (path, is_package) in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(module, is_package, node)
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                           for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                # The package's own __init__ imports nothing of it (its names load on use).
+                if target and target != module and target != "pytest_pallas":
+                    graph[module].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _describe(graph: dict[str, set[str]], component: list[str]) -> str:
+    members = set(component)
+    return "; ".join(f"{module} -> {', '.join(sorted(graph[module] & members))}"
+                     for module in component)
+
+
+def test_no_import_cycle_among_the_package_modules():
+    graph = import_graph(ROOT)
+    assert len(graph) > 50, "the package's modules were not found"
+    found = cycles(graph)
+    assert not found, "import cycles (function-level imports counted): " + " | ".join(
+        _describe(graph, component) for component in found)
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(tmp_path):
+    package = tmp_path / "pytest_pallas"
+    (package / "ops").mkdir(parents=True)
+    for folder in _INSTALLED_AS:
+        (tmp_path / folder).mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "ops" / "__init__.py").write_text("")
+    (package / "ops" / "operation.py").write_text(
+        "def check():\n    from .inputs import build_arguments\n")
+    (package / "ops" / "inputs.py").write_text("from .operation import check\n")
+    (package / "ops" / "typed.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .inputs import Case\n")
+    graph = import_graph(tmp_path)
+    assert cycles(graph) == [["pytest_pallas.ops.inputs", "pytest_pallas.ops.operation"]]
+    assert graph["pytest_pallas.ops.typed"] == set()
+
+
+@pytest.mark.parametrize("folder", ["pytest_pallas", *_INSTALLED_AS])
+def test_no_module_is_over_700_lines(folder):
+    long = {str(path.relative_to(ROOT)): lines for path in (ROOT / folder).rglob("*.py")
+            if (lines := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
