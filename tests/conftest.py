@@ -20,7 +20,11 @@ except ImportError:
 # one in-process run (Hypothesis strategies, say) match the classes of the next.
 import hypothesis.strategies  # noqa: F401
 
+# The registry too: a run's hooks reach it as an attribute of ``pytest_pallas.ops``, which
+# outlives the snapshot, while the suite imports it by name; imported first inside one
+# in-process run, the next run would register its ops in one copy and read the other.
 import pytest_pallas.ops.inputs  # noqa: F401
+import pytest_pallas.ops.registry  # noqa: F401
 import pytest_pallas.suite.harness  # noqa: F401
 
 pytest_plugins = ["pytester"]
