@@ -26,6 +26,7 @@ from .hypothesis_settings import (
     _restore_hypothesis_attributes,
     _seed_hypothesis,
 )
+from .options import WORKER_SEED_KEY
 from .session import (
     CONFORMANCE_DIRECTORY,
     FIXTURE_NAMES,
@@ -61,6 +62,18 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 _session = session_of
+
+
+# A wrapper: it runs before every plain pytest_cmdline_main, pytest-xdist's (tryfirst) among
+# them, which turns -n into workers.
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config):
+    option = config.option
+    if option.pallas_conformance or option.pallas_impl or option.pallas_ops:
+        from .workers import set_default_workers
+
+        set_default_workers(config)
+    return (yield)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -184,7 +197,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = _session(config)
     if session.options.session_opted_in or session.scope_all or session.options.compile_given:
         untested = versions.untested_jax_note()
-        return [session.header()] + ([untested] if untested else [])
+        workers = _loaded("plugin.workers", "header_note")
+        workers_line = workers(config) if workers is not None else None
+        return ([session.header()] + ([workers_line] if workers_line else [])
+                + ([untested] if untested else []))
     return None
 
 
@@ -413,6 +429,14 @@ def pytest_testnodedown(node, error) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """A worker draws with the controller's seed: the one the header prints and a failure's
+    reproduce line gives (left to itself, each worker would pick its own at random)."""
+    pallas = _session(node.config)
+    node.workerinput[WORKER_SEED_KEY] = pallas.options.seed
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem, report, sched) -> None:
     # The report pytest-xdist makes for the crashed test carries its worker, hence the config.
     config = getattr(getattr(report, "node", None), "config", None)
@@ -445,6 +469,7 @@ def _finish_conformance_report(session: pytest.Session, exitstatus) -> None:
         return
     if not _is_controller(session.config):
         return  # a worker's results went to the controller with each test's report
+    pallas.recorder.order_ops(pallas.conformance_ops)
     if exitstatus == pytest.ExitCode.INTERRUPTED:
         pallas.incomplete_reasons.append("the run was interrupted")
     elif exitstatus == pytest.ExitCode.INTERNAL_ERROR:
