@@ -7,11 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from pytest_pallas.checks import compile_check
+
 pytest.importorskip("xdist")
 
 # Four cheap ops, one example each, every test deselected but the value property's.
 SUITE = ("--pallas-conformance", "--pallas-ops=add,copy,softmax,sum", "--pallas-examples=1",
-         "-k", "test_value", "--pallas-seed=0", "--pallas-compile=none")
+         "-k", "test_value", "--pallas-seed=0")
+COMPILES_LINE = re.compile(r"pallas: TPU compiler check: (\d+) kernel compiles in [\d.]+ s")
 WORKERS_LINE = re.compile(r"pallas: the conformance suite runs on (\d+) pytest-xdist workers")
 
 
@@ -56,6 +59,11 @@ def test_several_ops_run_on_the_cores_with_the_verdicts_of_one_process(run_pytes
     table = lambda result: [line.split()[0] for line in result.stdout.lines  # noqa: E731
                             if re.match(r"(add|copy|softmax|sum) ", line)]
     assert table(parallel) == table(serial) == ["add", "sum", "softmax", "copy"]  # the registry's
+    if compile_check.libtpu_version() is not None:
+        # The workers compiled; the controller's summary line adds up their compiles.
+        for result in (serial, parallel):
+            line = COMPILES_LINE.search(result.stdout.str())
+            assert line and int(line.group(1)) > 0, result.stdout.str()[-2000:]
 
 
 @pytest.mark.parametrize("args", [

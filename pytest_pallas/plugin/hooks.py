@@ -368,6 +368,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
 # the test. Sent with every report rather than once when the worker finishes, so a worker that
 # crashes loses only the verdict of the test it crashed in.
 _WORKER_RECORDS = "pallas_conformance_records"
+_WORKER_COMPILES = "pallas_compile_stats"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -378,6 +379,10 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         records = pallas.recorder.take()
         if records:
             report.user_properties.append((_WORKER_RECORDS, records))
+        compiles = _session_compiles(pallas)
+        if any(compiles):  # this worker's totals so far, for the controller's summary line
+            report.user_properties.append(
+                (_WORKER_COMPILES, (item.config.workerinput.get("workerid"), compiles)))
     if report.failed and call.when == "call" and pallas.uses_pallas(item):
         command = pallas.reproduce_command(_rerunnable_nodeid(item),
                                            sweep_case=_failed_sweep_case(item, report))
@@ -485,6 +490,7 @@ class _WorkerRecordsMerger:
 
     def __init__(self, recorder) -> None:
         self.recorder = recorder
+        self.compiles: dict[str, tuple[int, int, float]] = {}  # per worker: its totals so far
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -493,6 +499,9 @@ class _WorkerRecordsMerger:
         for name, value in report.user_properties:
             if name == _WORKER_RECORDS:
                 self.recorder.merge(value)
+            elif name == _WORKER_COMPILES:
+                worker, totals = value
+                self.compiles[worker] = tuple(totals)
             else:
                 kept.append((name, value))
         report.user_properties[:] = kept
@@ -529,7 +538,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for line in summary_lines(terminalreporter.stats.get("skipped", ()),
                                   pallas._backend.device_count):
             terminalreporter.write_line(line, yellow=True)
-    compile_line = _compile_summary(pallas)
+    compile_line = _compile_summary(pallas, config)
     if compile_line:
         terminalreporter.write_line(compile_line)
     if pallas.recorder is None or not pallas.recorder.ops:
@@ -574,14 +583,26 @@ def _loaded(module: str, name: str) -> Any:
     return getattr(found, name, None) if found is not None else None
 
 
-def _compile_summary(pallas: PallasSession) -> str | None:
-    """What the TPU compiler check cost in this session (pytest-xdist workers count apart)."""
+def _session_compiles(pallas: PallasSession) -> tuple[int, int, float]:
+    """This session's TPU compiles, verdicts from the cache and compile seconds, in this
+    process (an in-process run shares STATS with the one around it)."""
     STATS = _loaded("checks.compile_check", "STATS")  # noqa: N806
-    if not pallas.options.compile_chips or STATS is None:
-        return None
+    if STATS is None:
+        return (0, 0, 0.0)
     compiles, cached, seconds = _COMPILES_BEFORE.get(id(pallas), (0, 0, 0.0))
-    compiles, cached, seconds = (STATS.compiles - compiles, STATS.cached - cached,
-                                 STATS.seconds - seconds)
+    return (STATS.compiles - compiles, STATS.cached - cached, STATS.seconds - seconds)
+
+
+def _compile_summary(pallas: PallasSession, config: pytest.Config) -> str | None:
+    """What the TPU compiler check cost in this session, its pytest-xdist workers' included."""
+    if not pallas.options.compile_chips:
+        return None
+    compiles, cached, seconds = _session_compiles(pallas)
+    merger = config.pluginmanager.get_plugin("pallas-worker-records")
+    for worker_compiles, worker_cached, worker_seconds in (
+            merger.compiles.values() if merger is not None else ()):
+        compiles, cached = compiles + worker_compiles, cached + worker_cached
+        seconds += worker_seconds
     if not compiles and not cached:
         return None
     return (f"pallas: TPU compiler check: {compiles} kernel compiles in "
