@@ -58,3 +58,11 @@ def run_value_property(pytester):
         return result, json.loads(report.read_text())["ops"][op]
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _inner_runs_in_one_process(monkeypatch):
+    """The inner pytest runs of these tests stay in one process: a conformance run of several
+    ops would otherwise start pytest-xdist workers by default (tests/test_default_workers.py
+    unsets this to test that)."""
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "0")

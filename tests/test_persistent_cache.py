@@ -49,6 +49,22 @@ def test_a_second_run_takes_the_compilers_verdicts_and_jaxs_executables_from_the
         ["pallas: TPU compiler check: 0 kernel compiles in *, 1 verdicts from the cache"])
 
 
+@pytest.mark.skipif(compile_check.libtpu_version() is None, reason="needs libtpu")
+def test_a_kernel_judged_again_beside_jaxs_kept_executables_raises_no_warning(pytester):
+    """What a pytest-xdist worker meets when another compiled the kernel first: JAX's cache
+    holds the TPU executable, which this host cannot load; JAX warned about it in the run."""
+    import shutil
+
+    pytester.makepyfile(test_kernel=KERNEL_TEST)
+    _run(pytester).assert_outcomes(passed=1)
+    shutil.rmtree(pytester.path / ".pytest_cache" / "v" / "pallas")  # the verdicts only
+    assert any(_jax_cache(pytester).iterdir())
+    second = _run(pytester, "-W", "error::UserWarning")
+    assert "Error reading persistent compilation cache" not in second.stdout.str()
+    second.assert_outcomes(passed=1)
+    second.stdout.fnmatch_lines(["pallas: TPU compiler check: 1 kernel compiles in *"])
+
+
 @pytest.mark.parametrize("off", [("-p", "no:cacheprovider"),
                                  ("-o", "pallas_persistent_cache=false")])
 def test_off_without_pytests_cache_or_by_the_ini_option(pytester, off):

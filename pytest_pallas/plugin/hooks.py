@@ -26,6 +26,7 @@ from .hypothesis_settings import (
     _restore_hypothesis_attributes,
     _seed_hypothesis,
 )
+from .options import WORKER_SEED_KEY
 from .session import (
     CONFORMANCE_DIRECTORY,
     FIXTURE_NAMES,
@@ -61,6 +62,18 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 _session = session_of
+
+
+# A wrapper: it runs before every plain pytest_cmdline_main, pytest-xdist's (tryfirst) among
+# them, which turns -n into workers.
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config):
+    option = config.option
+    if option.pallas_conformance or option.pallas_impl or option.pallas_ops:
+        from .workers import set_default_workers
+
+        set_default_workers(config)
+    return (yield)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -184,7 +197,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = _session(config)
     if session.options.session_opted_in or session.scope_all or session.options.compile_given:
         untested = versions.untested_jax_note()
-        return [session.header()] + ([untested] if untested else [])
+        workers = _loaded("plugin.workers", "header_note")
+        workers_line = workers(config) if workers is not None else None
+        return ([session.header()] + ([workers_line] if workers_line else [])
+                + ([untested] if untested else []))
     return None
 
 
@@ -352,6 +368,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
 # the test. Sent with every report rather than once when the worker finishes, so a worker that
 # crashes loses only the verdict of the test it crashed in.
 _WORKER_RECORDS = "pallas_conformance_records"
+_WORKER_COMPILES = "pallas_compile_stats"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -362,6 +379,10 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         records = pallas.recorder.take()
         if records:
             report.user_properties.append((_WORKER_RECORDS, records))
+        compiles = _session_compiles(pallas)
+        if any(compiles):  # this worker's totals so far, for the controller's summary line
+            report.user_properties.append(
+                (_WORKER_COMPILES, (item.config.workerinput.get("workerid"), compiles)))
     if report.failed and call.when == "call" and pallas.uses_pallas(item):
         command = pallas.reproduce_command(_rerunnable_nodeid(item),
                                            sweep_case=_failed_sweep_case(item, report))
@@ -413,6 +434,14 @@ def pytest_testnodedown(node, error) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """A worker draws with the controller's seed: the one the header prints and a failure's
+    reproduce line gives (left to itself, each worker would pick its own at random)."""
+    pallas = _session(node.config)
+    node.workerinput[WORKER_SEED_KEY] = pallas.options.seed
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem, report, sched) -> None:
     # The report pytest-xdist makes for the crashed test carries its worker, hence the config.
     config = getattr(getattr(report, "node", None), "config", None)
@@ -445,6 +474,7 @@ def _finish_conformance_report(session: pytest.Session, exitstatus) -> None:
         return
     if not _is_controller(session.config):
         return  # a worker's results went to the controller with each test's report
+    pallas.recorder.order_ops(pallas.conformance_ops)
     if exitstatus == pytest.ExitCode.INTERRUPTED:
         pallas.incomplete_reasons.append("the run was interrupted")
     elif exitstatus == pytest.ExitCode.INTERNAL_ERROR:
@@ -460,6 +490,7 @@ class _WorkerRecordsMerger:
 
     def __init__(self, recorder) -> None:
         self.recorder = recorder
+        self.compiles: dict[str, tuple[int, int, float]] = {}  # per worker: its totals so far
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -468,6 +499,9 @@ class _WorkerRecordsMerger:
         for name, value in report.user_properties:
             if name == _WORKER_RECORDS:
                 self.recorder.merge(value)
+            elif name == _WORKER_COMPILES:
+                worker, totals = value
+                self.compiles[worker] = tuple(totals)
             else:
                 kept.append((name, value))
         report.user_properties[:] = kept
@@ -504,7 +538,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for line in summary_lines(terminalreporter.stats.get("skipped", ()),
                                   pallas._backend.device_count):
             terminalreporter.write_line(line, yellow=True)
-    compile_line = _compile_summary(pallas)
+    compile_line = _compile_summary(pallas, config)
     if compile_line:
         terminalreporter.write_line(compile_line)
     if pallas.recorder is None or not pallas.recorder.ops:
@@ -549,14 +583,26 @@ def _loaded(module: str, name: str) -> Any:
     return getattr(found, name, None) if found is not None else None
 
 
-def _compile_summary(pallas: PallasSession) -> str | None:
-    """What the TPU compiler check cost in this session (pytest-xdist workers count apart)."""
+def _session_compiles(pallas: PallasSession) -> tuple[int, int, float]:
+    """This session's TPU compiles, verdicts from the cache and compile seconds, in this
+    process (an in-process run shares STATS with the one around it)."""
     STATS = _loaded("checks.compile_check", "STATS")  # noqa: N806
-    if not pallas.options.compile_chips or STATS is None:
-        return None
+    if STATS is None:
+        return (0, 0, 0.0)
     compiles, cached, seconds = _COMPILES_BEFORE.get(id(pallas), (0, 0, 0.0))
-    compiles, cached, seconds = (STATS.compiles - compiles, STATS.cached - cached,
-                                 STATS.seconds - seconds)
+    return (STATS.compiles - compiles, STATS.cached - cached, STATS.seconds - seconds)
+
+
+def _compile_summary(pallas: PallasSession, config: pytest.Config) -> str | None:
+    """What the TPU compiler check cost in this session, its pytest-xdist workers' included."""
+    if not pallas.options.compile_chips:
+        return None
+    compiles, cached, seconds = _session_compiles(pallas)
+    merger = config.pluginmanager.get_plugin("pallas-worker-records")
+    for worker_compiles, worker_cached, worker_seconds in (
+            merger.compiles.values() if merger is not None else ()):
+        compiles, cached = compiles + worker_compiles, cached + worker_cached
+        seconds += worker_seconds
     if not compiles and not cached:
         return None
     return (f"pallas: TPU compiler check: {compiles} kernel compiles in "

@@ -38,6 +38,9 @@ KNOWN_CHIPS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i", "8
 # maps these to libtpu's names; tests/test_compile_check.py checks the two agree.
 COMPILER_CHIPS = ("v4", "v5e", "v5p", "v6e", "7x")
 
+# Where a pytest-xdist worker finds its controller's seed (config.workerinput).
+WORKER_SEED_KEY = "pallas_seed"
+
 _DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 
@@ -239,6 +242,8 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
     seed_value = config.getoption("--pallas-seed")
     if seed_value is not None:
         seed = _positive_int(seed_value, "--pallas-seed", allow_zero=True)
+    elif WORKER_SEED_KEY in getattr(config, "workerinput", {}):
+        seed = int(config.workerinput[WORKER_SEED_KEY])  # a worker: the controller's draw
     elif profile == "ci":
         # A gate must not pass or fail on the luck of the draw: the ci profile is
         # derandomized, and so is the array data, with a fixed seed.

@@ -124,6 +124,13 @@ class ConformanceRecorder:
             self.register(key, implementation.label, domain.as_dict(), domain.describe())
         return key
 
+    def order_ops(self, first: tuple[str, ...]) -> None:
+        """The ops in ``first``'s order, then the others as they came: the summary and the
+        report read the same whether one process ran the tests or pytest-xdist's workers,
+        whose records arrive in the order the workers finish."""
+        rank = {op: index for index, op in enumerate(first)}
+        self.ops = dict(sorted(self.ops.items(), key=lambda item: rank.get(item[0], len(rank))))
+
     def property(self, op: str, name: str) -> PropertyResult:
         return self.ops[op].properties.setdefault(name, PropertyResult())
 

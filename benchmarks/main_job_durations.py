@@ -1,0 +1,74 @@
+"""Per-op seconds of main-job runs, from their ``--durations=0`` output, side by side.
+
+    rm -rf .pytest_cache
+    /usr/bin/time -v pytest --pallas-conformance --durations=0 > cold.log 2>&1
+    /usr/bin/time -v pytest --pallas-conformance --durations=0 > warm.log 2>&1
+    python benchmarks/main_job_durations.py cold.log warm.log
+
+Each column is one run: the seconds of each op's tests (setup, call and teardown, as
+pytest reports them; under pytest-xdist they add up the workers' time, not the wall),
+then the run's wall and, when /usr/bin/time -v wrapped it, its user CPU and peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import re
+
+_DURATION = re.compile(r"^([\d.]+)s (?:setup|call|teardown)\s+\S+::\w+\[(\w+)\]")
+_TIME_FIELDS = {
+    "wall (s)": re.compile(r"Elapsed \(wall clock\) time .*: (?:(\d+):)?(\d+):([\d.]+)"),
+    "user CPU (s)": re.compile(r"User time \(seconds\): ([\d.]+)"),
+    "peak memory (MB)": re.compile(r"Maximum resident set size \(kbytes\): (\d+)"),
+}
+
+
+def per_op(text: str) -> dict[str, float]:
+    seconds: dict[str, float] = collections.defaultdict(float)
+    for line in text.splitlines():
+        match = _DURATION.match(line)
+        if match:
+            seconds[match.group(2)] += float(match.group(1))
+    return dict(seconds)
+
+
+def run_facts(text: str) -> dict[str, float]:
+    facts = {}
+    for name, pattern in _TIME_FIELDS.items():
+        match = pattern.search(text)
+        if not match:
+            continue
+        if name == "wall (s)":
+            hours, minutes, seconds = match.groups()
+            facts[name] = int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds)
+        elif name == "peak memory (MB)":
+            facts[name] = int(match.group(1)) / 1024
+        else:
+            facts[name] = float(match.group(1))
+    return facts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logs", nargs="+", type=pathlib.Path,
+                        help="the output of `pytest --pallas-conformance --durations=0` runs")
+    args = parser.parse_args()
+    texts = [log.read_text() for log in args.logs]
+    ops = [per_op(text) for text in texts]
+    names = sorted({op for run in ops for op in run}, key=lambda op: -ops[0].get(op, 0.0))
+    print("| op | " + " | ".join(log.stem for log in args.logs) + " |")
+    print("|---|" + "---|" * len(args.logs))
+    for name in names:
+        print(f"| `{name}` | " + " | ".join(f"{run.get(name, 0.0):.1f}" for run in ops) + " |")
+    print("| all ops (s) | " + " | ".join(f"{sum(run.values()):.1f}" for run in ops) + " |")
+    facts = [run_facts(text) for text in texts]
+    for field in _TIME_FIELDS:
+        if any(field in run for run in facts):
+            print(f"| {field} | " + " | ".join(
+                f"{run[field]:.1f}" if field in run else "-" for run in facts) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Every core for the conformance suite: pytest-xdist's workers, by default, where installed.
+
+A conformance run is dozens of independent tests, each spending seconds of one core
+compiling and interpreting kernels; on a machine with more than one, pytest-xdist's
+workers (``-n N``) share them out. When a run asks for the suite of several ops, xdist is
+installed and the user chose nothing about it, the plugin sets xdist's ``-n`` before
+xdist reads it. The user's choice always wins: ``-n 0`` (or ``-p no:xdist``) runs in one
+process, ``-n N`` on N workers, and so does ``PYTEST_XDIST_AUTO_NUM_WORKERS=N``.
+
+Nothing here imports JAX or xdist: it reads options only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Each worker is a process of its own, with its own JAX, 8 simulated devices and kernel
+# compilations (about 1 GB at its peak in the main job): more than a few cost memory and
+# start-up that a suite of 18 ops does not pay back.
+MAX_DEFAULT_WORKERS = 4
+# A run of fewer ops (the fast loop on one kernel) is over before a worker has imported JAX.
+MIN_OPS_FOR_WORKERS = 4
+
+_CHOSEN = pytest.StashKey[int]()
+
+
+def set_default_workers(config: pytest.Config) -> int | None:
+    """Give xdist ``-n N`` for a conformance run that did not choose; N, or None if untouched.
+
+    Called from ``pytest_cmdline_main``, before pytest-xdist's own, which turns ``-n`` into
+    its workers.
+    """
+    if not _wanted(config):
+        return None
+    # xdist's count for -n auto: the cores, or PYTEST_XDIST_AUTO_NUM_WORKERS (then uncapped).
+    count = config.hook.pytest_xdist_auto_num_workers(config=config)
+    if not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        count = min(count, MAX_DEFAULT_WORKERS)
+    if count < 2:
+        return None  # one worker is one process more for nothing
+    config.option.numprocesses = count
+    config.stash[_CHOSEN] = count
+    return count
+
+
+def header_note(config: pytest.Config) -> str | None:
+    """The header's line saying the plugin started workers, and how to run in one process."""
+    count = config.stash.get(_CHOSEN, None)
+    if count is None:
+        return None
+    return (f"pallas: the conformance suite runs on {count} pytest-xdist workers (one per core); "
+            "-n 0 runs it in one process")
+
+
+def _wanted(config: pytest.Config) -> bool:
+    option = config.option
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return False
+    if getattr(option, "numprocesses", None) is not None:
+        return False  # -n given, 0 included
+    if getattr(option, "dist", "no") != "no" or getattr(option, "tx", None):
+        return False  # --dist or --tx: the user is setting xdist up
+    if (option.collectonly or getattr(option, "usepdb", False)
+            or getattr(option, "trace", False)):
+        return False
+    if option.pallas_tpu or getattr(option, "benchmark_only", False):
+        return False  # one TPU per host; benchmarks want the machine to themselves
+    return _ops_checked(config) >= MIN_OPS_FOR_WORKERS
+
+
+def _ops_checked(config: pytest.Config) -> int:
+    """How many ops the run's suite checks, counted from its flags (validated later, by the
+    controller's ``pytest_configure``, before any worker starts)."""
+    ops = {op.strip() for op in (config.getoption("--pallas-ops") or "").split(",") if op.strip()}
+    impls = {value.partition("=")[0].strip() for value in config.getoption("--pallas-impl")}
+    if impls:
+        return len(impls & ops if ops else impls)
+    if ops:
+        return len(ops)
+    return MIN_OPS_FOR_WORKERS if config.getoption("--pallas-conformance") else 0

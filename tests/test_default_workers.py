@@ -1,0 +1,105 @@
+"""A conformance run of several ops uses pytest-xdist's workers by default, where installed."""
+
+import json
+import re
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_pallas.checks import compile_check
+
+pytest.importorskip("xdist")
+
+# Four cheap ops, one example each, every test deselected but the value property's.
+SUITE = ("--pallas-conformance", "--pallas-ops=add,copy,softmax,sum", "--pallas-examples=1",
+         "-k", "test_value", "--pallas-seed=0")
+COMPILES_LINE = re.compile(r"pallas: TPU compiler check: (\d+) kernel compiles in [\d.]+ s")
+WORKERS_LINE = re.compile(r"pallas: the conformance suite runs on (\d+) pytest-xdist workers")
+
+
+@pytest.fixture
+def cores(monkeypatch):
+    """xdist's count of this machine's cores (its -n auto), with nobody's
+    PYTEST_XDIST_AUTO_NUM_WORKERS."""
+    from xdist.plugin import pytest_xdist_auto_num_workers
+
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    count = pytest_xdist_auto_num_workers(SimpleNamespace(option=SimpleNamespace(
+        numprocesses=None)))
+    if count < 2:
+        pytest.skip(f"one core here ({count}): the plugin starts no workers")
+    return count
+
+
+def _verdicts(report_path):
+    document = json.loads(report_path.read_text())
+    assert document["complete"] is True
+    return {op: {name: (prop["verdict"], prop["examples"], prop["worst_error_in_tolerances"])
+                 for name, prop in data["properties"].items()}
+            for op, data in document["ops"].items()}
+
+
+def test_several_ops_run_on_the_cores_with_the_verdicts_of_one_process(run_pytest, pytester,
+                                                                        cores):
+    parallel = run_pytest(*SUITE, "--pallas-report=parallel.json", timeout=400)
+    assert parallel.ret == 0, parallel.stdout.str()[-3000:]
+    expected = min(cores, 4)
+    header = [m for line in parallel.stdout.lines if (m := WORKERS_LINE.search(line))]
+    assert [int(m.group(1)) for m in header] == [expected], parallel.stdout.lines[:12]
+    parallel.stdout.fnmatch_lines(["*-n 0 runs it in one process*",
+                                   f"created: {expected}/{expected} workers"])
+
+    serial = run_pytest(*SUITE, "-n", "0", "--pallas-report=serial.json", timeout=400)
+    assert serial.ret == 0, serial.stdout.str()[-3000:]
+    assert not any(WORKERS_LINE.search(line) for line in serial.stdout.lines)
+    one, two = _verdicts(pytester.path / "serial.json"), _verdicts(pytester.path / "parallel.json")
+    assert one == two and set(one) == {"add", "copy", "softmax", "sum"}
+    # The end-of-run table lists the ops in the same order, however the workers finished.
+    table = lambda result: [line.split()[0] for line in result.stdout.lines  # noqa: E731
+                            if re.match(r"(add|copy|softmax|sum) ", line)]
+    assert table(parallel) == table(serial) == ["add", "sum", "softmax", "copy"]  # the registry's
+    if compile_check.libtpu_version() is not None:
+        # The workers compiled; the controller's summary line adds up their compiles.
+        for result in (serial, parallel):
+            line = COMPILES_LINE.search(result.stdout.str())
+            assert line and int(line.group(1)) > 0, result.stdout.str()[-2000:]
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param(("-n", "0"), id="-n 0"),
+    pytest.param(("-p", "no:xdist"), id="-p no:xdist"),
+    pytest.param(("--pallas-ops=add",), id="one op: the edit-and-rerun loop"),
+])
+def test_no_workers_where_the_user_chose_or_they_cannot_pay_off(run_pytest, cores, args):
+    # Every test deselected: the run configures (and would start its workers) and stops.
+    result = run_pytest("--pallas-conformance", "-k", "no_such_test", *args, timeout=300)
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout.str()[-3000:]
+    output = result.stdout.str()
+    assert not WORKERS_LINE.search(output) and "created:" not in output, output[-3000:]
+
+
+FAILING_TESTS = textwrap.dedent(
+    """
+    import pytest
+
+    @pytest.mark.pallas
+    @pytest.mark.parametrize("n", range(4))
+    def test_fails(n):
+        assert n < 0
+    """
+)
+
+
+def test_workers_draw_with_the_seed_the_header_prints(pytester, monkeypatch):
+    """Without --pallas-seed each process would pick its own: the reproduce lines would lie."""
+    monkeypatch.delenv("CI", raising=False)  # the dev profile: a fresh seed each run
+    pytester.makepyfile(test_user=FAILING_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
+                                           "--pallas-interpret=plain", timeout=300)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    output = result.stdout.str()
+    header_seed = re.search(r"pallas: .*; seed (\d+) \(reproduce with", output).group(1)
+    reproduce_seeds = re.findall(r"seed (\d+); reproduce with", output)
+    assert len(reproduce_seeds) == 4 and set(reproduce_seeds) == {header_seed}, (
+        header_seed, reproduce_seeds)
