@@ -103,7 +103,10 @@ def test_stores_and_dmas_into_reshaped_and_bitcast_refs_run(pytester, run_pytest
 # Two TensorCores (v5p) each DMA 8 rows into one (16, 128) HBM output through its (2, 8, 128)
 # view. Into different halves, nothing races: the detector must see each write's 8 rows, not
 # the whole buffer (which writing back the whole view would claim). Into the same half, the
-# two unordered writes are a real race, and it must still be found.
+# two unordered writes are a real race, and it must still be found. The same for reads: a DMA
+# reading a core's own half back through the view does not race with the other core's write
+# to the other half (reading the whole buffer and then the view would); reading the other
+# core's half does.
 TWO_CORES_WRITE_THROUGH_A_VIEW = textwrap.dedent('''
     import functools
     import jax, jax.numpy as jnp, numpy as np, pytest
@@ -134,17 +137,49 @@ TWO_CORES_WRITE_THROUGH_A_VIEW = textwrap.dedent('''
     @pytest.mark.pallas
     def test_same_half():
         call(jnp.ones((16, 128), jnp.float32), same_half=True)
+
+    # Each core writes its half directly, then reads a half back through the view.
+    def read_back(x_ref, o_hbm, buf, sem, *, other_half):
+        i = pl.program_id(0)
+        write = pltpu.make_async_copy(x_ref, o_hbm.at[pl.ds(i * 8, 8)], sem)
+        write.start()
+        write.wait()
+        half = 1 - i if other_half else i
+        read = pltpu.make_async_copy(o_hbm.reshape(2, 8, 128).at[half], buf, sem)
+        read.start()
+        read.wait()
+
+    def call_read_back(x, other_half):
+        return pl.pallas_call(
+            functools.partial(read_back, other_half=other_half),
+            out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32), grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        )(x)
+
+    @pytest.mark.pallas
+    def test_read_back_own_half():
+        x = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
+        np.testing.assert_array_equal(np.asarray(call_read_back(x, False)), np.asarray(x))
+
+    @pytest.mark.pallas
+    def test_read_back_other_half():
+        call_read_back(jnp.ones((16, 128), jnp.float32), other_half=True)
 ''')
 
 
-def test_writes_through_a_view_race_only_where_they_overlap(pytester, run_pytest):
+def test_accesses_through_a_view_race_only_where_they_overlap(pytester, run_pytest):
     pytester.makepyfile(test_halves=TWO_CORES_WRITE_THROUGH_A_VIEW)
     result = run_pytest("--pallas-interpret=tpu", "--pallas-detect-races", "--pallas-chip=v5p",
                         "-p", "no:xdist", *NO_FALLBACK)
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, failed=2)
     output = result.stdout.str()
     assert "FAILED test_halves.py::test_same_half" in output
+    assert "FAILED test_halves.py::test_read_back_other_half" in output
     assert "[data-race] broken by kernel 'halves" in output
+    assert "[data-race] broken by kernel 'read_back" in output
     assert output.count("RACE DETECTED") >= 1
 
 

@@ -14,13 +14,13 @@ of JAX's state discharge (``jax._src.state.discharge.transform_array``; a bitcas
 that changes the bit width packs along the second-minor axis, row 2i in the low
 half).
 
-Reads read the block and apply the views. Writes never read: the views are run
-backwards on the written value to find which elements of the block it lands in
-and with what bits, and those elements are written, box by box, with the
-interpreter's own ``store`` / ``swap`` on exact index ranges. So the race
-detector sees exactly the elements the kernel wrote and no read the kernel never
-made (two cores writing disjoint rows of one reshaped buffer do not race; two
-writing the same rows do).
+The views are run backwards to find which elements of the block an access
+addresses; those are read or written, box by box, with the interpreter's own
+``get`` / ``store`` / ``swap`` on exact index ranges, and a write never reads. So
+the race detector sees exactly the elements the kernel touched: two cores writing
+disjoint rows of one reshaped buffer do not race, two writing the same rows do,
+and a DMA reading one page of a reshaped cache does not race with a write to
+another page.
 """
 
 from __future__ import annotations
@@ -183,6 +183,16 @@ class _ViewWrite:
         return _apply_views(self.views, old, self.to_range)
 
 
+def _addressed_by_read(views: tuple[Any, ...], block: Any, to_range: Any) -> Any:
+    """Which elements of ``block`` a read through ``views`` sees (a whole packed word for part)."""
+    import numpy as np
+
+    seen = _apply_views(views, block, to_range)
+    marked = _write_through_views(views, np.zeros_like(block),
+                                  _all_bits(seen.shape, seen.dtype), to_range)
+    return _bits(marked) != 0
+
+
 def _block_shape(buffer_shape: tuple[int, ...], rnge: tuple[Any, ...]) -> tuple[int, ...]:
     """The shape a range of the buffer selects (an int index drops its axis)."""
     shape = []
@@ -221,6 +231,11 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
         key = (space, int(buffer_id), int(device_id), core_for_buffer(int(local_core_id), space))
         return shared_memory().mem[key]
 
+    def box_indexer(box: tuple[slice, ...], block_shape: tuple[int, ...]) -> Any:
+        """The indexer of ``box`` of a block, which the interpreter composes with the block's."""
+        return make_indexer(tuple(make_slice(b.start, b.stop - b.start) for b in box),
+                            block_shape)
+
     def view_write(device_id: Any, local_core_id: Any, memory_space: Any, buffer_id: Any,
                    block_transforms: tuple[Any, ...], views: tuple[Any, ...], value: Any,
                    mask: Any = None) -> tuple[_ViewWrite, list[tuple[Any, tuple[Any, ...]]]]:
@@ -228,11 +243,8 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
         buffer = buffer_of(device_id, local_core_id, memory_space, buffer_id)
         block_shape = _block_shape(tuple(buffer.logical_shape), to_range(block_transforms))
         write = _ViewWrite(views, block_shape, buffer.dtype, np.asarray(value), mask, to_range)
-        boxes = []
-        for box in write.boxes():
-            indexer = make_indexer(
-                tuple(make_slice(b.start, b.stop - b.start) for b in box), block_shape)
-            boxes.append((box, (*block_transforms, indexer)))
+        boxes = [(box, (*block_transforms, box_indexer(box, block_shape)))
+                 for box in write.boxes()]
         return write, boxes
 
     def get(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
@@ -241,9 +253,15 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
         if not views:
             return raws["get"](token, device_id, local_core_id, memory_space, buffer_id,
                                transforms, *args, **kwargs)
-        token, block = raws["get"](token, device_id, local_core_id, memory_space, buffer_id,
-                                   block_transforms, *args, **kwargs)
-        return token, _apply_views(jax.tree.map(int, views), block, to_range)
+        block_transforms, views = jax.tree.map(int, (block_transforms, views))
+        buffer = buffer_of(device_id, local_core_id, memory_space, buffer_id)
+        block_shape = _block_shape(tuple(buffer.logical_shape), to_range(block_transforms))
+        block = np.zeros(block_shape, buffer.dtype)
+        for box in _boxes(_addressed_by_read(views, block, to_range)):
+            box_transforms = (*block_transforms, box_indexer(box, block_shape))
+            token, block[box] = raws["get"](token, device_id, local_core_id, memory_space,
+                                            buffer_id, box_transforms, *args, **kwargs)
+        return token, _apply_views(views, block, to_range)
 
     def store(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
               buffer_id: Any, transforms: Any, val: Any, *args: Any, **kwargs: Any) -> Any:
