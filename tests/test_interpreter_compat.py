@@ -252,3 +252,43 @@ def test_a_zero_length_dma_waited_alone_under_race_detection_returns(pytester, r
     pytester.makepyfile(test_zero_length_alone=ZERO_LENGTH_DMA_ALONE)
     result = run_pytest("--pallas-detect-races", "-p", "no:xdist")
     result.assert_outcomes(passed=1)
+
+
+# An operand of pl.kernel constrained to SMEM, as tokamax's gmm_v2 passes its group sizes:
+# the TPU interpreter refused it ("Unsupported memory space: smem").
+SMEM_OPERAND = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from pytest_pallas.tpu import tensorcore_mesh
+
+    def body(scale_ref, x_hbm, o_hbm, buf, sem):
+        copy_in = pltpu.make_async_copy(x_hbm, buf, sem)
+        copy_in.start()
+        copy_in.wait()
+        buf[...] = buf[...] * scale_ref[1].astype(jnp.float32)
+        copy_out = pltpu.make_async_copy(buf, o_hbm, sem)
+        copy_out.start()
+        copy_out.wait()
+
+    @jax.jit
+    def scaled(scale, x):
+        scale = pltpu.with_memory_space_constraint(scale, pltpu.SMEM)
+        return pl.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         mesh=tensorcore_mesh("core", 1),
+                         scratch_types=[pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA],
+                         )(scale, x)
+
+    @pytest.mark.pallas
+    def test_smem_operand():
+        x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+        out = scaled(jnp.asarray([2, 3], jnp.int32), x)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(x) * 3)
+''')
+
+
+def test_an_operand_constrained_to_smem_runs_in_the_tpu_interpreter(pytester, run_pytest):
+    pytester.makepyfile(test_smem_operand=SMEM_OPERAND)
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist",
+                        "-W", "error::pytest_pallas.plugin.hooks.PallasInterpreterFallback")
+    result.assert_outcomes(passed=1)

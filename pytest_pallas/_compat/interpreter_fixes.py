@@ -244,3 +244,39 @@ def zero_byte_waits_return() -> Iterator[bool]:
         yield True
     finally:
         semaphore_class.wait = original_wait
+
+
+@contextlib.contextmanager
+def memory_space_constraints_accepted() -> Iterator[bool]:
+    """An input constrained to SMEM or VMEM (``pltpu.with_memory_space_constraint``) runs in
+    JAX's TPU interpreter, as one in HBM does.
+
+    The interpreter strips the memory space of a kernel's operands (its
+    ``remove_memory_space`` primitive) and copies each into a buffer of its own, but
+    its rule accepts only HBM and ANY and raised "Unsupported memory space: smem"
+    for the rest (tokamax's ``gmm_v2`` passes its group sizes to ``pl.kernel`` in
+    SMEM). Where an operand lives changes nothing of its value, and the kernel's refs
+    take their memory spaces from its block specs, not from this: so any memory space
+    is stripped the same way. Yields False where the primitive cannot be reached.
+    """
+    try:
+        primitive = _private(f"{_INTERPRETER_PACKAGE}.interpret_pallas_call",
+                             "remove_memory_space_p")
+        core = _private("jax._src.core")
+        original = primitive.abstract_eval
+        memory_space_class = core.MemorySpace
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+
+    def strip(x: Any) -> Any:
+        if (isinstance(x, core.ShapedArray) and x.memory_space is not None
+                and not isinstance(x.memory_space, memory_space_class)):
+            return core.ShapedArray(x.shape, x.dtype)
+        return x
+
+    primitive.def_abstract_eval(strip)
+    try:
+        yield True
+    finally:
+        primitive.abstract_eval = original
