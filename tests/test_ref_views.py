@@ -218,7 +218,7 @@ def test_a_write_through_a_bitcast_is_the_inverse_of_the_read():
 def test_a_write_through_a_reshape_addresses_only_its_elements():
     write = ref_views._ViewWrite((_Reshape((4, 4, 8)),), (16, 8), np.float32,
                                  np.ones((4, 4, 8), np.float32), None, _to_range)
-    assert write.boxes() == [(slice(0, 16), slice(0, 8))]
+    assert ref_views._boxes(write.addressed) == [(slice(0, 16), slice(0, 8))]
     assert ref_views._boxes(np.eye(3, dtype=bool)) == [
         (slice(0, 1), slice(0, 1)), (slice(1, 2), slice(1, 2)), (slice(2, 3), slice(2, 3))]
 
@@ -238,3 +238,46 @@ def test_a_write_of_half_a_packed_word_is_refused_not_guessed():
     with pytest.raises(NotImplementedError, match="part of a packed element"):
         ref_views._ViewWrite(views, (8, 4), np.uint32, np.ones((1, 4), np.uint16), None,
                              _to_range)
+
+
+def test_a_masked_store_jax_refuses_though_in_bounds_is_recognised():
+    # Rows 0:8, columns 0:2 of an (8, 2, 128) block, all in bounds: JAX's check slices the
+    # first axis at 2 (the size of axis 1) and refuses rows 2:8.
+    mask = np.zeros((8, 2, 128), bool)
+    mask[:, :, :64] = True
+    assert ref_views._wrongly_refused(mask, (8, 2, 128))
+    # Truly out of bounds (the buffer ends after 4 rows): JAX's refusal stands.
+    assert not ref_views._wrongly_refused(mask, (4, 2, 128))
+    # A shape JAX checks right is left to JAX.
+    assert not ref_views._wrongly_refused(np.ones((2, 8, 128), bool), (2, 8, 128))
+
+
+# A masked store of rows 4:12 of a (16, 8, 128) block, as JAX's ragged paged attention
+# stores its query rows: JAX's bounds check slices the first axis at 8 (axis 1's size) and
+# refused it as out of bounds.
+MASKED_STORE = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def rows(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+        iota = jax.lax.broadcasted_iota(jnp.int32, o_ref.shape, 0)
+        pltpu.store(o_ref, jnp.ones(o_ref.shape, jnp.float32),
+                    mask=jnp.logical_and(iota >= 4, iota < 12))
+
+    @pytest.mark.pallas
+    def test_masked_rows():
+        x = jnp.zeros((16, 8, 128), jnp.float32)
+        out = pl.pallas_call(rows, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+        expected = np.zeros((16, 8, 128), np.float32)
+        expected[4:12] = 1.0
+        np.testing.assert_array_equal(np.asarray(out), expected)
+''')
+
+
+def test_an_in_bounds_masked_store_runs_in_the_tpu_interpreter(pytester, run_pytest):
+    pytester.makepyfile(test_masked_store=MASKED_STORE)
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist",
+                        *NO_FALLBACK)
+    result.assert_outcomes(passed=1)

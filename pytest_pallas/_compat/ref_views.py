@@ -170,18 +170,6 @@ class _ViewWrite:
             self.mask = _bits(_write_through_views(views, zeros, ones, to_range)) == full
         self.views, self.to_range = views, to_range
 
-    def boxes(self) -> list[tuple[slice, ...]]:
-        return _boxes(self.addressed)
-
-    def old_view(self, old_boxes: list[tuple[tuple[slice, ...], Any]], dtype: Any) -> Any:
-        """What the kernel saw through the views before the write (a swap returns it)."""
-        import numpy as np
-
-        old = np.zeros(self.addressed.shape, dtype)
-        for box, content in old_boxes:
-            old[box] = np.asarray(content).reshape(old[box].shape)
-        return _apply_views(self.views, old, self.to_range)
-
 
 def _addressed_by_read(views: tuple[Any, ...], block: Any, to_range: Any) -> Any:
     """Which elements of ``block`` a read through ``views`` sees (a whole packed word for part)."""
@@ -200,6 +188,41 @@ def _block_shape(buffer_shape: tuple[int, ...], rnge: tuple[Any, ...]) -> tuple[
         if isinstance(index, slice):
             shape.append(len(range(index.start, index.stop, index.step or 1)))
     return (*shape, *buffer_shape[len(rnge):])
+
+
+def _in_bounds_shape(buffer_shape: tuple[int, ...],
+                     rnge: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """The shape of the part of a range inside the buffer (int indices dropped), or None when an
+    index is out of bounds or a slice has a step (left to JAX)."""
+    shape = []
+    for size, index in zip(buffer_shape, (*rnge, *(slice(0, n) for n in
+                                                    buffer_shape[len(rnge):]))):
+        if isinstance(index, slice):
+            if index.step not in (None, 1):
+                return None
+            shape.append(max(0, min(index.stop, size) - index.start))
+        elif not 0 <= index < size:
+            return None
+    return tuple(shape)
+
+
+def _wrongly_refused(mask: Any, in_bounds_shape: tuple[int, ...]) -> bool:
+    """Whether JAX's masked-swap bounds check refuses ``mask`` though its True elements are all
+    inside ``in_bounds_shape``.
+
+    JAX (0.10 to 0.12, ``SharedMemory.swap_buffer_content``) marks the out-of-bounds part
+    with ``in_bounds_mask[in_bounds_shape[i]:] = False`` for every axis i, which always
+    slices the first axis: a masked store of rows 0:8 into an (8, 2, 128) block is
+    refused because axis 1 has 2 elements. The fix upstream indexes axis i.
+    """
+    import numpy as np
+
+    as_jax_checks = np.ones(mask.shape, bool)
+    for size in in_bounds_shape:
+        as_jax_checks[size:] = False
+    in_bounds = np.zeros(mask.shape, bool)
+    in_bounds[tuple(slice(0, size) for size in in_bounds_shape)] = True
+    return bool((mask & ~as_jax_checks).any() and not (mask & ~in_bounds).any())
 
 
 @contextlib.contextmanager
@@ -239,12 +262,14 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
     def view_write(device_id: Any, local_core_id: Any, memory_space: Any, buffer_id: Any,
                    block_transforms: tuple[Any, ...], views: tuple[Any, ...], value: Any,
                    mask: Any = None) -> tuple[_ViewWrite, list[tuple[Any, tuple[Any, ...]]]]:
-        """The write, and per box of the block it sets: (the box, the transforms to it)."""
+        """The write, and per box of the block it sets (the mask's part of it, if masked):
+        (the box, the transforms to it)."""
         buffer = buffer_of(device_id, local_core_id, memory_space, buffer_id)
         block_shape = _block_shape(tuple(buffer.logical_shape), to_range(block_transforms))
         write = _ViewWrite(views, block_shape, buffer.dtype, np.asarray(value), mask, to_range)
+        written = write.addressed if write.mask is None else write.addressed & write.mask
         boxes = [(box, (*block_transforms, box_indexer(box, block_shape)))
-                 for box in write.boxes()]
+                 for box in _boxes(written)]
         return write, boxes
 
     def get(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
@@ -277,26 +302,49 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
                                   box_transforms, write.values[box], *args, **kwargs)
         return token
 
+    def masked_swap_by_boxes(token: Any, device_id: Any, local_core_id: Any,
+                             memory_space: Any, buffer_id: Any, transforms: Any, val: Any,
+                             mask: Any, *args: Any, **kwargs: Any) -> Any:
+        """A masked store that JAX's bounds check would refuse though every masked element is
+        in bounds, done as unmasked stores of the mask's boxes; None for any other swap."""
+        transforms = jax.tree.map(int, tuple(transforms))
+        rnge = to_range(transforms)
+        buffer = buffer_of(device_id, local_core_id, memory_space, buffer_id)
+        mask, val = np.asarray(mask, bool), np.asarray(val)
+        in_bounds = _in_bounds_shape(tuple(buffer.logical_shape), rnge)
+        if in_bounds is None or not _wrongly_refused(mask, in_bounds):
+            return None
+        block_shape = _block_shape(tuple(buffer.logical_shape), rnge)
+        old = val.copy()  # JAX's masked swap returns the value where the mask is off
+        for box in _boxes(mask):
+            token, old[box] = raws["swap"](token, device_id, local_core_id, memory_space,
+                                           buffer_id, (*transforms, box_indexer(box, block_shape)),
+                                           val[box], None, *args, **kwargs)
+        return token, old
+
     def swap(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
              buffer_id: Any, transforms: Any, val: Any, mask: Any, *args: Any,
              **kwargs: Any) -> Any:
         block_transforms, views = _split_at_first_view(transforms)
         if not views:
+            done = None if mask is None else masked_swap_by_boxes(
+                token, device_id, local_core_id, memory_space, buffer_id, transforms, val,
+                mask, *args, **kwargs)
+            if done is not None:
+                return done
             return raws["swap"](token, device_id, local_core_id, memory_space, buffer_id,
                                 transforms, val, mask, *args, **kwargs)
         block_transforms, views = jax.tree.map(int, (block_transforms, views))
         write, boxes = view_write(device_id, local_core_id, memory_space, buffer_id,
                                   block_transforms, views, val, mask)
-        old = []
+        # Each box is written whole (a masked store's boxes are its mask's), so no masked
+        # swap of JAX's runs here. Where the mask is off, a masked swap returns the value.
+        old = write.values.copy()
         for box, box_transforms in boxes:
-            box_mask = None if write.mask is None else write.mask[box]
-            if box_mask is not None and box_mask.all():
-                box_mask = None
-            token, content = raws["swap"](token, device_id, local_core_id, memory_space,
-                                          buffer_id, box_transforms, write.values[box],
-                                          box_mask, *args, **kwargs)
-            old.append((box, content))
-        return token, write.old_view(old, write.values.dtype)
+            token, old[box] = raws["swap"](token, device_id, local_core_id, memory_space,
+                                           buffer_id, box_transforms, write.values[box], None,
+                                           *args, **kwargs)
+        return token, _apply_views(views, old, write.to_range)
 
     replacements = {"get": get, "store": store, "swap": swap}
     for name, function in replacements.items():
