@@ -109,6 +109,7 @@ class Backend:
             # An empty slice at a dimension's end is in bounds, as on the chip.
             stack.enter_context(interpreter_fixes.empty_slices_in_bounds())
             stack.enter_context(interpreter_fixes.zero_byte_waits_return())
+            stack.enter_context(interpreter_fixes.empty_accesses_race_with_nothing())
             # Operands constrained to SMEM or VMEM, as to HBM.
             stack.enter_context(interpreter_fixes.memory_space_constraints_accepted())
             # Loads, stores and DMAs from and to ref.reshape(...) and ref.bitcast(...) views.

@@ -217,6 +217,50 @@ def test_a_zero_length_dma_at_the_end_of_an_array_is_no_finding(pytester, run_py
         result.stdout.fnmatch_lines(["pallas: TPU compiler check: 1 kernel compiles*"])
 
 
+def _race_detector():
+    """JAX's race detector and a write of one of two unordered cores, at either end of the range."""
+    import inspect
+
+    from jax._src.pallas.mosaic.interpret import race_detection_state, vector_clock
+
+    fields = inspect.signature(race_detection_state.RaceDetectionState).parameters
+    state = (race_detection_state.RaceDetectionState(num_cores=2) if "num_cores" in fields
+             else race_detection_state.RaceDetectionState(on_race="warn"))
+
+    def clock(core):  # each core has ticked once: the two are unordered
+        if hasattr(vector_clock, "NpVectorClock"):
+            tick = vector_clock.NpVectorClock(2)
+            tick.inc(core)
+        else:
+            tick = vector_clock.make_vector_clock(2)
+            vector_clock.inc_vector_clock(tick, core)
+        return tick
+
+    def write(core, rnge):
+        if "thread" in inspect.signature(state.check_write).parameters:
+            state.check_write((0, core), clock(core), ("vmem", 0, 0, 0), rnge)
+        else:
+            state.check_write(0, core, clock(core), ("vmem", 0, 0, 0), rnge)
+
+    return state, write
+
+
+def test_a_zero_length_write_races_with_nothing():
+    # tpu-inference's fused MoE: an all-to-all copy of zero rows (an expert no token chose)
+    # into rows [2, 2), unordered with another device's copy into rows [2, 3). JAX's detector
+    # (race_detection_state._slices_overlap) took slice(2, 2) as overlapping slice(2, 3).
+    from pytest_pallas._compat import interpreter_fixes
+
+    with interpreter_fixes.empty_accesses_race_with_nothing() as on:
+        assert on
+        state, write = _race_detector()
+        write(0, (0, slice(2, 3, 1), slice(0, 128, 1)))
+        write(1, (0, slice(2, 2, 1), slice(0, 128, 1)))
+        assert not state.races_found
+        write(1, (0, slice(2, 4, 1), slice(0, 128, 1)))  # a real overlap is still a race
+        assert state.races_found
+
+
 # The same no-op tile's copy on a semaphore of its own, under race detection: nothing ever
 # signals that semaphore, and JAX's interpreter stopped at `assert clock is not None` in its
 # wait (tpu-inference's ragged conv1d with --pallas-detect-races). A wait for 0 bytes returns.

@@ -29,6 +29,8 @@ def _case_params(check: str):
     params = []
     for case in CASES_2026:
         marks = [pytest.mark.devices(case.devices)]
+        if case.slow and check != "check_kernel":
+            marks.append(pytest.mark.full_corpus)
         if case.package and not _installed(case.package):
             marks.append(pytest.mark.skip(
                 reason=f"{case.package} is not installed: bash .ci/install-corpus-2026 "

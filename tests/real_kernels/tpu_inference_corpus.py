@@ -299,6 +299,59 @@ def _rpa_reference(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_
     return out, cache
 
 
+# --- fused expert-parallel MoE -----------------------------------------------------------
+
+# 16 bfloat16 tokens of width 256 routed to the top 2 of 4 experts (intermediate width 256),
+# the experts split over 2 devices (expert parallelism: each device holds 2 experts and 8
+# tokens, and tokens travel to their experts' device and back). bfloat16 packs two tokens a
+# 32-bit row, which the kernel reads and writes through bitcast refs.
+MOE_TOKENS, MOE_HIDDEN, MOE_INTERMEDIATE, MOE_EXPERTS, MOE_TOP_K, MOE_DEVICES = \
+    16, 256, 256, 4, 2, 2
+
+
+def _moe_args():
+    tokens = _normal(170, (MOE_TOKENS, MOE_HIDDEN), jnp.bfloat16)
+    w1 = (_normal(171, (MOE_EXPERTS, 2, MOE_HIDDEN, MOE_INTERMEDIATE)) / 16).astype(jnp.bfloat16)
+    w2 = (_normal(172, (MOE_EXPERTS, MOE_INTERMEDIATE, MOE_HIDDEN)) / 16).astype(jnp.bfloat16)
+    # Distinct router logits in every row (a permutation, exact in bfloat16): no tie for
+    # the top 2 that the kernel and the reference could break differently.
+    rng = np.random.default_rng(173)
+    gating = np.stack([rng.permutation(MOE_EXPERTS) for _ in range(MOE_TOKENS)]) * 0.5 - 1.0
+    return tokens, w1, w2, jnp.asarray(gating, jnp.bfloat16)
+
+
+def _fused_ep_moe(tokens, w1, w2, gating):
+    moe = load("kernels.fused_moe.v1.kernel")
+    # A 2D mesh whose other axis has size 1, as the kernel requires; automatic axes (the
+    # kernel's shard_map places its operands itself).
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:MOE_DEVICES]).reshape(1, MOE_DEVICES),
+                             ("data", "model"))
+    # The whole of every dimension in one block: the tuned table has no entry this small.
+    return moe.fused_ep_moe(mesh, tokens, w1, w2, gating, MOE_TOP_K, bt=8, btc=8,
+                            bf=MOE_INTERMEDIATE, bfc=MOE_INTERMEDIATE, bd1=MOE_HIDDEN,
+                            bd1c=MOE_HIDDEN, bd2=MOE_HIDDEN, bd2c=MOE_HIDDEN)
+
+
+# The kernel truncates each expert's float32 output to bfloat16 (it keeps the high 16 bits:
+# up to 1 ulp, toward zero) and weights and sums the experts' outputs in bfloat16, so its
+# output is within 2 bfloat16 ulps (2 ** -6) of the exact answer, not the default 1 (2 ** -7).
+MOE_RTOL = 2.0 ** -6
+
+
+def _fused_moe_reference(tokens, w1, w2, gating):
+    """Each token: softmax over the router logits, its top 2 experts, each a SwiGLU MLP
+    (silu(x w1[e, 0]) * (x w1[e, 1])) w2[e], summed with the experts' softmax weights."""
+    x, w1, w2, logits = _f64(tokens), _f64(w1), _f64(w2), _f64(gating)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for e in np.argsort(-weights[t], kind="stable")[:MOE_TOP_K]:
+            gate, up = x[t] @ w1[e, 0], x[t] @ w1[e, 1]
+            out[t] += weights[t, e] * ((gate / (1 + np.exp(-gate)) * up) @ w2[e])
+    return out
+
+
 # --- all-gather matmul (tensor parallelism) -----------------------------------------------
 
 def _all_gather_matmul(devices: int):
@@ -340,6 +393,8 @@ TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for ca
          _causal_conv1d_reference, reduction_length=CONV_WIDTH),
     Case("tpu_inference_ragged_paged_attention_v3", _ragged_paged_attention_v3, _rpa_args,
          _rpa_reference, reduction_length=max(RPA_KV_LENS)),
+    Case("tpu_inference_fused_ep_moe", _fused_ep_moe, _moe_args, _fused_moe_reference,
+         reduction_length=MOE_HIDDEN, devices=MOE_DEVICES, rtol=MOE_RTOL, slow=True),
     *(Case(f"tpu_inference_all_gather_matmul_{n}_devices", _all_gather_matmul(n),
            _all_gather_matmul_args(n), lambda x, y: _f64(x) @ _f64(y), reduction_length=256,
            devices=n) for n in (2, 4)),
