@@ -44,6 +44,9 @@ class Case:
     # A megacore kernel (its grid split across the chip's TensorCores) runs only on a
     # stand-in chip with that many (--pallas-chip=v5p); on fewer it waits forever.
     min_tensor_cores: int = 1
+    # The VMEM (MiB) the kernel asks for (its vmem_limit_bytes): on a stand-in chip with
+    # less, the plugin rightly reports [vmem-footprint], so its runs skip there, naming it.
+    vmem_limit_mib: int = 0
     # A relative tolerance the kernel's documented rounding needs beyond the comparator's
     # default (say why where the case sets it).
     rtol: float | None = None

@@ -394,7 +394,8 @@ TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for ca
     Case("tpu_inference_ragged_paged_attention_v3", _ragged_paged_attention_v3, _rpa_args,
          _rpa_reference, reduction_length=max(RPA_KV_LENS)),
     Case("tpu_inference_fused_ep_moe", _fused_ep_moe, _moe_args, _fused_moe_reference,
-         reduction_length=MOE_HIDDEN, devices=MOE_DEVICES, rtol=MOE_RTOL, slow=True),
+         reduction_length=MOE_HIDDEN, devices=MOE_DEVICES, rtol=MOE_RTOL, slow=True,
+         vmem_limit_mib=100),  # its vmem_limit_bytes: a kernel for 128 MiB chips (v5e, v6e)
     *(Case(f"tpu_inference_all_gather_matmul_{n}_devices", _all_gather_matmul(n),
            _all_gather_matmul_args(n), lambda x, y: _f64(x) @ _f64(y), reduction_length=256,
            devices=n) for n in (2, 4)),
