@@ -392,7 +392,7 @@ TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for ca
     Case("tpu_inference_ragged_causal_conv1d", _causal_conv1d, _conv_args,
          _causal_conv1d_reference, reduction_length=CONV_WIDTH),
     Case("tpu_inference_ragged_paged_attention_v3", _ragged_paged_attention_v3, _rpa_args,
-         _rpa_reference, reduction_length=max(RPA_KV_LENS)),
+         _rpa_reference, reduction_length=max(RPA_KV_LENS), slow=True),
     Case("tpu_inference_fused_ep_moe", _fused_ep_moe, _moe_args, _fused_moe_reference,
          reduction_length=MOE_HIDDEN, devices=MOE_DEVICES, rtol=MOE_RTOL, slow=True,
          vmem_limit_mib=100),  # its vmem_limit_bytes: a kernel for 128 MiB chips (v5e, v6e)
