@@ -22,6 +22,7 @@ from ._compat import (
     interpreter_fixes,
     jax_internals,
     pallas_call_hooks,
+    ref_views,
     tpu_interpreter,
 )
 from .plugin.options import PallasOptions
@@ -108,8 +109,11 @@ class Backend:
             # An empty slice at a dimension's end is in bounds, as on the chip.
             stack.enter_context(interpreter_fixes.empty_slices_in_bounds())
             stack.enter_context(interpreter_fixes.zero_byte_waits_return())
-            # Loads and DMAs from ref.reshape(...) and ref.bitcast(...) views.
-            stack.enter_context(interpreter_fixes.reshaped_and_bitcast_refs_readable())
+            stack.enter_context(interpreter_fixes.empty_accesses_race_with_nothing())
+            # Operands constrained to SMEM or VMEM, as to HBM.
+            stack.enter_context(interpreter_fixes.memory_space_constraints_accepted())
+            # Loads, stores and DMAs from and to ref.reshape(...) and ref.bitcast(...) views.
+            stack.enter_context(ref_views.reshaped_and_bitcast_refs())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
             # A pallas_call built before (at import time) is interpreted too.
             stack.enter_context(pallas_call_hooks.forced_interpreter_when_called())

@@ -246,94 +246,86 @@ def zero_byte_waits_return() -> Iterator[bool]:
         semaphore_class.wait = original_wait
 
 
-# --- reshaped and bitcast refs ---------------------------------------------------------
-#
-# The TPU interpreter turns a ref's transforms into one index range and assumes each is an
-# indexer (interpret/utils.py: to_range), so a load, store or DMA through ref.reshape(...) or
-# ref.bitcast(...) stopped with "'ReshapeTransform' object has no attribute 'indices'". Here
-# the indexers before the first other transform select a block of the buffer, as before, and
-# the rest apply to that block with NumPy, in the semantics of JAX's state discharge
-# (jax._src.state.discharge.transform_array; a bitcast packs along the second-minor axis).
-
-
-def _split_at_first_view(transforms: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    transforms = tuple(transforms or ())
-    for position, transform in enumerate(transforms):
-        if not hasattr(transform, "indices"):
-            return transforms[:position], transforms[position:]
-    return transforms, ()
-
-
-def _bitcast(array: Any, dtype: Any) -> Any:
-    import numpy as np
-
-    dtype = np.dtype(dtype)
-    source_bits, target_bits = array.dtype.itemsize * 8, dtype.itemsize * 8
-    array = np.ascontiguousarray(array)
-    if source_bits == target_bits:
-        return array.view(dtype)
-    if array.ndim < 2:
-        raise NotImplementedError("a bitcast that changes the bit width needs 2 dimensions")
-    shape = list(array.shape)
-    shape[-2] = shape[-2] * source_bits // target_bits
-    if source_bits < target_bits:  # pack `ratio` rows into one
-        ratio = target_bits // source_bits
-        grouped = array.reshape(*array.shape[:-2], array.shape[-2] // ratio, ratio, -1)
-        return np.ascontiguousarray(grouped.swapaxes(-1, -2)).view(dtype).reshape(shape)
-    ratio = source_bits // target_bits  # unpack one row into `ratio`
-    pieces = array.view(dtype).reshape(*array.shape, ratio)
-    return np.ascontiguousarray(pieces.swapaxes(-1, -2)).reshape(shape)
-
-
-def _apply_views(views: tuple[Any, ...], block: Any, to_range: Any) -> Any:
-    for transform in views:
-        if hasattr(transform, "indices"):
-            block = block[to_range((transform,))]
-        elif type(transform).__name__ == "ReshapeTransform":
-            block = block.reshape(tuple(transform.shape))
-        elif type(transform).__name__ == "BitcastTransform":
-            block = _bitcast(block, transform.dtype)
-        else:
-            raise NotImplementedError(f"the TPU interpreter cannot apply {transform!r}")
-    return block
-
-
 @contextlib.contextmanager
-def reshaped_and_bitcast_refs_readable() -> Iterator[bool]:
-    """Loads and DMAs *from* a reshaped or bitcast ref run in JAX's TPU interpreter.
+def memory_space_constraints_accepted() -> Iterator[bool]:
+    """An input constrained to SMEM or VMEM (``pltpu.with_memory_space_constraint``) runs in
+    JAX's TPU interpreter, as one in HBM does.
 
-    Writes through such a ref are left to JAX (it raises, and the plugin's
-    fallback skips the kernel naming the limitation): writing back through a view
-    would read the whole block first, which the race detector would count as a read
-    the kernel never made. Yields False when the interpreter's ``get`` cannot be
-    wrapped.
+    The interpreter strips the memory space of a kernel's operands (its
+    ``remove_memory_space`` primitive) and copies each into a buffer of its own, but
+    its rule accepts only HBM and ANY and raised "Unsupported memory space: smem"
+    for the rest (tokamax's ``gmm_v2`` passes its group sizes to ``pl.kernel`` in
+    SMEM). Where an operand lives changes nothing of its value, and the kernel's refs
+    take their memory spaces from its block specs, not from this: so any memory space
+    is stripped the same way. Yields False where the primitive cannot be reached.
     """
     try:
-        module = _private(f"{_INTERPRETER_PACKAGE}.interpret_pallas_call")
-        utils = _private(f"{_INTERPRETER_PACKAGE}.utils")
-        original = module.get
-        raw = original.__wrapped__
-        wrap = module.fail_on_exception
-        to_range = utils.to_range
+        primitive = _private(f"{_INTERPRETER_PACKAGE}.interpret_pallas_call",
+                             "remove_memory_space_p")
+        core = _private("jax._src.core")
+        original = primitive.abstract_eval
+        memory_space_class = core.MemorySpace
     except (JaxInternalsChanged, AttributeError):
         yield False
         return
-    import jax
 
-    def get(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
-            buffer_id: Any, transforms: Any, *args: Any, **kwargs: Any) -> Any:
-        block_transforms, views = _split_at_first_view(transforms)
-        if not views:
-            return raw(token, device_id, local_core_id, memory_space, buffer_id, transforms,
-                       *args, **kwargs)
-        token, block = raw(token, device_id, local_core_id, memory_space, buffer_id,
-                           block_transforms, *args, **kwargs)
-        return token, _apply_views(jax.tree.map(int, views), block, to_range)
+    def strip(x: Any) -> Any:
+        if (isinstance(x, core.ShapedArray) and x.memory_space is not None
+                and not isinstance(x.memory_space, memory_space_class)):
+            return core.ShapedArray(x.shape, x.dtype)
+        return x
 
-    # The interpreter's own module, so its callbacks are recognised as its (see above).
-    get.__module__ = original.__module__
-    module.get = wrap(get)
+    primitive.def_abstract_eval(strip)
     try:
         yield True
     finally:
-        module.get = original
+        primitive.abstract_eval = original
+
+
+def _selects_nothing(rnge: Any) -> bool:
+    return any(isinstance(index, slice) and index.start is not None and index.stop is not None
+               and int(index.stop) <= int(index.start) for index in tuple(rnge or ()))
+
+
+@contextlib.contextmanager
+def empty_accesses_race_with_nothing() -> Iterator[bool]:
+    """A read or write of no element (a zero-length DMA) races with nothing under race
+    detection, as on the chip.
+
+    JAX's race detector (0.10 to 0.12, ``race_detection_state._slices_overlap``) counts
+    ``slice(2, 2)`` as overlapping ``slice(2, 3)``: tpu-inference's fused MoE, whose
+    all-to-all sends a zero-length copy for an expert no token chose, was reported as
+    racing with the copy of the next row. Such an access is not recorded. Yields False
+    where the detector cannot be wrapped.
+    """
+    import inspect
+
+    try:
+        state_class = _private(f"{_INTERPRETER_PACKAGE}.race_detection_state",
+                               "RaceDetectionState")
+        originals = {name: getattr(state_class, name) for name in ("check_read", "check_write")}
+        signatures = {name: inspect.signature(method) for name, method in originals.items()}
+        if any("rnge" not in signature.parameters for signature in signatures.values()):
+            raise AttributeError("no rnge parameter")
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+
+    def skipping_empty(name: str) -> Any:
+        original, signature = originals[name], signatures[name]
+
+        @functools.wraps(original)
+        def check(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _selects_nothing(signature.bind(self, *args, **kwargs).arguments["rnge"]):
+                return None
+            return original(self, *args, **kwargs)
+
+        return check
+
+    for name in originals:
+        setattr(state_class, name, skipping_empty(name))
+    try:
+        yield True
+    finally:
+        for name, original in originals.items():
+            setattr(state_class, name, original)

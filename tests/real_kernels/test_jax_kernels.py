@@ -22,6 +22,8 @@ def _case_params(check: str):
     params = []
     for case in CASES:
         marks = [pytest.mark.devices(case.devices)]
+        if case.slow and check != "check_kernel":
+            marks.append(pytest.mark.full_corpus)
         if check in case.defect_fails:
             marks.append(pytest.mark.xfail(strict=True, reason=case.defect))
         params.append(pytest.param(case, id=case.name, marks=marks))

@@ -29,6 +29,8 @@ def _case_params(check: str):
     params = []
     for case in CASES_2026:
         marks = [pytest.mark.devices(case.devices)]
+        if case.slow and check != "check_kernel":
+            marks.append(pytest.mark.full_corpus)
         if case.package and not _installed(case.package):
             marks.append(pytest.mark.skip(
                 reason=f"{case.package} is not installed: bash .ci/install-corpus-2026 "
@@ -46,6 +48,10 @@ def _skip_below_its_tensor_cores(case) -> None:
     if cores < case.min_tensor_cores:
         pytest.skip(f"a megacore kernel: it needs {case.min_tensor_cores} TensorCores, the "
                     f"stand-in chip has {cores}; run it with --pallas-chip=v5p")
+    vmem_mib = pltpu.get_tpu_info().vmem_capacity_bytes // 2**20
+    if vmem_mib < case.vmem_limit_mib:
+        pytest.skip(f"the kernel asks for {case.vmem_limit_mib} MiB of VMEM (vmem_limit_bytes), "
+                    f"the stand-in chip has {vmem_mib} MiB; run it with --pallas-chip=v5e")
 
 
 @pytest.mark.parametrize("case", _case_params("values"))

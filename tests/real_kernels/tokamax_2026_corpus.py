@@ -141,11 +141,6 @@ def _router_top_k_reference(scores):
     return np.take_along_axis(scores, order, axis=1), order.astype(np.int32)
 
 
-# The plugin itself skips the runs this stops, naming the limitation: no xfail needed.
-SMEM_IN_KERNEL_GAP = (
-    "JAX's TPU interpreter cannot run gmm_v2's pl.kernel: 'Unsupported memory space: smem' "
-    "(its metadata scratch); check_kernel (the TPU compiler) passes")
-
 TOKAMAX_2026_CASES = [dataclasses.replace(case, package="tokamax") for case in [
     Case("tokamax_splash_causal_diagonal_skip", _splash_causal_forward, _mha_args,
          lambda q, k, v: attention_forward64(q, k, v, mask=causal_mask(S, S)),
@@ -158,7 +153,6 @@ TOKAMAX_2026_CASES = [dataclasses.replace(case, package="tokamax") for case in [
          lambda q, k, v, d_out: attention_vjp64(q, k, v, d_out, mask=LOCAL_MASK,
                                                 shared_kv=True),
          reduction_length=S),
-    Case("tokamax_gmm_v2", _gmm_v2, _gmm_v2_args, grouped_matmul64, reduction_length=256,
-         interpreter_gap=SMEM_IN_KERNEL_GAP),
+    Case("tokamax_gmm_v2", _gmm_v2, _gmm_v2_args, grouped_matmul64, reduction_length=256),
     Case("tokamax_router_top_k", _router_top_k, _router_scores, _router_top_k_reference),
 ]]

@@ -244,7 +244,10 @@ def _causal_conv1d_reference(x, state, weight, bias, query_start, state_indices,
 # --- ragged paged attention v3 (vLLM's TPU attention) -------------------------------------
 
 # Three sequences, as vLLM batches them: a decode (1 new token of 70), a prefill (16 of 16)
-# and a chunked prefill (8 new of 40), in pages of 16 tokens, 8 pages a sequence.
+# and a chunked prefill (8 new of 40), in pages of 16 tokens, 8 pages a sequence. The
+# distribution (1, 1, 3) says: sequence 0 decode-only, 1 and 2 mixed. (Sequences in
+# [distribution[0], distribution[1]) are prefill-only, run by a kernel only when the call
+# passes chunk_prefill_size: without one they are left out, output and cache alike.)
 RPA_Q_LENS, RPA_KV_LENS = (1, 16, 8), (70, 16, 40)
 RPA_HEADS, RPA_KV_HEADS, RPA_PAGE, RPA_PAGES_PER_SEQ, RPA_PAGES = 4, 2, 16, 8, 32
 
@@ -257,16 +260,18 @@ def _rpa_args():
     pages = np.random.default_rng(154).permutation(RPA_PAGES)[:3 * RPA_PAGES_PER_SEQ]
     return (queries, keys, values, kv_cache, jnp.asarray(RPA_KV_LENS, jnp.int32),
             jnp.asarray(pages, jnp.int32), jnp.asarray(np.cumsum([0, *RPA_Q_LENS]), jnp.int32),
-            jnp.asarray([1, 2, 3], jnp.int32))
+            jnp.asarray([1, 1, 3], jnp.int32))
 
 
 def _ragged_paged_attention_v3(queries, keys, values, kv_cache, *metadata):
     rpa = load("kernels.ragged_paged_attention.v3.kernel")
     # The kernel donates the new tokens and the cache (vLLM's update in place): copies.
     queries, keys, values, kv_cache = (jnp.copy(a) for a in (queries, keys, values, kv_cache))
-    return rpa.ragged_paged_attention(queries, keys, values, kv_cache, *metadata,
-                                      sm_scale=SCALE, d_block_sizes=(1, 128, 1, 128),
-                                      m_block_sizes=(16, 128, 16, 64))
+    out, cache = rpa.ragged_paged_attention(queries, keys, values, kv_cache, *metadata,
+                                            sm_scale=SCALE, d_block_sizes=(1, 128, 1, 128),
+                                            m_block_sizes=(16, 128, 16, 64))
+    # The rows past the batch's last token are padding, which the kernel leaves unwritten.
+    return out[:sum(RPA_Q_LENS)], cache
 
 
 def _rpa_reference(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_lens,
@@ -275,7 +280,7 @@ def _rpa_reference(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_
     positions kv_len - q_len ..., then causal attention of its queries over its kv_len."""
     queries, keys, values = _f64(queries), _f64(keys), _f64(values)
     cache = _f64(kv_cache).copy()
-    out = np.zeros_like(queries)
+    out = np.zeros_like(queries[:sum(RPA_Q_LENS)])
     group = RPA_HEADS // RPA_KV_HEADS
     for s in range(int(distribution[-1])):
         start, end = int(cu_q_lens[s]), int(cu_q_lens[s + 1])
@@ -292,6 +297,59 @@ def _rpa_reference(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_
                 queries[start:end, head], k[:, head // group], v[:, head // group],
                 mask=mask, scale=SCALE)
     return out, cache
+
+
+# --- fused expert-parallel MoE -----------------------------------------------------------
+
+# 16 bfloat16 tokens of width 256 routed to the top 2 of 4 experts (intermediate width 256),
+# the experts split over 2 devices (expert parallelism: each device holds 2 experts and 8
+# tokens, and tokens travel to their experts' device and back). bfloat16 packs two tokens a
+# 32-bit row, which the kernel reads and writes through bitcast refs.
+MOE_TOKENS, MOE_HIDDEN, MOE_INTERMEDIATE, MOE_EXPERTS, MOE_TOP_K, MOE_DEVICES = \
+    16, 256, 256, 4, 2, 2
+
+
+def _moe_args():
+    tokens = _normal(170, (MOE_TOKENS, MOE_HIDDEN), jnp.bfloat16)
+    w1 = (_normal(171, (MOE_EXPERTS, 2, MOE_HIDDEN, MOE_INTERMEDIATE)) / 16).astype(jnp.bfloat16)
+    w2 = (_normal(172, (MOE_EXPERTS, MOE_INTERMEDIATE, MOE_HIDDEN)) / 16).astype(jnp.bfloat16)
+    # Distinct router logits in every row (a permutation, exact in bfloat16): no tie for
+    # the top 2 that the kernel and the reference could break differently.
+    rng = np.random.default_rng(173)
+    gating = np.stack([rng.permutation(MOE_EXPERTS) for _ in range(MOE_TOKENS)]) * 0.5 - 1.0
+    return tokens, w1, w2, jnp.asarray(gating, jnp.bfloat16)
+
+
+def _fused_ep_moe(tokens, w1, w2, gating):
+    moe = load("kernels.fused_moe.v1.kernel")
+    # A 2D mesh whose other axis has size 1, as the kernel requires; automatic axes (the
+    # kernel's shard_map places its operands itself).
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:MOE_DEVICES]).reshape(1, MOE_DEVICES),
+                             ("data", "model"))
+    # The whole of every dimension in one block: the tuned table has no entry this small.
+    return moe.fused_ep_moe(mesh, tokens, w1, w2, gating, MOE_TOP_K, bt=8, btc=8,
+                            bf=MOE_INTERMEDIATE, bfc=MOE_INTERMEDIATE, bd1=MOE_HIDDEN,
+                            bd1c=MOE_HIDDEN, bd2=MOE_HIDDEN, bd2c=MOE_HIDDEN)
+
+
+# The kernel truncates each expert's float32 output to bfloat16 (it keeps the high 16 bits:
+# up to 1 ulp, toward zero) and weights and sums the experts' outputs in bfloat16, so its
+# output is within 2 bfloat16 ulps (2 ** -6) of the exact answer, not the default 1 (2 ** -7).
+MOE_RTOL = 2.0 ** -6
+
+
+def _fused_moe_reference(tokens, w1, w2, gating):
+    """Each token: softmax over the router logits, its top 2 experts, each a SwiGLU MLP
+    (silu(x w1[e, 0]) * (x w1[e, 1])) w2[e], summed with the experts' softmax weights."""
+    x, w1, w2, logits = _f64(tokens), _f64(w1), _f64(w2), _f64(gating)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for e in np.argsort(-weights[t], kind="stable")[:MOE_TOP_K]:
+            gate, up = x[t] @ w1[e, 0], x[t] @ w1[e, 1]
+            out[t] += weights[t, e] * ((gate / (1 + np.exp(-gate)) * up) @ w2[e])
+    return out
 
 
 # --- all-gather matmul (tensor parallelism) -----------------------------------------------
@@ -315,12 +373,6 @@ def _all_gather_matmul_args(devices: int):
     return lambda: (_normal(160, (32 * devices, 256)), _normal(161, (256, 128 * devices)))
 
 
-# The plugin itself skips the runs this stops, naming the limitation: no xfail needed.
-RESHAPED_REF_GAP = (
-    "JAX's TPU interpreter cannot write through a bitcast ref in a DMA "
-    "('BitcastTransform' object has no attribute 'indices'; issue 23, class 4)")
-
-
 TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for case in [
     Case("tpu_inference_flash_attention_causal", _flash_causal, _flash_args,
          lambda q, k, v: attention_forward64(q, k, v, mask=causal_mask(256, 256), scale=SCALE),
@@ -340,7 +392,10 @@ TPU_INFERENCE_CASES = [dataclasses.replace(case, package="tpu-inference") for ca
     Case("tpu_inference_ragged_causal_conv1d", _causal_conv1d, _conv_args,
          _causal_conv1d_reference, reduction_length=CONV_WIDTH),
     Case("tpu_inference_ragged_paged_attention_v3", _ragged_paged_attention_v3, _rpa_args,
-         _rpa_reference, reduction_length=max(RPA_KV_LENS), interpreter_gap=RESHAPED_REF_GAP),
+         _rpa_reference, reduction_length=max(RPA_KV_LENS), slow=True),
+    Case("tpu_inference_fused_ep_moe", _fused_ep_moe, _moe_args, _fused_moe_reference,
+         reduction_length=MOE_HIDDEN, devices=MOE_DEVICES, rtol=MOE_RTOL, slow=True,
+         vmem_limit_mib=100),  # its vmem_limit_bytes: a kernel for 128 MiB chips (v5e, v6e)
     *(Case(f"tpu_inference_all_gather_matmul_{n}_devices", _all_gather_matmul(n),
            _all_gather_matmul_args(n), lambda x, y: _f64(x) @ _f64(y), reduction_length=256,
            devices=n) for n in (2, 4)),

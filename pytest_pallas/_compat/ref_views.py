@@ -1,0 +1,359 @@
+"""Reshaped and bitcast refs (``ref.reshape(...)``, ``ref.bitcast(...)``) in JAX's TPU interpreter.
+
+Part of the compatibility layer (see ``_compat.jax_internals``): every private JAX
+internal used here is reached through ``_compat.jax_internals._private``, and the
+fix is a context manager that puts JAX back as it was on exit. Tested at both
+ends of the supported range in ``tests/test_interpreter_compat.py``.
+
+The interpreter turns a ref's transforms into one index range and assumes each is
+an indexer (``interpret/utils.py: to_range``), so a load, store or DMA through a
+view stopped with "'ReshapeTransform' object has no attribute 'indices'". Here
+the indexers before the first other transform select a *block* of the buffer, as
+before, and the rest (the views) apply to that block with NumPy, in the semantics
+of JAX's state discharge (``jax._src.state.discharge.transform_array``; a bitcast
+that changes the bit width packs along the second-minor axis, row 2i in the low
+half).
+
+The views are run backwards to find which elements of the block an access
+addresses; those are read or written, box by box, with the interpreter's own
+``get`` / ``store`` / ``swap`` on exact index ranges, and a write never reads. So
+the race detector sees exactly the elements the kernel touched: two cores writing
+disjoint rows of one reshaped buffer do not race, two writing the same rows do,
+and a DMA reading one page of a reshaped cache does not race with a write to
+another page.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from .jax_internals import JaxInternalsChanged, _private
+
+_INTERPRETER = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
+_UTILS = "jax._src.pallas.mosaic.interpret.utils"
+_INDEXING = "jax._src.state.indexing"
+
+
+def _split_at_first_view(transforms: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(the indexers that select a block of the buffer, the transforms applied to it)."""
+    transforms = tuple(transforms or ())
+    for position, transform in enumerate(transforms):
+        if not hasattr(transform, "indices"):
+            return transforms[:position], transforms[position:]
+    return transforms, ()
+
+
+def _bitcast(array: Any, dtype: Any) -> Any:
+    """``array`` bitcast to ``dtype`` as Mosaic does: a width change packs the second-minor axis."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    source_bits, target_bits = array.dtype.itemsize * 8, dtype.itemsize * 8
+    array = np.ascontiguousarray(array)
+    if source_bits == target_bits:
+        return array.view(dtype)
+    if array.ndim < 2:
+        raise NotImplementedError("a bitcast that changes the bit width needs 2 dimensions")
+    shape = list(array.shape)
+    shape[-2] = shape[-2] * source_bits // target_bits
+    if source_bits < target_bits:  # pack `ratio` rows into one
+        ratio = target_bits // source_bits
+        grouped = array.reshape(*array.shape[:-2], array.shape[-2] // ratio, ratio, -1)
+        return np.ascontiguousarray(grouped.swapaxes(-1, -2)).view(dtype).reshape(shape)
+    ratio = source_bits // target_bits  # unpack one row into `ratio`
+    pieces = array.view(dtype).reshape(*array.shape, ratio)
+    return np.ascontiguousarray(pieces.swapaxes(-1, -2)).reshape(shape)
+
+
+def _kind(transform: Any) -> str:
+    if hasattr(transform, "indices"):
+        return "index"
+    name = type(transform).__name__
+    if name in ("ReshapeTransform", "BitcastTransform"):
+        return name
+    raise NotImplementedError(f"the TPU interpreter cannot apply {transform!r} to a ref")
+
+
+def _apply_views(views: tuple[Any, ...], block: Any, to_range: Any) -> Any:
+    """What the kernel sees through ``views`` of ``block`` (a NumPy array)."""
+    for transform in views:
+        kind = _kind(transform)
+        if kind == "index":
+            block = block[to_range((transform,))]
+        elif kind == "ReshapeTransform":
+            block = block.reshape(tuple(transform.shape))
+        else:
+            block = _bitcast(block, transform.dtype)
+    return block
+
+
+def _write_through_views(views: tuple[Any, ...], block: Any, value: Any, to_range: Any) -> Any:
+    """``block`` with ``value`` written through ``views`` (a new array; ``block`` is kept)."""
+    import numpy as np
+
+    if not views:
+        return np.asarray(value, block.dtype).reshape(block.shape)
+    transform, rest = views[0], views[1:]
+    kind = _kind(transform)
+    seen = _apply_views((transform,), block, to_range)
+    written = _write_through_views(rest, np.array(seen), value, to_range)
+    if kind == "index":
+        block = block.copy()
+        block[to_range((transform,))] = written
+        return block
+    if kind == "ReshapeTransform":
+        return written.reshape(block.shape)
+    return _bitcast(written, block.dtype).reshape(block.shape)
+
+
+def _all_bits(shape: tuple[int, ...], dtype: Any) -> Any:
+    import numpy as np
+
+    unsigned = np.dtype(f"u{np.dtype(dtype).itemsize}")
+    return np.full(shape, np.iinfo(unsigned).max, unsigned).view(dtype)
+
+
+def _bits(array: Any) -> Any:
+    import numpy as np
+
+    return array.view(np.dtype(f"u{array.dtype.itemsize}"))
+
+
+def _boxes(mask: Any) -> list[tuple[slice, ...]]:
+    """The True elements of ``mask`` as disjoint boxes (one tuple of slices each), exactly.
+
+    Runs of equal rows along the first axis share their boxes, so a mask that is a box
+    (the usual write) is one.
+    """
+    import numpy as np
+
+    if mask.ndim == 0:
+        return [()] if bool(mask) else []
+    boxes: list[tuple[slice, ...]] = []
+    start, rows = 0, mask.shape[0]
+    while start < rows:
+        stop = start + 1
+        while stop < rows and np.array_equal(mask[stop], mask[start]):
+            stop += 1
+        boxes.extend((slice(start, stop), *inner) for inner in _boxes(mask[start]))
+        start = stop
+    return boxes
+
+
+class _ViewWrite:
+    """A value written through views of a block: which block elements it sets, to what."""
+
+    def __init__(self, views: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any,
+                 value: Any, mask: Any, to_range: Any) -> None:
+        import numpy as np
+
+        zeros = np.zeros(block_shape, dtype)
+        view_shape, view_dtype = np.shape(value), np.asarray(value).dtype
+        # Which block elements the write addresses, found by writing all-ones bits into
+        # zeros: an element with some but not all of its bits set is part of a packed word.
+        addressed = _bits(_write_through_views(views, zeros, _all_bits(view_shape, view_dtype),
+                                               to_range))
+        full = np.iinfo(addressed.dtype).max
+        if ((addressed != 0) & (addressed != full)).any():
+            raise NotImplementedError(
+                "a write through a bitcast ref that sets part of a packed element (the "
+                "interpreter would have to read the rest of it)")
+        self.addressed = addressed == full
+        self.values = _write_through_views(views, zeros, value, to_range)
+        self.mask = None
+        if mask is not None:
+            unsigned = np.dtype(f"u{view_dtype.itemsize}")
+            ones = np.where(np.asarray(mask, bool), np.iinfo(unsigned).max, 0).astype(
+                unsigned).view(view_dtype)
+            self.mask = _bits(_write_through_views(views, zeros, ones, to_range)) == full
+        self.views, self.to_range = views, to_range
+
+
+def _addressed_by_read(views: tuple[Any, ...], block: Any, to_range: Any) -> Any:
+    """Which elements of ``block`` a read through ``views`` sees (a whole packed word for part)."""
+    import numpy as np
+
+    seen = _apply_views(views, block, to_range)
+    marked = _write_through_views(views, np.zeros_like(block),
+                                  _all_bits(seen.shape, seen.dtype), to_range)
+    return _bits(marked) != 0
+
+
+def _block_shape(buffer_shape: tuple[int, ...], rnge: tuple[Any, ...]) -> tuple[int, ...]:
+    """The shape a range of the buffer selects (an int index drops its axis)."""
+    shape = []
+    for index in rnge:
+        if isinstance(index, slice):
+            shape.append(len(range(index.start, index.stop, index.step or 1)))
+    return (*shape, *buffer_shape[len(rnge):])
+
+
+def _in_bounds_shape(buffer_shape: tuple[int, ...],
+                     rnge: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """The shape of the part of a range inside the buffer (int indices dropped), or None when an
+    index is out of bounds or a slice has a step (left to JAX)."""
+    shape = []
+    for size, index in zip(buffer_shape, (*rnge, *(slice(0, n) for n in
+                                                    buffer_shape[len(rnge):]))):
+        if isinstance(index, slice):
+            if index.step not in (None, 1):
+                return None
+            shape.append(max(0, min(index.stop, size) - index.start))
+        elif not 0 <= index < size:
+            return None
+    return tuple(shape)
+
+
+def _wrongly_refused(mask: Any, in_bounds_shape: tuple[int, ...]) -> bool:
+    """Whether JAX's masked-swap bounds check refuses ``mask`` though its True elements are all
+    inside ``in_bounds_shape``.
+
+    JAX (0.10 to 0.12, ``SharedMemory.swap_buffer_content``) marks the out-of-bounds part
+    with ``in_bounds_mask[in_bounds_shape[i]:] = False`` for every axis i, which always
+    slices the first axis: a masked store of rows 0:8 into an (8, 2, 128) block is
+    refused because axis 1 has 2 elements. The fix upstream indexes axis i.
+    """
+    import numpy as np
+
+    as_jax_checks = np.ones(mask.shape, bool)
+    for size in in_bounds_shape:
+        as_jax_checks[size:] = False
+    in_bounds = np.zeros(mask.shape, bool)
+    in_bounds[tuple(slice(0, size) for size in in_bounds_shape)] = True
+    return bool((mask & ~as_jax_checks).any() and not (mask & ~in_bounds).any())
+
+
+@contextlib.contextmanager
+def reshaped_and_bitcast_refs() -> Iterator[bool]:
+    """Loads, stores and DMAs from and to a reshaped or bitcast ref run in JAX's TPU interpreter.
+
+    Yields False when the interpreter's ``get``, ``store`` and ``swap`` cannot be wrapped
+    (JAX's behaviour then: it raises, and the plugin's fallback names the limitation).
+    """
+    try:
+        module = _private(_INTERPRETER)
+        originals = {name: getattr(module, name) for name in ("get", "store", "swap")}
+        raws = {name: function.__wrapped__ for name, function in originals.items()}
+        wrap = module.fail_on_exception
+        shared_memory = module._get_shared_memory
+        space_names = module.TPU_MEMORY_SPACE_NAMES
+        core_for_buffer = module._local_core_id_or_zero_if_hbm
+        to_range = _private(_UTILS).to_range
+        indexing = _private(_INDEXING)
+        make_indexer, make_slice = indexing.NDIndexer.from_indices_shape, indexing.Slice
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+    import jax
+    import numpy as np
+
+    def buffer_of(device_id: Any, local_core_id: Any, memory_space: Any, buffer_id: Any) -> Any:
+        space = space_names[int(memory_space)]
+        key = (space, int(buffer_id), int(device_id), core_for_buffer(int(local_core_id), space))
+        return shared_memory().mem[key]
+
+    def box_indexer(box: tuple[slice, ...], block_shape: tuple[int, ...]) -> Any:
+        """The indexer of ``box`` of a block, which the interpreter composes with the block's."""
+        return make_indexer(tuple(make_slice(b.start, b.stop - b.start) for b in box),
+                            block_shape)
+
+    def view_write(device_id: Any, local_core_id: Any, memory_space: Any, buffer_id: Any,
+                   block_transforms: tuple[Any, ...], views: tuple[Any, ...], value: Any,
+                   mask: Any = None) -> tuple[_ViewWrite, list[tuple[Any, tuple[Any, ...]]]]:
+        """The write, and per box of the block it sets (the mask's part of it, if masked):
+        (the box, the transforms to it)."""
+        buffer = buffer_of(device_id, local_core_id, memory_space, buffer_id)
+        block_shape = _block_shape(tuple(buffer.logical_shape), to_range(block_transforms))
+        write = _ViewWrite(views, block_shape, buffer.dtype, np.asarray(value), mask, to_range)
+        written = write.addressed if write.mask is None else write.addressed & write.mask
+        boxes = [(box, (*block_transforms, box_indexer(box, block_shape)))
+                 for box in _boxes(written)]
+        return write, boxes
+
+    def get(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
+            buffer_id: Any, transforms: Any, *args: Any, **kwargs: Any) -> Any:
+        block_transforms, views = _split_at_first_view(transforms)
+        if not views:
+            return raws["get"](token, device_id, local_core_id, memory_space, buffer_id,
+                               transforms, *args, **kwargs)
+        block_transforms, views = jax.tree.map(int, (block_transforms, views))
+        buffer = buffer_of(device_id, local_core_id, memory_space, buffer_id)
+        block_shape = _block_shape(tuple(buffer.logical_shape), to_range(block_transforms))
+        block = np.zeros(block_shape, buffer.dtype)
+        for box in _boxes(_addressed_by_read(views, block, to_range)):
+            box_transforms = (*block_transforms, box_indexer(box, block_shape))
+            token, block[box] = raws["get"](token, device_id, local_core_id, memory_space,
+                                            buffer_id, box_transforms, *args, **kwargs)
+        return token, _apply_views(views, block, to_range)
+
+    def store(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
+              buffer_id: Any, transforms: Any, val: Any, *args: Any, **kwargs: Any) -> Any:
+        block_transforms, views = _split_at_first_view(transforms)
+        if not views:
+            return raws["store"](token, device_id, local_core_id, memory_space, buffer_id,
+                                 transforms, val, *args, **kwargs)
+        block_transforms, views = jax.tree.map(int, (block_transforms, views))
+        write, boxes = view_write(device_id, local_core_id, memory_space, buffer_id,
+                                  block_transforms, views, val)
+        for box, box_transforms in boxes:
+            token = raws["store"](token, device_id, local_core_id, memory_space, buffer_id,
+                                  box_transforms, write.values[box], *args, **kwargs)
+        return token
+
+    def masked_swap_by_boxes(token: Any, device_id: Any, local_core_id: Any,
+                             memory_space: Any, buffer_id: Any, transforms: Any, val: Any,
+                             mask: Any, *args: Any, **kwargs: Any) -> Any:
+        """A masked store that JAX's bounds check would refuse though every masked element is
+        in bounds, done as unmasked stores of the mask's boxes; None for any other swap."""
+        transforms = jax.tree.map(int, tuple(transforms))
+        rnge = to_range(transforms)
+        buffer = buffer_of(device_id, local_core_id, memory_space, buffer_id)
+        mask, val = np.asarray(mask, bool), np.asarray(val)
+        in_bounds = _in_bounds_shape(tuple(buffer.logical_shape), rnge)
+        if in_bounds is None or not _wrongly_refused(mask, in_bounds):
+            return None
+        block_shape = _block_shape(tuple(buffer.logical_shape), rnge)
+        old = val.copy()  # JAX's masked swap returns the value where the mask is off
+        for box in _boxes(mask):
+            token, old[box] = raws["swap"](token, device_id, local_core_id, memory_space,
+                                           buffer_id, (*transforms, box_indexer(box, block_shape)),
+                                           val[box], None, *args, **kwargs)
+        return token, old
+
+    def swap(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
+             buffer_id: Any, transforms: Any, val: Any, mask: Any, *args: Any,
+             **kwargs: Any) -> Any:
+        block_transforms, views = _split_at_first_view(transforms)
+        if not views:
+            done = None if mask is None else masked_swap_by_boxes(
+                token, device_id, local_core_id, memory_space, buffer_id, transforms, val,
+                mask, *args, **kwargs)
+            if done is not None:
+                return done
+            return raws["swap"](token, device_id, local_core_id, memory_space, buffer_id,
+                                transforms, val, mask, *args, **kwargs)
+        block_transforms, views = jax.tree.map(int, (block_transforms, views))
+        write, boxes = view_write(device_id, local_core_id, memory_space, buffer_id,
+                                  block_transforms, views, val, mask)
+        # Each box is written whole (a masked store's boxes are its mask's), so no masked
+        # swap of JAX's runs here. Where the mask is off, a masked swap returns the value.
+        old = write.values.copy()
+        for box, box_transforms in boxes:
+            token, old[box] = raws["swap"](token, device_id, local_core_id, memory_space,
+                                           buffer_id, box_transforms, write.values[box], None,
+                                           *args, **kwargs)
+        return token, _apply_views(views, old, write.to_range)
+
+    replacements = {"get": get, "store": store, "swap": swap}
+    for name, function in replacements.items():
+        # The interpreter's own module, so its callbacks are recognised as its
+        # (_compat.interpreter_fixes.interpreter_callbacks_on_host_arrays).
+        function.__module__ = originals[name].__module__
+        setattr(module, name, wrap(function))
+    try:
+        yield True
+    finally:
+        for name, original in originals.items():
+            setattr(module, name, original)
