@@ -13,6 +13,13 @@ import pytest
 
 from . import options as options_module
 from . import versions
+from .fixtures import (  # noqa: F401  (pytest finds the plugin's fixtures here)
+    conformance,
+    device_mesh,
+    pallas_backend,
+    pallas_benchmark,
+    pallas_key,
+)
 from .hypothesis_settings import (
     _load_hypothesis_profile,
     _restate_hypothesis_notes,
