@@ -179,11 +179,16 @@ def verdict(lines: list[dict], seeds: int, judged: tuple[str, ...]) -> tuple[lis
 def _cell(missed: list[int] | None, broken: list[int], seeds: int) -> str:
     if missed is None:
         return "not run"
-    text = f"{len(missed)}/{seeds - len(broken)}"
-    if missed:
+    ran = seeds - len(broken)
+    text = f"{len(missed)}/{ran}"
+    caught = [s for s in range(seeds) if s not in missed and s not in broken]
+    if missed and len(missed) > ran // 2:
+        text += " (caught at seed" + "s" * (len(caught) > 1) + " " + ", ".join(
+            map(str, caught)) + " only)" if caught else ""
+    elif missed:
         text += " (seeds " + ", ".join(map(str, missed)) + ")"
     if broken:
-        text += f", {len(broken)} runs without a verdict"
+        text += f", {len(broken)} without a verdict"
     return text
 
 
