@@ -53,6 +53,7 @@ def test_a_sweep_pair_must_name_dimensions_or_params():
     ("flash_attention", "structure:flash_attention_key_mask_from_query_length"),
     ("paged_attention", "structure:paged_attention_page_size_16"),
     ("ppermute", "kernels:ppermute_wrong_direction"),
+    ("rms_norm", "structure:rms_norm_without_eps"),  # the first case: rows = 1, cols = 1
 ])
 def test_a_bug_of_one_structural_value_fails_on_the_sweep_alone(run_value_property, op, bug):
     result, report = run_value_property(op, f"seeded_bugs.{bug}", "--pallas-seed=0",

@@ -1,4 +1,5 @@
-"""Implementations wrong on one structural value only: a head ratio, a page size, s != t.
+"""Implementations wrong on one structural value only: a head ratio, a page size, s != t, a
+one-element row.
 
 Each is plain ``jax.numpy`` (a valid implementation of its op), right on every input
 whose structure avoids its bug, and each bug shows on one value of a dimension of the
@@ -83,3 +84,19 @@ def paged_attention_page_size_16(q, k_pages, v_pages, lengths, page_indices):
     logits = jnp.where(mask[:, None, :], logits, -jnp.inf)
     weights = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum("bht,bhtd->bhd", weights, v.astype(jnp.float32)).astype(q.dtype)
+
+
+def rms_norm_without_eps(x, w, *, eps):
+    """RMS norm as ``x * rsqrt(mean(x^2)) * w``: eps is accepted and never added.
+
+    Right to the tolerance wherever a row's mean square is far above eps (1e-6), as it is
+    for every row of many columns of O(1) values; wrong on a row whose few values are
+    small or zero (cols = 1: ``x / |x|`` instead of ``x / sqrt(x^2 + eps)``, and
+    ``0 * inf = NaN`` for a zero).
+
+    Models: the textbook formula, with the guard against a zero row forgotten.
+    """
+    del eps  # BUG: rsqrt(mean(x^2) + eps)
+    x32 = x.astype(jnp.float32)
+    inverse = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True))
+    return (x32 * inverse * w.astype(jnp.float32)).astype(x.dtype)
