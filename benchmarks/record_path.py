@@ -83,29 +83,25 @@ class Follower:
             if not self.stays or self.stays[-1][1] != module:
                 self.stays.append((self.examples, module))
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_collection(self, session):
+    def _profiled(self):
+        """The body of a hook wrapper: the profile follows the record while the hook runs."""
         sys.setprofile(self.profile)
         try:
             return (yield)
         finally:
             sys.setprofile(None)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection(self, session):
+        return (yield from self._profiled())
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item):  # the fixtures: the harness is made here
-        sys.setprofile(self.profile)
-        try:
-            return (yield)
-        finally:
-            sys.setprofile(None)
+        return (yield from self._profiled())
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
-        sys.setprofile(self.profile)
-        try:
-            return (yield)
-        finally:
-            sys.setprofile(None)
+        return (yield from self._profiled())
 
 
 def _moves(path: list[str]) -> tuple[int, int]:
