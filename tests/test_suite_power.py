@@ -62,6 +62,7 @@ BUGS = [
     ("add", "add_int32_via_float32", ("value",)),
     ("add", "add_ragged_row_block_not_written", ("finite", "value")),
     ("sum", "sum_uninitialized_accumulator", ("written",)),
+    ("sum", "sum_started_flag_assumed_zero", ("written",)),
     ("sum", "sum_unmasked_ragged_block", ("finite",)),
     ("matmul", "matmul_uninitialized_accumulator", ("written",)),
     ("matmul", "matmul_dropped_last_k_block", ("value",)),

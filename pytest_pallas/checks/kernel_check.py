@@ -474,6 +474,14 @@ def run_on_poisoned_and_zeroed_memory(call: Callable[[], Any],
     ``interpret_params`` (a ``pltpu.InterpretParams``; default ones otherwise) gives the
     rest of the interpreter's settings; race detection is off for both runs.
     """
+    return (run_on_fresh_memory(call, "nan", interpret_params),
+            run_on_fresh_memory(call, "zero", interpret_params))
+
+
+def run_on_fresh_memory(call: Callable[[], Any], memory: str,
+                        interpret_params: Any = None) -> Any:
+    """``call()`` in the TPU interpreter with fresh memory filled with ``memory``: "nan"
+    (NaN, the integer maximum, True) or "zero"; race detection off."""
     from jax.experimental.pallas import tpu as pltpu
 
     from ..backend import active_backend
@@ -487,14 +495,51 @@ def run_on_poisoned_and_zeroed_memory(call: Callable[[], Any],
         interpret_params = (own if isinstance(own, pltpu.InterpretParams) else
                             jax_internals.with_tile_padded_bounds(pltpu.InterpretParams()))
     chip = backend.tpu_info if backend is not None else "v5e"
-    results = []
-    with device_kinds.chip_answering_on_this_device(lambda: tpu_info_for(chip)):
-        for memory in ("nan", "zero"):
-            params = dataclasses.replace(interpret_params, uninitialized_memory=memory,
-                                         detect_races=False)
-            with pltpu.force_tpu_interpret_mode(params):
-                results.append(call())
-    return results[0], results[1]
+    params = dataclasses.replace(interpret_params, uninitialized_memory=memory,
+                                 detect_races=False)
+    with (device_kinds.chip_answering_on_this_device(lambda: tpu_info_for(chip)),
+          pltpu.force_tpu_interpret_mode(params)):
+        return call()
+
+
+def poison_differs_from_zero(kernels: Sequence[kernel_model.PallasCallInfo]) -> bool:
+    """Whether every buffer of ``kernels`` starts different from zero in JAX's plain
+    interpreter, which fills fresh memory with NaN, the integer minimum and False.
+
+    Then a result of the plain interpreter that equals, bit for bit, the result of the TPU
+    interpreter with fresh memory zeroed shows that no read of fresh memory reached the
+    result, as the NaN-filled and zeroed runs of the TPU interpreter would. A boolean or
+    unsigned buffer starts at zero both ways (False, the minimum 0), and so does a float
+    type without NaN: those need the TPU interpreter's own NaN-filled run.
+    """
+    def scoped(regions: Sequence[kernel_model.ScopedRegion]) -> Iterator[Any]:
+        for region in regions:
+            yield from (allocation.dtype for allocation in region.allocations)
+            yield from scoped(region.children)
+
+    dtypes = [dtype for info in kernels
+              for dtype in (*(o.dtype for o in info.operands), *(s.dtype for s in info.scratch),
+                            *scoped((info.scoped,)))]
+    return bool(kernels) and all(_plain_poison_is_nonzero(dtype) for dtype in dtypes)
+
+
+def _plain_poison_is_nonzero(dtype: Any) -> bool:
+    import numpy as np
+
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:  # a semaphore: not data the result is made of
+        return True
+    if dtype.kind == "i":
+        return True  # the minimum
+    if dtype.kind in "bu":
+        return False  # False, and an unsigned minimum of 0
+    try:  # floats, bfloat16 and the other ml_dtypes: NaN where the type has one
+        with np.errstate(invalid="ignore"):
+            poison = np.array([np.nan], np.float32).astype(dtype)
+    except (TypeError, ValueError):
+        return False
+    return bool(np.isnan(poison.astype(np.float32))[0])  # float4's NaN is -0: no poison
 
 
 def uninitialized_read_violation(kernel: str, poisoned: Any, zeroed: Any) -> Violation | None:

@@ -74,6 +74,7 @@ def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
 @pytest.fixture
 def conformance(request: pytest.FixtureRequest):
     """The conformance harness: draws inputs for an op and checks the chosen implementation."""
+    from ..strategies import PROFILE_MOST_DEVICES
     from ..suite.generated import class_binding
     from ..suite.harness import Conformance
 
@@ -93,4 +94,5 @@ def conformance(request: pytest.FixtureRequest):
         implementation = pallas.implementations[operation.name]
     return Conformance(implementation, pallas.item_backend(request.node), pallas.recorder,
                        interpreter_chosen=pallas.options.interpreter_chosen,
-                       sweep_first=pallas.options.sweep_first)
+                       sweep_first=pallas.options.sweep_first,
+                       most_drawn_devices=PROFILE_MOST_DEVICES[pallas.options.profile])

@@ -205,6 +205,42 @@ def sum_uninitialized_accumulator(x):
     )(x)
 
 
+def _sum_flag_kernel(x_ref, o_ref, acc_ref, started_ref):
+    @pl.when(started_ref[0] == 0)
+    def _initialise():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+        started_ref[0] = jnp.uint32(1)
+
+    acc_ref[...] += x_ref[...].astype(jnp.float32)
+
+    @pl.when(pl.program_id(0) == pl.num_programs(0) - 1)
+    def _finish():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def sum_started_flag_assumed_zero(x):
+    """``x.sum(axis=0)`` that zeroes its accumulator while an SMEM flag still reads 0.
+
+    Bug: the flag is scratch memory, which starts uninitialised, not zeroed; on a TPU the
+    accumulator keeps whatever the last kernel left in it unless the flag happens to be 0.
+    JAX's plain interpreter fills an unsigned buffer with its minimum, 0, so the kernel is
+    right there and in the TPU interpreter with zeroed memory: only the TPU interpreter's
+    NaN-filled run (the flag at its maximum) shows the bug.
+
+    Models: a "first step done" flag kept in scratch instead of ``pl.program_id(0) == 0``.
+    """
+    n, r, c = x.shape
+    return pl.pallas_call(
+        _sum_flag_kernel,
+        out_shape=jax.ShapeDtypeStruct((r, c), x.dtype),
+        grid=(n,),
+        in_specs=[pl.BlockSpec((None, r, c), lambda k: (k, 0, 0))],
+        out_specs=pl.BlockSpec((r, c), lambda k: (0, 0)),
+        scratch_shapes=[pltpu.VMEM((r, c), jnp.float32), pltpu.SMEM((1,), jnp.uint32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+    )(x)
+
+
 _SUM_BLOCK_N = 2
 
 
