@@ -209,6 +209,27 @@ def cases(draw, op: Operation, domain: Domain = Domain()) -> Case:
     return case
 
 
+@st.composite
+def same_signature(draw, case: Case) -> Case:
+    """Another input of ``case``'s signature (sizes, dtype, params and blocks): new values.
+
+    The implementation is compiled once per signature, so a second draw of values on the
+    same signature costs one kernel call, not a compilation (``VALUES_PER_SIGNATURE``)."""
+    op = case.operation
+    profile = draw(st.sampled_from(_profiles_for(op, case.dtype)))
+    seed = draw(st.integers(0, 2**31 - 1))
+    sibling = make_case(op, case.dims, case.dtype, profile, seed, case.kwargs)
+    sibling.blocks = dict(case.blocks)
+    return sibling
+
+
+# Value draws per drawn signature in the value property: the profile's examples are
+# signatures, and each is checked on this many inputs (a compilation costs 10 to 100 times a
+# call of an interpreted kernel on these sizes; the sweep and structural cases keep fixing the
+# shapes every run must see).
+VALUES_PER_SIGNATURE = 2
+
+
 # --- blocks: several grid steps on small inputs -----------------------------------------------
 #
 # A kernel whose default blocks span a whole dimension up to 512 runs one grid step on every

@@ -14,10 +14,12 @@ Two users of the same generator:
 Each test draws with ``st.data()`` (the domain depends on the implementation,
 chosen on the command line or given here, so it cannot be fixed at import
 time) and hands over to the harness (``suite.harness.Conformance``).
-The value property runs the profile's full number of examples after the
+The value property checks the profile's full number of examples after the
 sweep (explicit examples that try each value profile and dtype on purpose,
-``ops.inputs.sweep``); the properties that cost several kernel calls per
-example (written and deterministic, vmap) run a fifth of them, at least two.
+``ops.inputs.sweep``), drawn as half as many signatures with two inputs each
+(``ops.inputs.VALUES_PER_SIGNATURE``: one compilation serves both); the
+properties that cost several kernel calls per example (written and
+deterministic, vmap) run a fifth of them, at least two.
 """
 
 from __future__ import annotations
@@ -52,14 +54,16 @@ def _secondary(examples: int | None) -> Callable:
     return make
 
 
-def _primary(examples: int | None) -> Callable | None:
-    if examples is None:
-        return None
-
+def _primary(examples: int | None) -> Callable:
+    """The value property's settings: ``examples`` value checks (default: the profile's),
+    drawn as signatures of ``VALUES_PER_SIGNATURE`` inputs each."""
     def make(default: Any) -> Any:
         from hypothesis import settings
 
-        return settings(default, max_examples=examples)
+        from ..ops.inputs import VALUES_PER_SIGNATURE
+
+        total = examples if examples is not None else default.max_examples
+        return settings(default, max_examples=max(1, -(-total // VALUES_PER_SIGNATURE)))
 
     return make
 
@@ -70,9 +74,8 @@ def _with_sweep(test: Callable, slots: int) -> Callable:
     return test
 
 
-def _tag(test: Callable, make_settings: Callable | None) -> Callable:
-    if make_settings is not None:
-        setattr(test, SETTINGS_ATTRIBUTE, make_settings)
+def _tag(test: Callable, make_settings: Callable) -> Callable:
+    setattr(test, SETTINGS_ATTRIBUTE, make_settings)
     return test
 
 
@@ -110,7 +113,7 @@ def packaged_tests(module_name: str) -> dict[str, Any]:
     def test_written_and_deterministic(op, data, conformance):
         conformance.check_repeatable(data)
 
-    tests["test_value"] = _value_doc(test_value)
+    tests["test_value"] = _tag(_value_doc(test_value), _primary(None))
     test_written_and_deterministic.__doc__ = _REPEATABLE_DOC
     tests["test_written_and_deterministic"] = _tag(test_written_and_deterministic,
                                                    _secondary(None))

@@ -281,16 +281,29 @@ class Conformance:
     # --- properties --------------------------------------------------------------
 
     def check_value(self, data: st.DataObject) -> None:
-        """Shape and dtype, no NaN/Inf the oracle lacks, and the value within tolerance."""
+        """Shape and dtype, no NaN/Inf the oracle lacks, and the value within tolerance.
+
+        A sweep case is checked as it is; a drawn signature on ``VALUES_PER_SIGNATURE``
+        inputs, which share one compilation."""
         __tracebackhide__ = True
         case = self.draw(data)
         if case is None:
             return  # a sweep slot this op has no case for
+        if isinstance(data, op_inputs.SweepSlot):
+            self._check_value_of(case)
+            return
+        steps = self._check_value_of(case)
+        # Steer the drawn examples towards grids with several steps and ragged ends.
+        target(float(steps), label="grid axes exercised")
+        for _ in range(op_inputs.VALUES_PER_SIGNATURE - 1):
+            sibling = data.draw(op_inputs.same_signature(case), label="same signature")
+            self._check_value_of(sibling)
+
+    def _check_value_of(self, case: op_inputs.Case) -> float:
+        """The value property on one input; the grid's score for Hypothesis's targeting."""
+        __tracebackhide__ = True
         with self._grid_recorded(case) as runs:
             result = self._in_breadth(lambda: self._call("value", case))
-        if not isinstance(data, op_inputs.SweepSlot):
-            # Steer the drawn examples towards grids with several steps and ragged ends.
-            target(float(grid_coverage.example_score(runs)), label="grid axes exercised")
         self._ran_in_breadth("shape_dtype", "finite", "value")
         self.recorder.example(self._row, "shape_dtype")
         problem = properties.output_type_problem(case, result)
@@ -309,6 +322,7 @@ class Conformance:
         if message:
             failed = "finite" if not verdicts["finite"] else "value"
             self._fail(failed, message)
+        return grid_coverage.example_score(runs)
 
     def check_repeatable(self, data: st.DataObject) -> None:
         """Every output element written (NaN- vs zero-poisoned outputs agree) and the same twice."""
