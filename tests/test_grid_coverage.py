@@ -166,3 +166,21 @@ def test_coverage_never_fails_a_kernel_when_the_grid_cannot_be_read(monkeypatch)
             result = _tiled_copy(np.zeros((16, 128), np.float32))
     assert runs == [] and result.shape == (16, 128)
     assert recorder.coverage_lines() == []
+
+
+def test_an_op_whose_value_property_failed_has_no_not_exercised_line():
+    """It stopped at its first failing example: the axes later examples would have stepped
+    say nothing of its inputs, and the failure is what the run reports."""
+    from pytest_pallas.suite import harness
+    from pytest_pallas.suite.grid_coverage import AxisRun
+
+    lines = {}
+    for verdict in (True, False):
+        recorder = ConformanceRecorder()
+        implementation = harness.bind_function(get_operation("add"), _tiled_copy, "mine")
+        row = recorder.row(implementation)
+        recorder.grid_axes(row, [AxisRun("copy", 0, "rows", 1, None)])
+        recorder.outcome(row, "value", verdict, "" if verdict else "wrong")
+        lines[verdict] = recorder.coverage_lines()
+    assert lines[True] == ["add: kernel copy grid axis 0 (rows) never ran more than one step"]
+    assert lines[False] == []

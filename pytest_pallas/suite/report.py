@@ -16,6 +16,8 @@ from typing import Any
 from .grid_coverage import AxisRun, GridCoverage
 
 SCHEMA_VERSION = 1
+# The properties of the value test (test_value), which stops at its first failing example.
+VALUE_PROPERTIES = ("shape_dtype", "finite", "value")
 
 
 @dataclasses.dataclass
@@ -252,8 +254,14 @@ class ConformanceRecorder:
 
     def coverage_lines(self) -> list[str]:
         """One line per kernel grid axis of an op that no example ran with more than one step
-        (or, where it walks a blocked array dimension, with a ragged last block)."""
+        (or, where it walks a blocked array dimension, with a ragged last block).
+
+        None for an op whose value property failed: it stopped at its first failing example,
+        so the axes its later examples would have stepped say nothing of its inputs (the
+        report's ``grid_coverage`` still lists them)."""
         return [line for op, record in self.ops.items()
+                if not any(record.properties.get(name, PropertyResult()).verdict == "fail"
+                           for name in VALUE_PROPERTIES)
                 for line in record.grid_coverage.unexercised(op)]
 
     def document(self, *, complete: bool, environment: dict[str, Any],
