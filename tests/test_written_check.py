@@ -52,6 +52,7 @@ def test_an_unsigned_flag_needs_the_tpu_interpreters_nan_run():
 @pytest.mark.parametrize("dtype, differs", [
     ("float32", True), ("bfloat16", True), ("int8", True), ("int32", True),
     ("uint8", False), ("uint32", False), ("bool", False), ("float4_e2m1fn", False),
+    ("int16", False),
 ])
 def test_which_dtypes_the_plain_interpreter_poisons_away_from_zero(dtype, differs):
     import ml_dtypes

@@ -508,9 +508,10 @@ def poison_differs_from_zero(kernels: Sequence[kernel_model.PallasCallInfo]) -> 
 
     Then a result of the plain interpreter that equals, bit for bit, the result of the TPU
     interpreter with fresh memory zeroed shows that no read of fresh memory reached the
-    result, as the NaN-filled and zeroed runs of the TPU interpreter would. A boolean or
-    unsigned buffer starts at zero both ways (False, the minimum 0), and so does a float
-    type without NaN: those need the TPU interpreter's own NaN-filled run.
+    result, as the NaN-filled and zeroed runs of the TPU interpreter would. A boolean,
+    unsigned or int16 buffer starts at zero both ways (False, the minimum 0, a semaphore's
+    0), and so does a float type without NaN: those need the TPU interpreter's own
+    NaN-filled run.
     """
     def scoped(regions: Sequence[kernel_model.ScopedRegion]) -> Iterator[Any]:
         for region in regions:
@@ -531,7 +532,9 @@ def _plain_poison_is_nonzero(dtype: Any) -> bool:
     except TypeError:  # a semaphore: not data the result is made of
         return True
     if dtype.kind == "i":
-        return True  # the minimum
+        # The minimum, but int16 is also how that interpreter stores a semaphore (jax 0.10 to
+        # 0.12: pallas_core.SEMAPHORE_INTERPRET_DTYPE), and every int16 buffer starts at 0.
+        return dtype.itemsize != 2
     if dtype.kind in "bu":
         return False  # False, and an unsigned minimum of 0
     try:  # floats, bfloat16 and the other ml_dtypes: NaN where the type has one
