@@ -352,7 +352,7 @@ class Conformance:
         # zeroed run bit for bit, no read of fresh memory reached the result, and the
         # TPU interpreter's NaN-filled run, one more compilation, is not needed: it decides
         # only where they differ (the interpreters may round differently) or where a buffer's
-        # poison in the plain interpreter is zero too (booleans, unsigned integers).
+        # poison in the plain interpreter is zero too (``poison_differs_from_zero``).
         if not (poison_differs_from_zero(kernels) and not _differ(once, zeroed)):
             first = run_on_fresh_memory(lambda: self._call("written", case), "nan",
                                         self.backend.interpret_params)
