@@ -547,33 +547,43 @@ def _plain_poison_is_nonzero(dtype: Any) -> bool:
 
 def uninitialized_read_violation(kernel: str, poisoned: Any, zeroed: Any) -> Violation | None:
     """The violation, if the NaN-poisoned and the zeroed runs' results differ; else None."""
+    import numpy as np
+
+    difference = first_difference(poisoned, zeroed)
+    if difference is None:
+        return None
+    label, a, b, differs = difference
+    where = tuple(int(i) for i in np.argwhere(differs)[0]) if differs.ndim else ()
+    return Violation(
+        UNINITIALIZED_READ,
+        kernel,
+        label,
+        f"{int(differs.sum())} of {differs.size} elements depend on what memory held before "
+        f"the kernel ran (first at {where}: {_element(a, where)} with memory filled with NaN, "
+        f"{_element(b, where)} with memory zeroed): the kernel reads memory it never wrote. "
+        "On the TPU that memory holds whatever the last kernel left there.",
+        UNINITIALIZED_READ_FIX,
+    )
+
+
+def first_difference(one: Any, other: Any) -> tuple[str, Any, Any, Any] | None:
+    """The first output where two results of one kernel differ in shape, dtype or any bit:
+    ``(label, one's array, other's array, mask of differing elements)``; None if they agree."""
     import jax
     import numpy as np
 
     from ..compare import bitwise_differences
 
-    poisoned_leaves = jax.tree_util.tree_flatten_with_path(poisoned)[0]
-    zeroed_leaves = jax.tree.leaves(zeroed)
-    for (path, first), second in zip(poisoned_leaves, zeroed_leaves):
+    other_leaves = jax.tree.leaves(other)
+    for (path, first), second in zip(jax.tree_util.tree_flatten_with_path(one)[0],
+                                     other_leaves):
         a, b = np.asarray(first), np.asarray(second)
         if a.shape != b.shape or a.dtype != b.dtype:
             differs = np.ones(a.shape, bool)
         else:
             differs = bitwise_differences(a, b)
-        if not np.any(differs):
-            continue
-        where = tuple(int(i) for i in np.argwhere(differs)[0]) if differs.ndim else ()
-        label = f"output{jax.tree_util.keystr(path)}"
-        return Violation(
-            UNINITIALIZED_READ,
-            kernel,
-            label,
-            f"{int(differs.sum())} of {differs.size} elements depend on what memory held before "
-            f"the kernel ran (first at {where}: {_element(a, where)} with memory filled with NaN, "
-            f"{_element(b, where)} with memory zeroed): the kernel reads memory it never wrote. "
-            "On the TPU that memory holds whatever the last kernel left there.",
-            UNINITIALIZED_READ_FIX,
-        )
+        if np.any(differs):
+            return f"output{jax.tree_util.keystr(path)}", a, b, differs
     return None
 
 

@@ -23,6 +23,7 @@ from .._compat import jax_internals, pallas_call_hooks
 from ..backend import Backend
 from ..checks import kernel_model
 from ..checks.kernel_check import (
+    first_difference,
     poison_differs_from_zero,
     run_on_fresh_memory,
     run_on_poisoned_and_zeroed_memory,
@@ -353,7 +354,7 @@ class Conformance:
         # TPU interpreter's NaN-filled run, one more compilation, is not needed: it decides
         # only where they differ (the interpreters may round differently) or where a buffer's
         # poison in the plain interpreter is zero too (``poison_differs_from_zero``).
-        if not (poison_differs_from_zero(kernels) and not _differ(once, zeroed)):
+        if not poison_differs_from_zero(kernels) or first_difference(once, zeroed) is not None:
             first = run_on_fresh_memory(lambda: self._call("written", case), "nan",
                                         self.backend.interpret_params)
             violation = uninitialized_read_violation(f"'{self.implementation.label}'", first,
@@ -442,20 +443,6 @@ class Conformance:
                 self._fail("vmap", f"under jax.vmap, batch element {index}:\n{message}")
         self.recorder.example(self._row, "vmap", worst_error=worst)
         self.recorder.outcome(self._row, "vmap", True)
-
-
-def _differ(one: Any, other: Any) -> bool:
-    """Whether two results differ in structure, shape, dtype or any bit."""
-    import jax
-
-    leaves, others = jax.tree.leaves(one), jax.tree.leaves(other)
-    if len(leaves) != len(others):
-        return True
-    for a, b in zip(leaves, others):
-        a, b = np.asarray(a), np.asarray(b)
-        if a.shape != b.shape or a.dtype != b.dtype or np.any(bitwise_differences(a, b)):
-            return True
-    return False
 
 
 def _introduces_nonfinite(result: Any, expected: np.ndarray) -> bool:
