@@ -32,7 +32,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ..ops.inputs import SweepSlot, sweep_slots
+from ..ops.inputs import VALUES_PER_SIGNATURE, SweepSlot, sweep_slots
 from ..ops.operation import Operation
 
 __all__ = ["conformance_tests", "packaged_tests"]
@@ -44,28 +44,28 @@ SETTINGS_ATTRIBUTE = "_pallas_settings"
 CLASS_ATTRIBUTE = "__pallas_conformance__"
 
 
-def _secondary(examples: int | None) -> Callable:
+def _examples_setting(examples: int | None, count: Callable[[int], int]) -> Callable:
+    """Settings that run ``count(total)`` Hypothesis examples, ``total`` being ``examples``
+    or, when None, the profile's count (known only when the test runs)."""
     def make(default: Any) -> Any:
         from hypothesis import settings
 
         total = examples if examples is not None else default.max_examples
-        return settings(default, max_examples=max(2, total // 5))
+        return settings(default, max_examples=count(total))
 
     return make
+
+
+def _secondary(examples: int | None) -> Callable:
+    """The properties that cost several kernel calls per example: a fifth, at least two."""
+    return _examples_setting(examples, lambda total: max(2, total // 5))
 
 
 def _primary(examples: int | None) -> Callable:
     """The value property's settings: ``examples`` value checks (default: the profile's),
     drawn as signatures of ``VALUES_PER_SIGNATURE`` inputs each."""
-    def make(default: Any) -> Any:
-        from hypothesis import settings
-
-        from ..ops.inputs import VALUES_PER_SIGNATURE
-
-        total = examples if examples is not None else default.max_examples
-        return settings(default, max_examples=max(1, -(-total // VALUES_PER_SIGNATURE)))
-
-    return make
+    return _examples_setting(examples,
+                             lambda total: max(1, -(-total // VALUES_PER_SIGNATURE)))
 
 
 def _with_sweep(test: Callable, slots: int) -> Callable:

@@ -34,7 +34,7 @@ from ..ops import inputs as op_inputs
 from ..ops.domains import Domain, declared_domain
 from ..ops.operation import Operation
 from . import grid_coverage, properties
-from .report import ConformanceRecorder
+from .report import VALUE_PROPERTIES, ConformanceRecorder
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -300,12 +300,12 @@ class Conformance:
             sibling = data.draw(op_inputs.same_signature(case), label="same signature")
             self._check_value_of(sibling)
 
-    def _check_value_of(self, case: op_inputs.Case) -> float:
+    def _check_value_of(self, case: op_inputs.Case) -> int:
         """The value property on one input; the grid's score for Hypothesis's targeting."""
         __tracebackhide__ = True
         with self._grid_recorded(case) as runs:
             result = self._in_breadth(lambda: self._call("value", case))
-        self._ran_in_breadth("shape_dtype", "finite", "value")
+        self._ran_in_breadth(*VALUE_PROPERTIES)
         self.recorder.example(self._row, "shape_dtype")
         problem = properties.output_type_problem(case, result)
         if problem:
@@ -317,7 +317,7 @@ class Conformance:
             message += "\n" + self._nonfinite_cause(case, expected)
         self.recorder.example(self._row, "value", worst_error=worst)
         self.recorder.example(self._row, "finite")
-        for name in ("shape_dtype", "finite", "value"):
+        for name in VALUE_PROPERTIES:
             if verdicts[name]:
                 self.recorder.outcome(self._row, name, True)
         if message:
