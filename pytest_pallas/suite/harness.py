@@ -420,7 +420,7 @@ class Conformance:
 
         case = self.draw(data)
         batched_args = properties.vmapped_case_args(case)
-        function = jax.jit(jax.vmap(functools.partial(
+        function = properties.suite_jit(jax.vmap(functools.partial(
             self.implementation.function, **properties.call_kwargs(case), **case.blocks)))
         try:
             result = self._in_breadth(

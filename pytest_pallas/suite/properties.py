@@ -106,18 +106,26 @@ def run(implementation: Callable, case: Case, compiled: dict | None = None) -> A
     return jax.block_until_ready(result)
 
 
-def _jitted(implementation: Callable, kwargs: dict[str, Any], compiled: dict | None) -> Any:
+def suite_jit(function: Callable) -> Any:
+    """``jax.jit(function)`` as the suite compiles an implementation: on the CPU, with XLA's
+    options that compile an interpreted kernel fastest (``_compat.xla_cpu_options``)."""
     import jax
 
+    from .._compat.xla_cpu_options import fast_compile_options
+
+    return jax.jit(function, compiler_options=fast_compile_options() or None)
+
+
+def _jitted(implementation: Callable, kwargs: dict[str, Any], compiled: dict | None) -> Any:
     try:
         key = (implementation, tuple(sorted(kwargs.items())))
         hash(key)
     except TypeError:  # an unhashable parameter value: compile afresh
         key = None
     if compiled is None or key is None:
-        return jax.jit(functools.partial(implementation, **kwargs))
+        return suite_jit(functools.partial(implementation, **kwargs))
     if key not in compiled:
-        compiled[key] = jax.jit(functools.partial(implementation, **kwargs))
+        compiled[key] = suite_jit(functools.partial(implementation, **kwargs))
     return compiled[key]
 
 
@@ -142,7 +150,7 @@ def _run_collective(implementation: Callable, case: Case) -> Any:
     specs = tuple(PartitionSpec(AXIS_NAME) for _ in case.args)
     sharded = jax.shard_map(body, mesh=mesh, in_specs=specs,
                             out_specs=PartitionSpec(AXIS_NAME), check_vma=False)
-    return jax.block_until_ready(jax.jit(sharded)(*case.args))
+    return jax.block_until_ready(suite_jit(sharded)(*case.args))
 
 
 def describe_output(result: Any) -> str:

@@ -1,0 +1,68 @@
+"""XLA's CPU compiler options under which the suite's interpreted kernels compile fastest.
+
+The conformance suite compiles a few hundred interpreted kernels and runs each once or
+twice on small inputs: XLA's CPU compiler spends more time optimising them than they
+take to run. Three of XLA's debug options trade that optimisation away (no fast math,
+no change to the HLO's semantics; at -O0 LLVM emits other instruction sequences, so a
+few float results round differently, by ulps, as accurate against the float64 oracle):
+
+* ``xla_cpu_use_fusion_emitters=False``: the older LLVM emitters, not the MLIR
+  fusion emitters, whose pipeline costs more per fusion (jaxlib 0.10; gone by 0.12,
+  where the fusion emitters are the only ones);
+* ``xla_backend_optimization_level=0``: LLVM at -O0;
+* ``xla_llvm_disable_expensive_passes=True``.
+
+Measured on the main job (one process, seed 0, cold, jax 0.10.2): XLA's compile time
+70.7 s -> 33.8 s, the tests 100 s -> 70 s; docs/main-job.md has the table.
+
+They are XLA's private flags, not JAX's API, and come and go between jaxlib releases: an
+option the installed jaxlib does not know is dropped, found out once per process by
+compiling a one-line function with it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+# (option, value): the debug options, most effective first.
+CANDIDATES: tuple[tuple[str, Any], ...] = (
+    ("xla_cpu_use_fusion_emitters", False),
+    ("xla_backend_optimization_level", 0),
+    ("xla_llvm_disable_expensive_passes", True),
+)
+
+# What XLA says of an option it does not know (jaxlib 0.10.2 to 0.12).
+_UNKNOWN_OPTION = "No such compile option"
+
+
+@functools.cache
+def fast_compile_options() -> dict[str, Any]:
+    """The candidates the installed jaxlib accepts, for a ``jax.jit(compiler_options=)``
+    on the CPU; empty when JAX's default backend is not the CPU (a TPU VM compiles the
+    kernels for the chip, where these options mean nothing)."""
+    import jax
+
+    if jax.default_backend() != "cpu":
+        return {}
+    everything = dict(CANDIDATES)
+    if _accepted(everything):
+        return everything
+    return {name: value for name, value in CANDIDATES if _accepted({name: value})}
+
+
+def _accepted(options: dict[str, Any]) -> bool:
+    import jax
+    import numpy as np
+
+    try:
+        jax.jit(_probe, compiler_options=options).lower(np.float32(0)).compile()
+    except Exception as error:  # noqa: BLE001  # XLA's own error type moves between releases
+        if _UNKNOWN_OPTION in str(error):
+            return False
+        raise
+    return True
+
+
+def _probe(x: Any) -> Any:
+    return x + 1
