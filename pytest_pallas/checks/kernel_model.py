@@ -260,6 +260,32 @@ def _is_literal(atom: Any) -> bool:
 
 
 def _evaluate_index_map(index_map: Any, num_grid_axes: int, grid_points: np.ndarray) -> np.ndarray:
+    """The block indices of ``index_map`` at each grid point: one row per point."""
+    import numpy as np
+
+    from . import index_maps
+
+    points = np.asarray(grid_points, dtype=np.int32)
+    points = points.reshape(max(1, len(points)), num_grid_axes)
+    columns = None
+    if len(index_map.in_avals) == num_grid_axes:  # no scalar prefetch operand to read
+        try:
+            columns = index_maps.evaluate(index_map.jaxpr, index_map.consts,
+                                          [points[:, a] for a in range(num_grid_axes)])
+        except index_maps.NotEvaluated:
+            columns = None
+    if columns is None:
+        columns = _evaluate_index_map_in_jax(index_map, num_grid_axes, points)
+    if not columns:
+        return np.zeros((points.shape[0], 0), dtype=np.int64)
+    return np.stack([np.broadcast_to(np.asarray(c), (points.shape[0],)) for c in columns],
+                    axis=1).astype(np.int64)
+
+
+def _evaluate_index_map_in_jax(index_map: Any, num_grid_axes: int, points: np.ndarray
+                               ) -> list[Any]:
+    """JAX's own evaluation, for an index map ``index_maps`` does not model (it reads a
+    scalar prefetch operand, say, which is taken as zeros)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -273,8 +299,6 @@ def _evaluate_index_map(index_map: Any, num_grid_axes: int, grid_points: np.ndar
     def one_point(*axes: Any) -> tuple[Any, ...]:
         return tuple(evaluate(index_map.jaxpr, index_map.consts, *axes, *extra))
 
-    points = np.asarray(grid_points, dtype=np.int32)
-    points = points.reshape(max(1, len(points)), num_grid_axes)
     # Index maps are evaluated while the kernel is being traced (an observer
     # runs inside the trace). jax >= 0.11 stages even jnp.asarray under
     # ensure_compile_time_eval there, so evaluate in JAX's eager context.
@@ -285,10 +309,7 @@ def _evaluate_index_map(index_map: Any, num_grid_axes: int, grid_points: np.ndar
             outs = [jnp.broadcast_to(o, (points.shape[0],)) for o in one_point()]
         else:
             outs = jax.vmap(one_point)(*(jnp.asarray(points[:, a]) for a in range(num_grid_axes)))
-        columns = [np.broadcast_to(np.asarray(o), (points.shape[0],)) for o in outs]
-    if not columns:
-        return np.zeros((points.shape[0], 0), dtype=np.int64)
-    return np.stack(columns, axis=1).astype(np.int64)
+        return [np.asarray(o) for o in outs]
 
 
 def _scoped_regions(jaxpr: Any) -> tuple[ScopedRegion, ...]:
