@@ -1,33 +1,43 @@
 """Shared helpers for the plugin's own tests."""
 
-# pytester's in-process runs restore sys.modules afterwards; JAX's native
-# runtime cannot be imported twice in one process, so keep it imported here.
-import jax  # noqa: F401
-import jax.experimental.pallas  # noqa: F401
-import jax.experimental.pallas.tpu  # noqa: F401
 import pytest
 
-# Every interpreted kernel tries to import the GPU interpreter too (it needs
-# absl, which may be missing: JAX then skips it); the MLIR dialects it loads on
-# the way cannot be registered twice ("Dialect namespace 'builtin' is already
-# registered"), so load them once here.
-try:
-    import jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call  # noqa: F401
-except ImportError:
-    pass
-
-# Likewise the modules the conformance suite imports, so that objects made in
-# one in-process run (Hypothesis strategies, say) match the classes of the next.
-import hypothesis.strategies  # noqa: F401
-
-# The registry too: a run's hooks reach it as an attribute of ``pytest_pallas.ops``, which
-# outlives the snapshot, while the suite imports it by name; imported first inside one
-# in-process run, the next run would register its ops in one copy and read the other.
-import pytest_pallas.ops.inputs  # noqa: F401
-import pytest_pallas.ops.registry  # noqa: F401
-import pytest_pallas.suite.harness  # noqa: F401
-
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _modules_imported_before_in_process_runs():
+    """Import, once, what pytester's in-process runs must not import afresh.
+
+    Those runs restore ``sys.modules`` afterwards, and JAX's native runtime cannot be
+    imported twice in one process. A fixture, not imports at the top: this conftest is
+    loaded by every pytest run from the repository's root, the main job's among them,
+    whose process that hands tests to workers (pytest-xdist's controller) runs none.
+    """
+    import jax  # noqa: F401
+    import jax.experimental.pallas  # noqa: F401
+    import jax.experimental.pallas.tpu  # noqa: F401
+
+    # Every interpreted kernel tries to import the GPU interpreter too (it needs
+    # absl, which may be missing: JAX then skips it); the MLIR dialects it loads on
+    # the way cannot be registered twice ("Dialect namespace 'builtin' is already
+    # registered"), so load them once here.
+    try:
+        import jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call  # noqa: F401
+    except ImportError:
+        pass
+
+    # Likewise the modules the conformance suite imports, so that objects made in
+    # one in-process run (Hypothesis strategies, say) match the classes of the next.
+    import hypothesis.strategies  # noqa: F401
+
+    # The registry too: a run's hooks reach it as an attribute of ``pytest_pallas.ops``,
+    # which outlives the snapshot, while the suite imports it by name; imported first
+    # inside one in-process run, the next run would register its ops in one copy and
+    # read the other.
+    import pytest_pallas.ops.inputs  # noqa: F401
+    import pytest_pallas.ops.registry  # noqa: F401
+    import pytest_pallas.suite.harness  # noqa: F401
 
 
 @pytest.fixture

@@ -103,3 +103,43 @@ def test_workers_draw_with_the_seed_the_header_prints(pytester, monkeypatch):
     reproduce_seeds = re.findall(r"seed (\d+); reproduce with", output)
     assert len(reproduce_seeds) == 4 and set(reproduce_seeds) == {header_seed}, (
         header_seed, reproduce_seeds)
+
+
+# --- The longest tests first ------------------------------------------------------------
+
+
+def _item(nodeid, name):
+    return SimpleNamespace(nodeid=nodeid, name=f"{name}[op]", originalname=name)
+
+
+def test_workers_take_the_longest_tests_of_the_last_run_first():
+    from pytest_pallas.plugin.test_order import longest_first
+
+    items = [_item("a::test_value[add]", "test_value"), _item("a::test_vmap[add]", "test_vmap"),
+             _item("a::test_value[sum]", "test_value"), _item("user::test_mine", "test_mine"),
+             _item("a::test_written_and_deterministic[add]", "test_written_and_deterministic"),
+             _item("a::test_vmap[new]", "test_vmap"), _item("a::test_value[new]", "test_value")]
+    seconds = {"a::test_value[add]": 0.8, "a::test_vmap[add]": 2.5, "a::test_value[sum]": 1.5,
+               "a::test_written_and_deterministic[add]": 1.1}
+    ordered = longest_first(items, seconds, lambda item: not item.nodeid.startswith("user"))
+    assert [item.nodeid for item in ordered] == [
+        "a::test_value[new]", "a::test_vmap[new]",  # never timed: first, value first
+        "a::test_vmap[add]", "a::test_value[sum]", "a::test_written_and_deterministic[add]",
+        "a::test_value[add]",
+        "user::test_mine",  # not a conformance test: after them, as collected
+    ]
+
+
+def test_a_run_on_workers_keeps_each_conformance_tests_time_for_the_next(pytester):
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest_subprocess(*SUITE, "-n", "2", "--junitxml=junit.xml",
+                                           timeout=400)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    stored = json.loads((pytester.path / ".pytest_cache" / "v" / "pallas" /
+                         "conformance-seconds").read_text())
+    assert {nodeid.rpartition("::")[2] for nodeid in stored} == {
+        f"test_value[{op}]" for op in ("add", "copy", "softmax", "sum")}
+    assert all(seconds > 0 for seconds in stored.values())
+    # The times stay out of the test reports: JUnit XML's properties among them.
+    junit = (pytester.path / "junit.xml").read_text()
+    assert "test_value" in junit and "pallas_conformance_seconds" not in junit

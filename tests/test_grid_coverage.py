@@ -152,13 +152,13 @@ def test_coverage_never_fails_a_kernel_when_the_grid_cannot_be_read(monkeypatch)
     def unreadable(params):
         raise jax_internals.JaxInternalsChanged("no grid mapping")
 
-    from pytest_pallas.suite import harness
+    from pytest_pallas.suite import harness, implementation
 
     monkeypatch.setattr(kernel_model, "describe_pallas_call", unreadable)
     monkeypatch.setattr(jax_internals, "_features_off", {})
     recorder = ConformanceRecorder()
     add = get_operation("add")
-    conformance = harness.Conformance(harness.bind_function(add, _tiled_copy, "mine"),
+    conformance = harness.Conformance(implementation.bind_function(add, _tiled_copy, "mine"),
                                       backend=None, recorder=recorder)
     case = op_inputs.sweep_case(add, Domain(), 0)
     with pytest.warns(jax_internals.JaxFeatureOff, match="grid coverage"):
@@ -171,13 +171,13 @@ def test_coverage_never_fails_a_kernel_when_the_grid_cannot_be_read(monkeypatch)
 def test_an_op_whose_value_property_failed_has_no_not_exercised_line():
     """It stopped at its first failing example: the axes later examples would have stepped
     say nothing of its inputs, and the failure is what the run reports."""
-    from pytest_pallas.suite import harness
     from pytest_pallas.suite.grid_coverage import AxisRun
+    from pytest_pallas.suite.implementation import bind_function
 
     lines = {}
     for verdict in (True, False):
         recorder = ConformanceRecorder()
-        implementation = harness.bind_function(get_operation("add"), _tiled_copy, "mine")
+        implementation = bind_function(get_operation("add"), _tiled_copy, "mine")
         row = recorder.row(implementation)
         recorder.grid_axes(row, [AxisRun("copy", 0, "rows", 1, None)])
         recorder.outcome(row, "value", verdict, "" if verdict else "wrong")

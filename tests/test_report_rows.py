@@ -4,7 +4,7 @@ not at every example, and again after a pytest-xdist worker's ``take`` emptied i
 from __future__ import annotations
 
 from pytest_pallas import operations
-from pytest_pallas.suite.harness import bind_function, reference_implementation
+from pytest_pallas.suite.implementation import bind_function, reference_implementation
 from pytest_pallas.suite.report import ConformanceRecorder
 
 

@@ -29,14 +29,14 @@ def selected_ops(user_ops: tuple[str, ...], impl_ops: tuple[str, ...]) -> tuple[
 def bind_implementations(user_targets: dict[str, str], user_callables: dict[str, Callable],
                          selected: tuple[str, ...]) -> dict[str, Any]:
     """Every selected op's record bound to its implementation (a
-    ``suite.harness.Implementation``): the user's callable, or the op's reference kernel.
+    ``suite.implementation.Implementation``): the user's callable, or the op's reference kernel.
 
     References are imported on first use, so that a run that checks one user op never
     imports the other kernels.
     """
     from ..ops import registry as _ops
     from ..ops.domains import SupportsError
-    from ..suite.harness import bind_function, reference_implementation
+    from ..suite.implementation import bind_function, reference_implementation
 
     bound: dict[str, Any] = {}
     for op in selected:

@@ -114,9 +114,12 @@ def pytest_configure(config: pytest.Config) -> None:
         from ..bench.fixture import request_single_threaded_xla
 
         request_single_threaded_xla(config)
-    if parsed.session_opted_in:
-        # --pallas-tpu without a TPU must stop here, before collection (exit 4).
+    if parsed.session_opted_in and (parsed.tpu or not hands_tests_to_workers(config)):
+        # --pallas-tpu without a TPU must stop here, before collection (exit 4). A controller
+        # of pytest-xdist workers compiles and runs nothing: it leaves JAX to them, which
+        # start that much sooner.
         session.backend  # noqa: B018
+    if parsed.session_opted_in and not hands_tests_to_workers(config):
         from .persistent_cache import register
 
         register(config)  # compilations kept in pytest's cache directory across runs
@@ -160,8 +163,10 @@ def _configure_conformance(config: pytest.Config, session: PallasSession,
     if session.options.report_path and _is_controller(config):
         config.stash[_REPORT_DIRECTORY_CREATED] = report_directory_to_create(
             session.options.report_path)
-    # Before the suite is imported: its secondary properties size themselves on the profile.
-    _load_hypothesis_profile(session, config)
+    if not hands_tests_to_workers(config):
+        # Before the suite is imported: its secondary properties size themselves on the
+        # profile (pytest-xdist's workers each load it; their controller draws nothing).
+        _load_hypothesis_profile(session, config)
     # The suite is part of the install, so it runs from any directory. Given
     # no paths, pytest would also collect the current directory: only paths
     # the user named are collected beside the suite.
@@ -208,6 +213,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                   items: list[pytest.Item]) -> None:
     pallas = _session(config)
     _deselect_conformance_ops(pallas, config, items)
+    if not _is_controller(config) and any(is_conformance_item(item) for item in items):
+        from .test_order import longest_first, stored
+
+        items[:] = longest_first(items, stored(config), is_conformance_item)
     ours = [item for item in items if pallas.uses_pallas(item)]
     if not ours:
         return
@@ -369,6 +378,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
 # crashes loses only the verdict of the test it crashed in.
 _WORKER_RECORDS = "pallas_conformance_records"
 _WORKER_COMPILES = "pallas_compile_stats"
+_WORKER_SECONDS = "pallas_conformance_seconds"  # how long a conformance test's call took
 
 
 @pytest.hookimpl(wrapper=True)
@@ -383,6 +393,9 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         if any(compiles):  # this worker's totals so far, for the controller's summary line
             report.user_properties.append(
                 (_WORKER_COMPILES, (item.config.workerinput.get("workerid"), compiles)))
+    if (call.when == "call" and not _is_controller(item.config)
+            and is_conformance_item(item)):
+        report.user_properties.append((_WORKER_SECONDS, report.duration))
     if report.failed and call.when == "call" and pallas.uses_pallas(item):
         command = pallas.reproduce_command(_rerunnable_nodeid(item),
                                            sweep_case=_failed_sweep_case(item, report))
@@ -491,6 +504,7 @@ class _WorkerRecordsMerger:
     def __init__(self, recorder) -> None:
         self.recorder = recorder
         self.compiles: dict[str, tuple[int, int, float]] = {}  # per worker: its totals so far
+        self.seconds: dict[str, float] = {}  # per conformance test: how long its call took
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -502,20 +516,34 @@ class _WorkerRecordsMerger:
             elif name == _WORKER_COMPILES:
                 worker, totals = value
                 self.compiles[worker] = tuple(totals)
+            elif name == _WORKER_SECONDS:
+                self.seconds[report.nodeid] = float(value)
             else:
                 kept.append((name, value))
         report.user_properties[:] = kept
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        from .test_order import store
+
+        store(session.config, self.seconds)  # the next run's workers take the longest first
 
 
 def _is_controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput")
 
 
+def hands_tests_to_workers(config: pytest.Config) -> bool:
+    """Whether this process is pytest-xdist's controller of workers, which run every test."""
+    option = config.option
+    return (_is_controller(config) and getattr(option, "dist", "no") != "no"
+            and bool(getattr(option, "tx", None)))
+
+
 def _write_report(config: pytest.Config, *, complete: bool) -> None:
     from ..suite.report import environment_facts, write_json_atomically
 
     pallas = _session(config)
-    backend = pallas._backend
+    backend = pallas.backend if pallas.options.session_opted_in else pallas._backend
     reasons = pallas.incomplete_reasons if not complete else []
     if not complete and not reasons:
         reasons = ["the run has not finished: it is still running, or was killed"]
@@ -532,11 +560,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if benchmark_summary is not None:
         benchmark_summary(terminalreporter, config)
     pallas = _session(config)
-    if pallas._backend is not None and not pallas._backend.is_tpu:
+    simulated = pallas.simulated_devices()
+    if simulated is not None:
         from .device_skips import summary_lines
 
-        for line in summary_lines(terminalreporter.stats.get("skipped", ()),
-                                  pallas._backend.device_count):
+        for line in summary_lines(terminalreporter.stats.get("skipped", ()), simulated):
             terminalreporter.write_line(line, yellow=True)
     compile_line = _compile_summary(pallas, config)
     if compile_line:

@@ -190,7 +190,7 @@ def conformance_tests(op: Operation, implementation: Callable, **settings: Any) 
     of the Hypothesis profile's; the other properties run a fifth of it).
     """
     from ..ops.domains import SupportsError
-    from .harness import bind_function
+    from .implementation import bind_function
 
     unknown = sorted(set(settings) - {"label", "examples"})
     if unknown:

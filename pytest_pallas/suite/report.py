@@ -101,7 +101,8 @@ class ConformanceRecorder:
     def __init__(self) -> None:
         self.ops: dict[str, OpRecord] = {}
         self.started = time.time()
-        # Each implementation's row, by the implementation (``suite.harness.Implementation``).
+        # Each implementation's row, by the implementation
+        # (``suite.implementation.Implementation``).
         self._rows: dict[Any, str] = {}
 
     def register(self, op: str, implementation: str, restrictions: dict[str, Any],
@@ -109,7 +110,7 @@ class ConformanceRecorder:
         self.ops.setdefault(op, OpRecord(implementation, restrictions, restrictions_text))
 
     def row(self, implementation: Any) -> str:
-        """The row of ``implementation`` (a ``suite.harness.Implementation``): the op's name,
+        """The row of ``implementation`` (a ``suite.implementation.Implementation``): the op's name,
         or ``"op (label)"`` for a second implementation of the same op in one run (two
         ``conformance_tests`` classes). Registered when the recorder first meets it, and
         again only after a ``take`` emptied the recorder (a pytest-xdist worker's, per test).
