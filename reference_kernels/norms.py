@@ -20,12 +20,15 @@ x, and its extra rows (garbage on the TPU, NaN in the TPU interpreter) produce
 output rows Pallas never writes back.
 
 The error allowance is the comparator's default for the output dtype with
-reduction length ``cols``, nothing more: the float32 sum of ``cols`` squares is
-off by at most about ``eps32 * (1 + log2 cols)`` relative (every term is
-positive, so no cancellation), half of that reaches the output through the
-square root, rsqrt and the two products add a few float32 ulps, and the
-output's rounding is the default's one ulp. A bfloat16 accumulator for the sum
-of squares (2**-9 relative per addition) is far over it for float32 x.
+reduction length ``cols``, and 2 ulp of ``max|output|`` in float32 for rsqrt and
+the two products (``ops.error_models.rms_norm_allowance``): the float32 sum of
+``cols`` squares is off by at most about ``eps32 * (1 + log2 cols)`` relative
+(every term is positive, so no cancellation), half of that reaches the output
+through the square root, XLA's rsqrt is off by up to 2 ulp and the two products
+by half an ulp each, and the output's rounding is the default's one ulp. At
+``cols = 1`` the default alone is about one ulp, which this kernel missed by
+1.02 times. A bfloat16 accumulator for the sum of squares (2**-9 relative per
+addition) is far over both for float32 x.
 """
 
 from __future__ import annotations

@@ -130,3 +130,56 @@ def test_a_wrong_kernel_gets_no_error_model_hint():
     with pytest.raises(AssertionError) as failure:
         assert_allclose(wrong_out, expected)
     assert "error model" not in str(failure.value)
+
+
+# --- rms_norm: rsqrt and two products in float32 ------------------------------------------
+
+# The main job's failing input (seed 1502051407): one column, the "large" profile. The
+# reference kernel, compiled as the suite compiles it, returned 819804.4375 for 819804.5.
+RMS_ROW = np.float32([[441705.75], [-4056.9333], [-4932.2095], [4673.4077], [1234.5]])
+RMS_WEIGHT = np.float32([-819804.5])
+
+
+def _rms_norm_float32(x, w, eps):
+    x32 = x.astype(np.float32)
+    return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps) * w
+
+
+def test_a_correct_rms_norm_of_one_column_passes_with_its_error_model():
+    from pytest_pallas.reference_kernels import norms
+    from pytest_pallas.suite.properties import suite_jit
+
+    expected = norms.rms_norm_reference(RMS_ROW.astype(np.float64),
+                                        RMS_WEIGHT.astype(np.float64), eps=1e-6)
+    # Off by an ulp or two of float32, as rsqrt and the products round (819804.4375 here).
+    actual = np.float32(expected)
+    actual[1, 0] = np.nextafter(np.nextafter(actual[1, 0], np.float32(0)), np.float32(0))
+    with pytest.raises(AssertionError):
+        assert_allclose(actual, expected, reduction_length=1)
+    assert assert_allclose(actual, expected, reduction_length=1, op="rms_norm",
+                           inputs=(RMS_ROW, RMS_WEIGHT), op_params={"eps": 1e-6}) <= 1
+    # And the kernel itself, compiled as the suite compiles it, on the CPU.
+    from jax.experimental.pallas import tpu as pltpu
+
+    with pltpu.force_tpu_interpret_mode(True):
+        kernel = np.asarray(suite_jit(lambda x, w: norms.rms_norm(x, w, eps=1e-6))(
+            RMS_ROW, RMS_WEIGHT))
+    assert assert_allclose(kernel, expected, reduction_length=1, op="rms_norm",
+                           inputs=(RMS_ROW, RMS_WEIGHT), op_params={"eps": 1e-6}) <= 1
+
+
+def test_rms_norm_without_eps_still_fails_on_small_rows():
+    from seeded_bugs.structure import rms_norm_without_eps
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 1)).astype(np.float32)
+    w = rng.standard_normal(1).astype(np.float32)
+    expected = (x.astype(np.float64) / np.sqrt(x.astype(np.float64) ** 2 + 1e-6)
+                * w.astype(np.float64))
+    wrong_result = np.asarray(rms_norm_without_eps(x, w, eps=1e-6))
+    with pytest.raises(AssertionError):
+        assert_allclose(wrong_result, expected, reduction_length=1, op="rms_norm",
+                        inputs=(x, w), op_params={"eps": 1e-6})
+    right = np.asarray(jax.jit(_rms_norm_float32, static_argnums=2)(x, w, 1e-6))
+    assert assert_allclose(right, expected, reduction_length=1, op="rms_norm",
+                           inputs=(x, w), op_params={"eps": 1e-6}) <= 1

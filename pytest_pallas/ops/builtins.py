@@ -85,6 +85,16 @@ def activation_rounding_allowance(case: Any, backend_precision: str) -> tuple[fl
     return activation_allowance(x, y, activation=name, dtype=case.dtype)
 
 
+def rms_norm_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
+    """rms_norm's rsqrt and products (``ops.error_models.rms_norm_allowance``) for a case of
+    the suite."""
+    del backend_precision
+    from .error_models import rms_norm_allowance
+
+    x, w = case.args[:2]
+    return rms_norm_allowance(x, w, eps=float(case.kwargs.get("eps", 1e-6)))
+
+
 # --- attention's "offset" profile ----------------------------------------------------------
 
 # "offset" (attention ops): integer q, k and v as in "ties", with the first
@@ -330,7 +340,8 @@ flash_attention = _builtin(
     profile_adjustments={"offset": f"{_HERE}:offset_logits"},
 )
 rms_norm = _builtin("rms_norm", "(rows,cols),(cols)->(rows,cols)", "norms", reduction="cols",
-                    params={"eps": (1e-6,)})
+                    params={"eps": (1e-6,)},
+                    allowance=f"{_HERE}:rms_norm_rounding_allowance")
 grouped_matmul = _builtin(
     "grouped_matmul", "(m,k),(g,k,n),(g)->(m,n)", "grouped_matmul",
     dimensions=("m", "k", "n", "g"), reduction="k",

@@ -105,6 +105,35 @@ def activation_allowance(x: Any, y: Any, *, activation: str | None,
                    f"adds {extra:.3g}")
 
 
+# How far the reciprocal square root and the two products of rms_norm, all in float32, may
+# move an output past its own rounding (the default tolerance's one ulp), in units of
+# eps(float32) * max|output|: XLA's CPU lax.rsqrt is off by up to 2.0 ulp (2 million
+# inputs from 1e-17 to 1e17; 1.7 when compiled at LLVM's -O3, 2.0 at -O0, as the suite
+# compiles), and x * rsqrt(x * x + eps) * w reaches 3.0 ulp of its result.
+_RMS_NORM_ULPS = 2.0
+
+
+def rms_norm_allowance(x: Any, w: Any, *, eps: float) -> tuple[float, str]:
+    """The extra atol of ``x / sqrt(mean(x**2, -1) + eps) * w`` computed in float32.
+
+    The default tolerance grows with the reduction length ``cols`` (the sum of squares)
+    but, at ``cols = 1`` or a few, it is about one ulp, and rsqrt and the products round
+    more: a correct float32 kernel missed it by 1.02 times on a row of one column. The
+    term is ``2 * eps32 * max|output|``, in float32 whatever x's dtype (the kernel
+    computes in float32; a bfloat16 output's own rounding is far above it). A kernel that
+    drops eps is still off by far more on small rows (``x / |x|``: 4 ulp at |x| = 1,
+    400 at 0.1). Returns ``(atol, reason)``.
+    """
+    x64, w64 = _float64(x), _float64(w)
+    output = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps) * w64
+    bound = float(np.max(np.abs(output), initial=0.0))
+    if not np.isfinite(bound):
+        return 0.0, ""
+    extra = _RMS_NORM_ULPS * epsilon("float32") * bound
+    return extra, (f"rsqrt and two products in float32 (max |output| = {bound:.3g}) "
+                   f"add {extra:.3g}")
+
+
 # How far past the default tolerance (in its units) a correct kernel of an op with an error
 # model of its own has been seen to fail a bare comparison, per output dtype: float32
 # attention with logits of magnitude 30 reaches about 750 (tests/test_error_models.py), a
@@ -125,6 +154,7 @@ def error_model_hint(worst_errors: Sequence[tuple[str, float]], *,
         "kernel)",
         'an activation after a matmul: op="matmul_activation", inputs=(x, y), '
         'op_params={"activation": "gelu"} (or "silu")',
+        'an RMS norm: op="rms_norm", inputs=(x, w), op_params={"eps": eps}',
     ]
     if not reduction_length_given:
         models.append("a long reduction: reduction_length=K, the number of terms summed")
