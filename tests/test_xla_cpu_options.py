@@ -16,9 +16,9 @@ from pytest_pallas.suite.properties import suite_jit
 
 @pytest.fixture
 def fresh_probe():
-    xla_cpu_options.fast_compile_options.cache_clear()
+    xla_cpu_options._accepted_options.cache_clear()
     yield
-    xla_cpu_options.fast_compile_options.cache_clear()
+    xla_cpu_options._accepted_options.cache_clear()
 
 
 def test_the_installed_jaxlib_accepts_the_options_kept(fresh_probe):
@@ -27,6 +27,12 @@ def test_the_installed_jaxlib_accepts_the_options_kept(fresh_probe):
     assert kept.get("xla_backend_optimization_level") == 0
     compiled = jax.jit(lambda x: x * 2, compiler_options=kept).lower(np.float32(1)).compile()
     assert float(compiled(np.float32(1))) == 2.0
+
+
+def test_a_long_run_keeps_llvms_optimiser(fresh_probe):
+    options = xla_cpu_options.fast_compile_options(long_run=True)
+    assert xla_cpu_options.OPTIMIZATION_LEVEL not in options
+    assert options.get("xla_llvm_disable_expensive_passes") is True
 
 
 def test_an_option_the_jaxlib_does_not_know_is_dropped(fresh_probe, monkeypatch):

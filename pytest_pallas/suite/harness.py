@@ -373,7 +373,8 @@ class Conformance:
         case = self.draw(data)
         batched_args = properties.vmapped_case_args(case)
         function = properties.suite_jit(jax.vmap(functools.partial(
-            self.implementation.function, **properties.call_kwargs(case), **case.blocks)))
+            self.implementation.function, **properties.call_kwargs(case), **case.blocks)),
+            long_run=True)  # a batch of examples in one grid
         try:
             result = self._in_breadth(
                 lambda: jax.block_until_ready(function(*batched_args)))

@@ -106,14 +106,15 @@ def run(implementation: Callable, case: Case, compiled: dict | None = None) -> A
     return jax.block_until_ready(result)
 
 
-def suite_jit(function: Callable) -> Any:
+def suite_jit(function: Callable, *, long_run: bool = False) -> Any:
     """``jax.jit(function)`` as the suite compiles an implementation: on the CPU, with XLA's
-    options that compile an interpreted kernel fastest (``_compat.xla_cpu_options``)."""
+    options that compile an interpreted kernel fastest (``_compat.xla_cpu_options``);
+    ``long_run`` keeps LLVM's optimiser for a program that runs long (a vmapped batch)."""
     import jax
 
     from .._compat.xla_cpu_options import fast_compile_options
 
-    return jax.jit(function, compiler_options=fast_compile_options() or None)
+    return jax.jit(function, compiler_options=fast_compile_options(long_run=long_run) or None)
 
 
 def _jitted(implementation: Callable, kwargs: dict[str, Any], compiled: dict | None) -> Any:
