@@ -248,30 +248,33 @@ def select_backend(
     )
 
 
-def request_cpu_devices(count: int, environ) -> str:
+def request_cpu_devices(count: int, environ) -> tuple[int, str]:
     """Ask JAX for ``count`` simulated CPU devices, if it is still possible.
 
-    Returns a sentence describing what happened, for the report header.
+    Returns how many JAX will have, and a sentence describing what happened, for the
+    report header.
     """
     from .plugin.options import device_count_from_xla_flags
 
     already = device_count_from_xla_flags(environ)
     if already is not None:
-        return f"{already} CPU devices (from XLA_FLAGS)"
+        return already, f"{already} CPU devices (from XLA_FLAGS)"
     import sys
 
     if "jax" not in sys.modules:
         # Read by JAX when it is imported; avoids importing JAX at configure time.
         environ["JAX_NUM_CPU_DEVICES"] = str(count)
-        return f"{count} CPU devices"
+        return count, f"{count} CPU devices"
     if jax_internals.backends_are_initialized():
         import jax
 
-        return f"{jax.device_count('cpu')} CPU devices (JAX was initialised before pytest-pallas)"
+        initialised = jax.device_count("cpu")
+        return initialised, (f"{initialised} CPU devices (JAX was initialised before "
+                             "pytest-pallas)")
     import jax
 
     jax.config.update("jax_num_cpu_devices", count)
-    return f"{count} CPU devices"
+    return count, f"{count} CPU devices"
 
 
 # --- What the TPU compiler's schedule needs to become seconds --------------------------

@@ -13,7 +13,7 @@ few float results round differently, by ulps, as accurate against the float64 or
 * ``xla_llvm_disable_expensive_passes=True``.
 
 Measured on the main job (one process, seed 0, cold, jax 0.10.2): XLA's compile time
-70.7 s -> 33.8 s, the tests 100 s -> 70 s; docs/main-job.md has the table.
+70.7 s -> 38.0 s, the tests 100 s -> 78 s; docs/main-job.md has the table.
 
 They are XLA's private flags, not JAX's API, and come and go between jaxlib releases: an
 option the installed jaxlib does not know is dropped, found out once per process by

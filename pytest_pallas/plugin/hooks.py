@@ -114,12 +114,17 @@ def pytest_configure(config: pytest.Config) -> None:
         from ..bench.fixture import request_single_threaded_xla
 
         request_single_threaded_xla(config)
-    if parsed.session_opted_in and (parsed.tpu or not hands_tests_to_workers(config)):
-        # --pallas-tpu without a TPU must stop here, before collection (exit 4). A controller
-        # of pytest-xdist workers compiles and runs nothing: it leaves JAX to them, which
-        # start that much sooner.
+    # A controller of pytest-xdist workers compiles and runs nothing: it leaves JAX to them,
+    # which start that much sooner. (--pallas-conformance is one of the flags that opt in.)
+    distributed = False
+    if parsed.session_opted_in:
+        from .workers import hands_tests_to_workers
+
+        distributed = hands_tests_to_workers(config)
+    if parsed.session_opted_in and (parsed.tpu or not distributed):
+        # --pallas-tpu without a TPU must stop here, before collection (exit 4).
         session.backend  # noqa: B018
-    if parsed.session_opted_in and not hands_tests_to_workers(config):
+    if parsed.session_opted_in and not distributed:
         from .persistent_cache import register
 
         register(config)  # compilations kept in pytest's cache directory across runs
@@ -132,7 +137,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_WorkerRecordsMerger(session.recorder),
                                       "pallas-worker-records")
     if parsed.conformance:
-        _configure_conformance(config, session, user_callables)
+        _configure_conformance(config, session, user_callables, distributed)
 
 
 def _register_operations(config: pytest.Config) -> None:
@@ -152,7 +157,7 @@ def _register_operations(config: pytest.Config) -> None:
 
 
 def _configure_conformance(config: pytest.Config, session: PallasSession,
-                           user_callables: dict) -> None:
+                           user_callables: dict, distributed: bool) -> None:
     from .conformance_ops import bind_implementations, selected_ops
     from .options import report_directory_to_create
 
@@ -163,7 +168,7 @@ def _configure_conformance(config: pytest.Config, session: PallasSession,
     if session.options.report_path and _is_controller(config):
         config.stash[_REPORT_DIRECTORY_CREATED] = report_directory_to_create(
             session.options.report_path)
-    if not hands_tests_to_workers(config):
+    if not distributed:
         # Before the suite is imported: its secondary properties size themselves on the
         # profile (pytest-xdist's workers each load it; their controller draws nothing).
         _load_hypothesis_profile(session, config)
@@ -530,13 +535,6 @@ class _WorkerRecordsMerger:
 
 def _is_controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput")
-
-
-def hands_tests_to_workers(config: pytest.Config) -> bool:
-    """Whether this process is pytest-xdist's controller of workers, which run every test."""
-    option = config.option
-    return (_is_controller(config) and getattr(option, "dist", "no") != "no"
-            and bool(getattr(option, "tx", None)))
 
 
 def _write_report(config: pytest.Config, *, complete: bool) -> None:

@@ -54,6 +54,7 @@ class PallasSession:
     scope_all: bool = False
     invocation: tuple[str, ...] = ()
     devices_note: str | None = None
+    devices_requested_count: int | None = None  # what ensure_devices got JAX to simulate
     implementations: dict = dataclasses.field(default_factory=dict)
     conformance_ops: tuple[str, ...] = ()
     recorder: Any = None
@@ -81,22 +82,16 @@ class PallasSession:
         if self.devices_note is None:
             # Before JAX starts: libtpu, when installed, loads with JAX's backends.
             quiet_libtpu_environment(os.environ)
-            self.devices_note = request_cpu_devices(self.options.devices, os.environ)
+            self.devices_requested_count, self.devices_note = request_cpu_devices(
+                self.options.devices, os.environ)
 
     def simulated_devices(self) -> int | None:
         """How many CPU devices the run's tests saw; None on a TPU, or when no Pallas test
-        ran here. pytest-xdist's controller, which runs no test, reads the count it asked
-        its workers' JAX for (they inherit its environment) instead of starting JAX."""
+        ran here. pytest-xdist's controller, which runs no test, answers with the count it
+        asked its workers' JAX for (they inherit its environment) instead of starting JAX."""
         if self._backend is not None:
             return None if self._backend.is_tpu else self._backend.device_count
-        if self.devices_note is None or self.options.tpu:
-            return None
-        from .options import device_count_from_xla_flags
-
-        count = device_count_from_xla_flags(os.environ)
-        if count is None:
-            count = int(os.environ.get("JAX_NUM_CPU_DEVICES", self.options.devices))
-        return count
+        return None if self.options.tpu else self.devices_requested_count
 
     @property
     def backend(self) -> Backend:

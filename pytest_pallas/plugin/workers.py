@@ -54,6 +54,14 @@ def header_note(config: pytest.Config) -> str | None:
             "-n 0 runs it in one process")
 
 
+def hands_tests_to_workers(config: pytest.Config) -> bool:
+    """Whether this process is pytest-xdist's controller of workers, which run every test
+    (read after xdist's own ``pytest_cmdline_main`` turned ``-n`` into ``--dist``/``--tx``)."""
+    option = config.option
+    return (not hasattr(config, "workerinput") and getattr(option, "dist", "no") != "no"
+            and bool(getattr(option, "tx", None)))
+
+
 def _wanted(config: pytest.Config) -> bool:
     option = config.option
     if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
