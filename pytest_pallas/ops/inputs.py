@@ -224,10 +224,13 @@ def same_signature(draw, case: Case) -> Case:
 
 
 # Value draws per drawn signature in the value property: the profile's examples are
-# signatures, and each is checked on this many inputs (a compilation costs 10 to 100 times a
-# call of an interpreted kernel on these sizes; the sweep and structural cases keep fixing the
-# shapes every run must see).
-VALUES_PER_SIGNATURE = 2
+# signatures, and each is checked on this many inputs (a compilation, and with libtpu the TPU
+# compiler's verdict, costs 10 to 100 times a call of an interpreted kernel on these sizes;
+# the sweep and structural cases fix the shapes every run must see, so the draws add new
+# shapes run after run rather than many in one run). Five: the dev profile's 10 value checks
+# are 2 signatures; the warm main job with the compile check, 36-41 s at two per signature,
+# 28-33 s at five (docs/main-job.md#time).
+VALUES_PER_SIGNATURE = 5
 
 
 # --- blocks: several grid steps on small inputs -----------------------------------------------

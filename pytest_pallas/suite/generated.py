@@ -16,8 +16,8 @@ chosen on the command line or given here, so it cannot be fixed at import
 time) and hands over to the harness (``suite.harness.Conformance``).
 The value property checks the profile's full number of examples after the
 sweep (explicit examples that try each value profile and dtype on purpose,
-``ops.inputs.sweep``), drawn as half as many signatures with two inputs each
-(``ops.inputs.VALUES_PER_SIGNATURE``: one compilation serves both); the
+``ops.inputs.sweep``), drawn as a fifth as many signatures with five inputs each
+(``ops.inputs.VALUES_PER_SIGNATURE``: one compilation serves all five); the
 properties that cost several kernel calls per example (written and
 deterministic, vmap) run a fifth of them, at least two.
 """
