@@ -61,3 +61,15 @@ def test_which_dtypes_the_plain_interpreter_poisons_away_from_zero(dtype, differ
 
     numpy_dtype = np.dtype(getattr(ml_dtypes, dtype, dtype))
     assert _plain_poison_is_nonzero(numpy_dtype) is differs
+
+
+def test_two_results_with_different_numbers_of_arrays_differ():
+    """Two runs of one kernel that return different numbers of arrays disagree: the
+    written check reports it instead of comparing the arrays both have."""
+    from pytest_pallas.checks.kernel_check import first_difference, uninitialized_read_violation
+
+    one = (np.zeros(4, np.float32), np.ones(2, np.float32))
+    assert first_difference(one, (np.zeros(4, np.float32),))[0] == "the number of output arrays"
+    assert first_difference(one, tuple(a.copy() for a in one)) is None
+    violation = uninitialized_read_violation("'k'", one, one[:1])
+    assert "2 with memory filled with NaN, 1 with memory zeroed" in str(violation)

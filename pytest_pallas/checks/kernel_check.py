@@ -574,9 +574,12 @@ def first_difference(one: Any, other: Any) -> tuple[str, Any, Any, Any] | None:
 
     from ..compare import bitwise_differences
 
+    one_leaves = jax.tree_util.tree_flatten_with_path(one)[0]
     other_leaves = jax.tree.leaves(other)
-    for (path, first), second in zip(jax.tree_util.tree_flatten_with_path(one)[0],
-                                     other_leaves):
+    if len(one_leaves) != len(other_leaves):  # not one structure: they differ as a whole
+        return ("the number of output arrays", np.asarray(len(one_leaves)),
+                np.asarray(len(other_leaves)), np.ones((), bool))
+    for (path, first), second in zip(one_leaves, other_leaves):
         a, b = np.asarray(first), np.asarray(second)
         if a.shape != b.shape or a.dtype != b.dtype:
             differs = np.ones(a.shape, bool)
