@@ -228,8 +228,8 @@ def same_signature(draw, case: Case) -> Case:
 # compiler's verdict, costs 10 to 100 times a call of an interpreted kernel on these sizes;
 # the sweep and structural cases fix the shapes every run must see, so the draws add new
 # shapes run after run rather than many in one run). Five: the dev profile's 10 value checks
-# are 2 signatures; the warm main job with the compile check, 36-41 s at two per signature,
-# 28-33 s at five (docs/main-job.md#time).
+# are 2 signatures; the warm main job with the compile check, 37.8 s median at two per
+# signature, 30.4 s at five (4 alternating pairs, docs/main-job.md#time).
 VALUES_PER_SIGNATURE = 5
 
 
