@@ -42,6 +42,15 @@ def _verdicts(report_path):
 
 def test_several_ops_run_on_the_cores_with_the_verdicts_of_one_process(run_pytest, pytester,
                                                                         cores):
+    # Whether the controller has Hypothesis when the workers are done: it imports it while
+    # they run, not after them in Hypothesis's terminal summary (0.7 s more of the run).
+    pytester.makeconftest("""
+        import sys
+
+        def pytest_sessionfinish(session):
+            if not hasattr(session.config, "workerinput"):
+                print("controller has hypothesis:", "hypothesis" in sys.modules)
+    """)
     parallel = run_pytest(*SUITE, "--pallas-report=parallel.json", timeout=400)
     assert parallel.ret == 0, parallel.stdout.str()[-3000:]
     expected = min(cores, 4)
@@ -49,6 +58,7 @@ def test_several_ops_run_on_the_cores_with_the_verdicts_of_one_process(run_pytes
     assert [int(m.group(1)) for m in header] == [expected], parallel.stdout.lines[:12]
     parallel.stdout.fnmatch_lines(["*-n 0 runs it in one process*",
                                    f"created: {expected}/{expected} workers"])
+    parallel.stdout.fnmatch_lines(["*controller has hypothesis: True*"])
 
     serial = run_pytest(*SUITE, "-n", "0", "--pallas-report=serial.json", timeout=400)
     assert serial.ret == 0, serial.stdout.str()[-3000:]

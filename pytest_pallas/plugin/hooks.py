@@ -437,6 +437,11 @@ def _failed_sweep_case(item: pytest.Item, report: pytest.TestReport) -> int | No
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     pallas = _session(session.config)
+    if pallas.options.session_opted_in and "hypothesis" not in sys.modules:
+        from .workers import hands_tests_to_workers, import_hypothesis_meanwhile
+
+        if hands_tests_to_workers(session.config):
+            import_hypothesis_meanwhile()
     if (pallas.recorder is not None and pallas.options.report_path
             and _is_controller(session.config)):
         _write_report(session.config, complete=False)

@@ -13,6 +13,7 @@ Nothing here imports JAX or xdist: it reads options only.
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -60,6 +61,21 @@ def hands_tests_to_workers(config: pytest.Config) -> bool:
     option = config.option
     return (not hasattr(config, "workerinput") and getattr(option, "dist", "no") != "no"
             and bool(getattr(option, "tx", None)))
+
+
+def import_hypothesis_meanwhile() -> threading.Thread:
+    """On the controller, while its workers start: import Hypothesis on a thread of its own.
+
+    The controller runs no test and leaves Hypothesis unimported, but Hypothesis's own
+    pytest plugin imports it in its terminal summary, after the last test: 0.7 s on the
+    run's critical path, where the workers have finished and nothing else runs. On a
+    thread now, the import overlaps the workers' start-up (the main thread waits on their
+    messages meanwhile); an import the summary starts before it is done waits for it.
+    """
+    thread = threading.Thread(target=__import__, args=("hypothesis",), daemon=True,
+                              name="pallas-import-hypothesis")
+    thread.start()
+    return thread
 
 
 def _wanted(config: pytest.Config) -> bool:
