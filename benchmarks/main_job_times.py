@@ -1,0 +1,108 @@
+"""The main job's wall time as a new user meets it: fresh clones, the README's install, cold
+then warm.
+
+    python benchmarks/main_job_times.py --pairs 5            # HEAD of this checkout
+    python benchmarks/main_job_times.py --commit 7351b36 --installs . .[tpu]
+
+For each install (``.``, the README's; ``.[tpu]``, with libtpu's compile check) the script
+clones the commit into a temporary directory, makes a virtual environment there and runs
+``pip install -c constraints/ci.txt -e <install>``. Then, pair after pair and install
+after install in turn (so that a slow minute of a shared host falls on both), it removes
+``.pytest_cache`` and runs ``pytest --pallas-conformance`` twice: cold, then warm. Each
+run draws a new random seed, as a user's does.
+
+Around every run, a fixed CPU probe (the same pure-Python loop on each core at once, the
+slowest core's seconds) says how fast the machine was just then: on a shared host the same
+run's time moves with it. The table gives each run's wall time, the probe before and
+after, pytest's last line and the count of ``not exercised`` lines; then the medians.
+Nothing is asserted: the numbers go to docs/main-job.md#time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PROBE = "import time\nt = time.perf_counter()\ns = 0\nfor i in range(6_000_000): s += i * i % 7\n" \
+        "print(time.perf_counter() - t)"
+
+
+def probe() -> float:
+    """The seconds of the probe loop on the slowest of this machine's cores, all at once."""
+    runs = [subprocess.Popen([sys.executable, "-c", PROBE], stdout=subprocess.PIPE, text=True)
+            for _ in range(os.cpu_count() or 1)]
+    return max(float(run.communicate()[0]) for run in runs)
+
+
+def prepare(commit: str, install: str, where: pathlib.Path) -> pathlib.Path:
+    """A fresh clone of ``commit`` with its own environment; the environment's ``bin``."""
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
+    subprocess.run(["git", "checkout", "-q", commit], cwd=where, check=True)
+    subprocess.run([sys.executable, "-m", "venv", ".venv"], cwd=where, check=True)
+    started = time.perf_counter()
+    subprocess.run([str(where / ".venv/bin/pip"), "install", "-q", "-c", "constraints/ci.txt",
+                    "-e", install], cwd=where, check=True, stdout=subprocess.DEVNULL)
+    print(f"{install}: installed in {time.perf_counter() - started:.0f} s", flush=True)
+    return where / ".venv/bin"
+
+
+def main_job(clone: pathlib.Path, bin_dir: pathlib.Path) -> dict:
+    """One ``pytest --pallas-conformance`` in ``clone``: wall seconds, last line, misses."""
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "VIRTUAL_ENV": str(bin_dir.parent)}
+    env.pop("PYTHONPATH", None)
+    before = probe()
+    started = time.perf_counter()
+    done = subprocess.run([str(bin_dir / "pytest"), "--pallas-conformance"], cwd=clone, env=env,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    lines = done.stdout.strip().splitlines() or [""]
+    return {"wall": wall, "probe": (before, probe()), "rc": done.returncode,
+            "last": lines[-1].strip("= "),
+            "not_exercised": len(re.findall(r"not exercised", done.stdout))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commit", default="HEAD", help="what to clone (default: HEAD)")
+    parser.add_argument("--installs", nargs="+", default=[".", ".[tpu]"],
+                        help="pip install targets, one fresh clone each (default: . .[tpu])")
+    parser.add_argument("--pairs", type=int, default=3, help="cold/warm pairs per install")
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", args.commit], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    results: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="main-job-times-") as scratch:
+        clones = {}
+        for number, install in enumerate(args.installs):
+            where = pathlib.Path(scratch) / f"clone{number}"
+            clones[install] = (where, prepare(commit, install, where))
+        print(f"\n{'commit':8} {'install':10} {'pair':>4} {'run':5} {'wall (s)':>8} "
+              f"{'probe (s)':>11} {'not exercised':>13}  pytest")
+        for pair in range(1, args.pairs + 1):
+            for install, (clone, bin_dir) in clones.items():
+                subprocess.run(["rm", "-rf", ".pytest_cache"], cwd=clone, check=True)
+                for run in ("cold", "warm"):
+                    result = main_job(clone, bin_dir)
+                    results.setdefault((install, run), []).append(result["wall"])
+                    probes = "/".join(f"{p:.2f}" for p in result["probe"])
+                    print(f"{commit:8} {install:10} {pair:>4} {run:5} {result['wall']:8.1f} "
+                          f"{probes:>11} {result['not_exercised']:>13}  "
+                          f"{result['last']}{'' if result['rc'] == 0 else ' (FAILED)'}",
+                          flush=True)
+    print(f"\n{'install':10} {'run':5} {'runs':>4} {'median (s)':>10} {'range (s)':>14}")
+    for (install, run), walls in results.items():
+        print(f"{install:10} {run:5} {len(walls):>4} {statistics.median(walls):10.1f} "
+              f"{min(walls):6.1f} to {max(walls):4.1f}")
+
+
+if __name__ == "__main__":
+    main()
