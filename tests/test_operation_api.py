@@ -53,6 +53,18 @@ def test_the_guides_example_gets_every_property(pytester):
                                  "my_rms_norm  test_rms_norm:rms_norm  6 *0 *none"])
 
 
+
+def test_the_guides_example_reports_without_any_pallas_flag(pytester):
+    # A run without a Pallas flag makes the conformance recorder only when a conformance test
+    # needs it: the end-of-run table still has the op's row.
+    pytester.makepyfile(test_rms_norm=guide_example())
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*pallas conformance*",
+                                 "my_rms_norm  test_rms_norm:rms_norm  6 *0 *none"])
+
+
 # Bugs of the guide's kernel, each a module of its own that imports the guide's op.
 _UNINITIALISED = '''
 def buggy(x, w, *, eps):

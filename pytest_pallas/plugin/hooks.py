@@ -129,13 +129,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
         register(config)  # compilations kept in pytest's cache directory across runs
     # Every run records what conformance tests it runs: the packaged suite's, and those of
-    # a conformance_tests class in the user's own modules.
-    from ..suite.report import ConformanceRecorder
-
-    session.recorder = ConformanceRecorder()
+    # a conformance_tests class in the user's own modules. With a Pallas flag the recorder
+    # is made now (the report of a run that ran none says so); without one, by the first
+    # conformance test that needs it (``PallasSession.recorder``).
+    if parsed.session_opted_in or parsed.report_path:
+        session.recorder  # noqa: B018
     if _is_controller(config):
-        config.pluginmanager.register(_WorkerRecordsMerger(session.recorder),
-                                      "pallas-worker-records")
+        config.pluginmanager.register(_WorkerRecordsMerger(session), "pallas-worker-records")
     if parsed.conformance:
         _configure_conformance(config, session, user_callables, distributed)
 
@@ -390,7 +390,7 @@ _WORKER_SECONDS = "pallas_conformance_seconds"  # how long a conformance test's 
 def pytest_runtest_makereport(item: pytest.Item, call):
     report = yield
     pallas = _session(item.config)
-    if call.when == "teardown" and pallas.recorder is not None and not _is_controller(item.config):
+    if call.when == "teardown" and pallas.recording and not _is_controller(item.config):
         records = pallas.recorder.take()
         if records:
             report.user_properties.append((_WORKER_RECORDS, records))
@@ -442,7 +442,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
         if hands_tests_to_workers(session.config):
             import_hypothesis_meanwhile()
-    if (pallas.recorder is not None and pallas.options.report_path
+    if (pallas.recording and pallas.options.report_path
             and _is_controller(session.config)):
         _write_report(session.config, complete=False)
 
@@ -451,7 +451,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     pallas = _session(node.config)
-    if pallas.recorder is not None and error is not None:
+    if pallas.recording and error is not None:
         pallas.incomplete_reasons.append(
             f"pytest-xdist worker {node.gateway.id} crashed ({str(error).strip()})")
 
@@ -469,7 +469,7 @@ def pytest_handlecrashitem(crashitem, report, sched) -> None:
     # The report pytest-xdist makes for the crashed test carries its worker, hence the config.
     config = getattr(getattr(report, "node", None), "config", None)
     pallas = _session(config) if config is not None else None
-    if pallas is not None and pallas.recorder is not None:
+    if pallas is not None and pallas.recording:
         pallas.incomplete_reasons.append(f"{crashitem} crashed its worker and has no verdict")
 
 
@@ -493,7 +493,7 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json)
 
 def _finish_conformance_report(session: pytest.Session, exitstatus) -> None:
     pallas = _session(session.config)
-    if pallas.recorder is None:
+    if not pallas.recording:
         return
     if not _is_controller(session.config):
         return  # a worker's results went to the controller with each test's report
@@ -511,8 +511,8 @@ def _finish_conformance_report(session: pytest.Session, exitstatus) -> None:
 class _WorkerRecordsMerger:
     """On the pytest-xdist controller: merges what each worker recorded, report by report."""
 
-    def __init__(self, recorder) -> None:
-        self.recorder = recorder
+    def __init__(self, session: PallasSession) -> None:
+        self.session = session  # its recorder made when the first records arrive
         self.compiles: dict[str, tuple[int, int, float]] = {}  # per worker: its totals so far
         self.seconds: dict[str, float] = {}  # per conformance test: how long its call took
 
@@ -522,7 +522,7 @@ class _WorkerRecordsMerger:
         kept = []
         for name, value in report.user_properties:
             if name == _WORKER_RECORDS:
-                self.recorder.merge(value)
+                self.session.recorder.merge(value)
             elif name == _WORKER_COMPILES:
                 worker, totals = value
                 self.compiles[worker] = tuple(totals)
@@ -533,6 +533,8 @@ class _WorkerRecordsMerger:
         report.user_properties[:] = kept
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.seconds:
+            return  # no worker ran a conformance test
         from .test_order import store
 
         store(session.config, self.seconds)  # the next run's workers take the longest first
@@ -572,7 +574,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     compile_line = _compile_summary(pallas, config)
     if compile_line:
         terminalreporter.write_line(compile_line)
-    if pallas.recorder is None or not pallas.recorder.ops:
+    if not pallas.recording or not pallas.recorder.ops:
         return
     terminalreporter.write_sep("=", "pallas conformance")
     if not (pallas.options.session_opted_in or pallas.scope_all):

@@ -57,12 +57,31 @@ class PallasSession:
     devices_requested_count: int | None = None  # what ensure_devices got JAX to simulate
     implementations: dict = dataclasses.field(default_factory=dict)
     conformance_ops: tuple[str, ...] = ()
-    recorder: Any = None
+    _recorder: Any = None  # the conformance recorder, once made (``recorder``)
     # Why the conformance report is incomplete: a crashed worker, an interruption, ...
     incomplete_reasons: list[str] = dataclasses.field(default_factory=list)
     # The Hypothesis profile that was active before the plugin loaded its own.
     hypothesis_profile_before: str | None = None
     _backend: Backend | None = None
+
+    # --- the conformance report ----------------------------------------------
+
+    @property
+    def recorder(self) -> Any:
+        """What the conformance tests of this process recorded, made on first use: a run
+        with a Pallas flag makes it at configure, a run without one when a conformance test
+        (a user's ``conformance_tests`` class) first needs it, and a run with neither never
+        imports its modules."""
+        if self._recorder is None:
+            from ..suite.report import ConformanceRecorder
+
+            self._recorder = ConformanceRecorder()
+        return self._recorder
+
+    @property
+    def recording(self) -> bool:
+        """Whether this process made its conformance recorder (see ``recorder``)."""
+        return self._recorder is not None
 
     # --- which tests are ours -------------------------------------------------
 
@@ -184,9 +203,9 @@ class PallasSession:
     def _compile_recorder(self, item: pytest.Item):
         """For a conformance test: records in the report whether its op's kernels compiled."""
         op = conformance_op(item) if is_conformance_item(item) else None
-        recorder = self.recorder
-        if op is None or recorder is None:
+        if op is None:
             return None
+        recorder = self.recorder
         return lambda verdict: recorder.compiled(op, verdict)
 
     def deactivate(self, item: pytest.Item) -> None:
