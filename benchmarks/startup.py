@@ -59,8 +59,12 @@ def time_once(python: str, args: list[str], directory: Path, environ: dict[str, 
 
 def measure(python: str, runs: int) -> list[tuple[str, float, float, float, float]]:
     """Per command: median wall and CPU seconds with the plugin, then with -p no:pallas."""
+    # Without PYTHONDONTWRITEBYTECODE: a user's Python keeps compiled modules (the warm-up
+    # run below writes them), and compiling the plugin's sources in every run would charge
+    # it for a setting of the measuring machine (4 ms for plugin/session.py alone).
     environ = {name: value for name, value in os.environ.items()
-               if not name.startswith(("PYTEST_", "JAX_", "XLA_"))}
+               if not name.startswith(("PYTEST_", "JAX_", "XLA_"))
+               and name != "PYTHONDONTWRITEBYTECODE"}
     rows = []
     with tempfile.TemporaryDirectory(prefix="pallas-startup-") as name:
         directory = Path(name)
