@@ -53,7 +53,6 @@ def test_the_guides_example_gets_every_property(pytester):
                                  "my_rms_norm  test_rms_norm:rms_norm  6 *0 *none"])
 
 
-
 def test_the_guides_example_reports_without_any_pallas_flag(pytester):
     # A run without a Pallas flag makes the conformance recorder only when a conformance test
     # needs it: the end-of-run table still has the op's row.
