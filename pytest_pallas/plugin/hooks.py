@@ -435,16 +435,19 @@ def _failed_sweep_case(item: pytest.Item, report: pytest.TestReport) -> int | No
     return int(found.group(1)) if found else None
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionstart(session: pytest.Session):
     pallas = _session(session.config)
-    if pallas.options.session_opted_in and "hypothesis" not in sys.modules:
-        from .workers import hands_tests_to_workers, import_hypothesis_meanwhile
-
-        if hands_tests_to_workers(session.config):
-            import_hypothesis_meanwhile()
     if (pallas.recording and pallas.options.report_path
             and _is_controller(session.config)):
         _write_report(session.config, complete=False)
+    result = yield  # pytest-xdist's own (trylast) sessionstart launches the workers here
+    if pallas.options.session_opted_in and "hypothesis" not in sys.modules:
+        from .workers import hands_tests_to_workers, import_hypothesis_while_workers_start
+
+        if hands_tests_to_workers(session.config):
+            import_hypothesis_while_workers_start()
+    return result
 
 
 # pytest-xdist's hooks: optional, or pytest rejects the plugin where xdist is not installed.

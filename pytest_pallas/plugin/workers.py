@@ -13,7 +13,6 @@ Nothing here imports JAX or xdist: it reads options only.
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
@@ -63,21 +62,18 @@ def hands_tests_to_workers(config: pytest.Config) -> bool:
             and bool(getattr(option, "tx", None)))
 
 
-def import_hypothesis_meanwhile() -> threading.Thread:
-    """On the controller, while its workers start: import Hypothesis on a thread of its own.
+def import_hypothesis_while_workers_start() -> None:
+    """On the controller, once its workers are launched: import Hypothesis now.
 
     The controller runs no test and leaves Hypothesis unimported, but Hypothesis's own
     pytest plugin imports it in its terminal summary, after the last test: 0.7 s on the
-    run's critical path, where the workers have finished and nothing else runs. On a
-    thread now, the import overlaps the workers' start-up (the main thread waits on their
-    messages meanwhile); an import the summary starts before it is done waits for it.
+    run's critical path, where the workers have finished and nothing else runs. Right after
+    pytest-xdist's ``pytest_sessionstart`` the workers are still importing JAX (seconds)
+    and send nothing the controller must answer, so the import costs the run nothing here.
+    It runs on the main thread: an import on a thread of its own raced the main thread's
+    imports (a module another thread is still initialising is handed over half made).
     """
-    thread = threading.Thread(target=__import__, args=("hypothesis",), daemon=True,
-                              name="pallas-import-hypothesis")
-    thread.start()
-    return thread
-
-
+    import hypothesis  # noqa: F401
 def _wanted(config: pytest.Config) -> bool:
     option = config.option
     if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
