@@ -74,6 +74,8 @@ def import_hypothesis_while_workers_start() -> None:
     imports (a module another thread is still initialising is handed over half made).
     """
     import hypothesis  # noqa: F401
+
+
 def _wanted(config: pytest.Config) -> bool:
     option = config.option
     if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
