@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from . import hosts
 from ._compat import (
     device_kinds,
     interpreter_fixes,
@@ -99,6 +100,12 @@ class Backend:
                 "the stand-in chip as JAX's abstract device",
                 lambda: interpreter_fixes.chip_as_abstract_device(
                     self.device_kind, self.tpu_info.num_cores)))
+            import jax
+
+            if jax.default_backend() != "cpu" and hosts.user_jax_platforms() is None:
+                # JAX started on an accelerator before the plugin could keep it on the CPU
+                # (plugin.session's header line says so): the test's arrays stay on the CPU.
+                stack.enter_context(jax.default_device(jax.devices("cpu")[0]))
             token = _ACTIVE_BACKEND.set(self)
             stack.callback(_ACTIVE_BACKEND.reset, token)
             stack.enter_context(optional(

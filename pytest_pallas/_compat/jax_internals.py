@@ -160,6 +160,26 @@ def backends_are_initialized() -> bool:
     return bool(_private(_XLA_BRIDGE, "backends_are_initialized")())
 
 
+def restrict_imported_jax_to_cpu() -> str | None:
+    """Keep a JAX that was imported before the plugin acted on the CPU, if still possible.
+
+    JAX reads ``JAX_PLATFORMS`` into its config when it is imported and uses it when it
+    creates its backends: an imported JAX is told through ``jax.config`` instead. Returns
+    the platform JAX already started on when that is not the CPU (too late to change: its
+    backends exist), else None. A JAX that is not imported reads the environment itself.
+    """
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None or not hasattr(jax, "config"):
+        return None
+    if backends_are_initialized():
+        platform = jax.default_backend()
+        return None if platform == "cpu" else platform
+    jax.config.update("jax_platforms", "cpu")
+    return None
+
+
 def pallas_call_primitive() -> Any:
     """The ``pallas_call`` primitive, whose equations carry grid mappings and compiler params."""
     return _private(_PALLAS_CALL, "pallas_call_p")

@@ -69,8 +69,8 @@ _TOPOLOGY_SHAPES = {
 
 def libtpu_version() -> str | None:
     """The installed libtpu's version, or None when libtpu is not installed (not imported:
-    see ``plugin.options.installed_libtpu``)."""
-    from ..plugin.options import installed_libtpu
+    see ``hosts.installed_libtpu``)."""
+    from ..hosts import installed_libtpu
 
     return installed_libtpu()
 

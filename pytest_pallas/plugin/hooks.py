@@ -69,7 +69,11 @@ _session = session_of
 @pytest.hookimpl(wrapper=True)
 def pytest_cmdline_main(config: pytest.Config):
     option = config.option
-    if option.pallas_conformance or option.pallas_impl or option.pallas_ops:
+    if option.pallas_tpu or getattr(option, "pallas_gpu", False):
+        from .workers import one_device_per_worker
+
+        one_device_per_worker(config)
+    elif option.pallas_conformance or option.pallas_impl or option.pallas_ops:
         from .workers import set_default_workers
 
         set_default_workers(config)
@@ -82,6 +86,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # The ops of conftests first: --pallas-impl and --pallas-ops may name them.
     _register_operations(config)
     parsed = options_module.parse_options(config)
+    if hasattr(config, "workerinput") and (parsed.tpu or getattr(parsed, "gpu", False)):
+        from .workers import take_this_workers_device
+
+        take_this_workers_device(config)  # before JAX starts: one device per worker
     scope = config.getini("pallas_scope") or "marked"
     if scope not in ("marked", "all"):
         raise pytest.UsageError(f"ini option pallas_scope={scope!r} must be 'marked' or 'all'.")
@@ -208,10 +216,28 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if session.options.session_opted_in or session.scope_all or session.options.compile_given:
         untested = versions.untested_jax_note()
         workers = _loaded("plugin.workers", "header_note")
-        workers_line = workers(config) if workers is not None else None
-        return ([session.header()] + ([workers_line] if workers_line else [])
-                + ([untested] if untested else []))
+        device_split = _loaded("plugin.workers", "device_split_note")
+        workers_line = ((workers(config) if workers is not None else None)
+                        or (device_split(config) if device_split is not None else None))
+        return ([session.header()] + session.platform_lines()
+                + ([workers_line] if workers_line else []) + ([untested] if untested else []))
     return None
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    pallas = _session(item.config)
+    if pallas.platform_decision is None and not pallas.options.tpu and pallas.uses_pallas(item):
+        # The first Pallas test: before anything starts JAX's backends (a later module may
+        # make arrays when imported), keep JAX on the CPU.
+        pallas.keep_jax_on_cpu()
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
+    """Where JAX runs, for a run whose header said nothing (no Pallas flag, Pallas tests)."""
+    pallas = _session(config)
+    if pallas.options.session_opted_in or pallas.scope_all or pallas.options.compile_given:
+        return None  # the header said it
+    return pallas.platform_lines() or None
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
@@ -246,6 +272,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if unregister_all is not None:
         unregister_all()
     pallas = config.stash.get(SESSION_KEY, None)
+    if pallas is not None:
+        pallas.undo_keep_jax_on_cpu()
     if pallas is not None and pallas.hypothesis_profile_before is not None:
         from hypothesis import settings
 

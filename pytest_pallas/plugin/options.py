@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from .. import hosts
 from . import versions
 
 INTERPRETERS = ("tpu", "plain")
@@ -270,7 +271,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
             raise pytest.UsageError(f"--pallas-timeout={timeout_value} must be 0 or more seconds.")
 
     compile_value = config.getoption("--pallas-compile")
-    libtpu = installed_libtpu()
+    libtpu = hosts.installed_libtpu()
     compile_chips = parse_compile_flag(compile_value, chip=chip, tpu=tpu, libtpu=libtpu)
 
     impls = implementations.parse_impl_flags(config.getoption("--pallas-impl"))
@@ -341,25 +342,6 @@ def report_directory_to_create(path: str) -> str | None:
     return os.path.relpath(directory)
 
 
-
-
-def installed_libtpu() -> str | None:
-    """The version of libtpu if it can be imported (the ``tpu`` extra), else None.
-
-    Importing the ``libtpu`` package only locates its shared library (JAX is not
-    imported), but it also sets ``TPU_LIBRARY_PATH``: put back, since the plugin
-    changes nothing in the environment unless a Pallas test is going to run (JAX
-    finds the library through the package without it).
-    """
-    before = os.environ.get("TPU_LIBRARY_PATH")
-    try:
-        import libtpu
-    except ImportError:
-        return None
-    finally:
-        if before is None:
-            os.environ.pop("TPU_LIBRARY_PATH", None)
-    return str(getattr(libtpu, "__version__", "") or "unknown")
 
 
 def parse_compile_flag(value: str | None, *, chip: str, tpu: bool,

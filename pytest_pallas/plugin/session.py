@@ -62,6 +62,10 @@ class PallasSession:
     incomplete_reasons: list[str] = dataclasses.field(default_factory=list)
     # The Hypothesis profile that was active before the plugin loaded its own.
     hypothesis_profile_before: str | None = None
+    # Where this run's JAX runs (hosts.PlatformDecision), once keep_jax_on_cpu decided.
+    platform_decision: Any = None
+    # The platform JAX had started on before the plugin could keep it on the CPU, if not it.
+    jax_started_on: str | None = None
     _backend: Backend | None = None
 
     # --- the conformance report ----------------------------------------------
@@ -94,11 +98,46 @@ class PallasSession:
 
     # --- the backend ------------------------------------------------------------
 
+    def keep_jax_on_cpu(self) -> None:
+        """Before JAX starts, in a run that interprets its kernels: JAX on the CPU only, on
+        every host (see ``hosts``); the user's JAX_PLATFORMS wins."""
+        if self.platform_decision is not None or self.options.tpu:
+            return
+        from .. import hosts
+
+        self.platform_decision = hosts.keep_jax_on_cpu(os.environ, hosts.host_accelerators())
+        if not self.platform_decision.by_user:
+            from .._compat import jax_internals
+
+            self.jax_started_on = jax_internals.restrict_imported_jax_to_cpu()
+
+    def platform_lines(self) -> list[str]:
+        """What the header says of where JAX runs (nothing on a CPU-only host)."""
+        lines = []
+        decision = self.platform_decision
+        if decision is not None and decision.note:
+            lines.append(f"pallas: {decision.note}")
+        if self.jax_started_on is not None:
+            lines.append(
+                f"pallas: JAX had started on the {self.jax_started_on.upper()} before "
+                "pytest-pallas could keep it on the CPU (a conftest or plugin made arrays "
+                "when it was imported): Pallas tests run with CPU arrays, but the "
+                f"{self.jax_started_on.upper()} is in use; set JAX_PLATFORMS=cpu before "
+                "pytest to interpret on the CPU alone")
+        return lines
+
+    def undo_keep_jax_on_cpu(self) -> None:
+        if self.platform_decision is not None:
+            from .. import hosts
+
+            hosts.undo_keep_jax_on_cpu(os.environ, self.platform_decision)
+
     def ensure_devices(self) -> None:
         from ..backend import request_cpu_devices
         from ..checks.compile_check import quiet_libtpu_environment
 
         if self.devices_note is None:
+            self.keep_jax_on_cpu()
             # Before JAX starts: libtpu, when installed, loads with JAX's backends.
             quiet_libtpu_environment(os.environ)
             self.devices_requested_count, self.devices_note = request_cpu_devices(
@@ -469,6 +508,12 @@ def conformance_op(item: pytest.Item) -> str | None:
 
 def device_shortfall(needed: int, backend: Backend) -> str:
     if backend.is_tpu:
+        from .. import hosts
+
+        if hosts.worker_index() is not None:
+            return (f"needs {needed} TPU devices, this pytest-xdist worker holds "
+                    f"{backend.device_count} (one chip per worker); run it with -n 0 "
+                    "--pallas-tpu, which gives one process every chip")
         return f"needs {needed} TPU devices, this host has {backend.device_count}"
     return (
         f"needs {needed} devices, JAX sees {backend.device_count} CPU devices; run with "

@@ -87,8 +87,10 @@ def _wanted(config: pytest.Config) -> bool:
     if (option.collectonly or getattr(option, "usepdb", False)
             or getattr(option, "trace", False)):
         return False
-    if option.pallas_tpu or getattr(option, "benchmark_only", False):
-        return False  # one TPU per host; benchmarks want the machine to themselves
+    if accelerator_platform(config) is not None or getattr(option, "benchmark_only", False):
+        # On the accelerator, workers follow the devices (one_device_per_worker);
+        # benchmarks want the machine to themselves.
+        return False
     return _ops_checked(config) >= MIN_OPS_FOR_WORKERS
 
 
@@ -102,3 +104,62 @@ def _ops_checked(config: pytest.Config) -> int:
     if ops:
         return len(ops)
     return MIN_OPS_FOR_WORKERS if config.getoption("--pallas-conformance") else 0
+
+
+# --- one device per worker, on an accelerator ------------------------------------------
+
+_DEVICE_SPLIT = pytest.StashKey[str]()
+
+
+def accelerator_platform(config: pytest.Config) -> str | None:
+    """``"tpu"`` or ``"gpu"`` for a run on the accelerator, None for an interpreted run."""
+    option = config.option
+    if getattr(option, "pallas_tpu", False):
+        return "tpu"
+    if getattr(option, "pallas_gpu", False):
+        return "gpu"
+    return None
+
+
+def one_device_per_worker(config: pytest.Config, host=None) -> int | None:
+    """On the controller of an accelerator run with ``-n N``: never more workers than the
+    host's devices. Returns the worker count it set, or None when it changed nothing.
+
+    Called from ``pytest_cmdline_main``, before pytest-xdist's own reads ``-n``.
+    """
+    platform = accelerator_platform(config)
+    option = config.option
+    requested = getattr(option, "numprocesses", None)
+    if platform is None or hasattr(config, "workerinput") or not requested:
+        return None
+    from .. import hosts
+
+    host = host if host is not None else hosts.host_accelerators()
+    if host.platform != platform:
+        return None  # the backend's own check says JAX sees none, before collection
+    if requested in ("auto", "logical"):
+        requested = host.count
+    count, note = hosts.workers_for_devices(int(requested), host)
+    option.numprocesses = count
+    variable = next(iter(hosts.worker_device_environment(host, 0)))
+    config.stash[_DEVICE_SPLIT] = note or (
+        f"{count} pytest-xdist workers, one {platform.upper()} each ({variable})")
+    return count
+
+
+def take_this_workers_device(config: pytest.Config, host=None, environ=os.environ) -> None:
+    """On a pytest-xdist worker of an accelerator run, before JAX starts: see only the
+    worker's own device (its number among the host's devices)."""
+    from .. import hosts
+
+    index = hosts.worker_index(environ)
+    if accelerator_platform(config) is None or index is None:
+        return
+    host = host if host is not None else hosts.host_accelerators(environ)
+    environ.update(hosts.worker_device_environment(host, index))
+
+
+def device_split_note(config: pytest.Config) -> str | None:
+    """The header's line saying how the workers split the devices."""
+    note = config.stash.get(_DEVICE_SPLIT, None)
+    return f"pallas: {note}" if note else None
