@@ -250,3 +250,12 @@ def test_jax_started_on_an_accelerator_by_a_conftest_gets_a_clear_line(pytester,
     result = pytester.runpytest("-p", "no:cacheprovider", "--pallas-interpret=tpu")
     result.stdout.fnmatch_lines(["pallas: JAX had started on the GPU before pytest-pallas could "
                                  "keep it on the CPU*set JAX_PLATFORMS=cpu before pytest*"])
+
+
+def test_the_default_workers_follow_the_work_not_a_constant():
+    from pytest_pallas.plugin.workers import workers_for_the_work
+
+    assert workers_for_the_work(16, 18, 64 * 2**30) == 9  # the main job on a 16-core host
+    assert workers_for_the_work(2, 18, None) == 2  # this 2-core machine: unchanged
+    assert workers_for_the_work(16, 4, None) == 2  # a suite of four ops
+    assert workers_for_the_work(16, 18, 3 * 2**30) == 3  # no more than the memory holds
