@@ -246,9 +246,11 @@ def installed_libtpu() -> str | None:
         return None
     if spec is None:
         return None
+    # Its metadata lies beside it; a libtpu without any cannot be imported (its __init__
+    # reads its own version from there).
     for location in spec.submodule_search_locations or ():
         site = os.path.dirname(os.path.abspath(location))
         for name in _listdir(site):
             if name.startswith("libtpu-") and name.endswith((".dist-info", ".egg-info")):
                 return name[len("libtpu-"):].rsplit(".", 1)[0]
-    return "unknown"
+    return None

@@ -157,7 +157,8 @@ RECORDING_CONFTEST = """
     def pytest_sessionfinish(session):
         jax = sys.modules.get("jax")
         told = jax.config.jax_platforms if jax is not None else "not imported"
-        name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        workerinput = getattr(session.config, "workerinput", None)
+        name = workerinput["workerid"] if workerinput else "main"
         with open(f"platforms-{name}.txt", "w") as handle:
             handle.write(f"{os.environ.get('JAX_PLATFORMS')} {told}")
     """

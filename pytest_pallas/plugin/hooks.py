@@ -86,10 +86,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # The ops of conftests first: --pallas-impl and --pallas-ops may name them.
     _register_operations(config)
     parsed = options_module.parse_options(config)
+    one_device_worker = False
     if hasattr(config, "workerinput") and (parsed.tpu or getattr(parsed, "gpu", False)):
         from .workers import take_this_workers_device
 
         take_this_workers_device(config)  # before JAX starts: one device per worker
+        one_device_worker = True
     scope = config.getini("pallas_scope") or "marked"
     if scope not in ("marked", "all"):
         raise pytest.UsageError(f"ini option pallas_scope={scope!r} must be 'marked' or 'all'.")
@@ -97,6 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
         options=parsed,
         scope_all=scope == "all",
         invocation=tuple(config.invocation_params.args),
+        one_device_worker=one_device_worker,
     )
     config.stash[SESSION_KEY] = session
     # The compile summary counts this session's compiles (an in-process run shares STATS;

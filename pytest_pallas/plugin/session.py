@@ -66,6 +66,8 @@ class PallasSession:
     platform_decision: Any = None
     # The platform JAX had started on before the plugin could keep it on the CPU, if not it.
     jax_started_on: str | None = None
+    # A pytest-xdist worker of an accelerator run, which sees one device of the host's.
+    one_device_worker: bool = False
     _backend: Backend | None = None
 
     # --- the conformance report ----------------------------------------------
@@ -195,7 +197,8 @@ class PallasSession:
         if marker is not None:
             needed = int(marker.args[0]) if marker.args else int(marker.kwargs.get("n", 1))
             if needed > backend.device_count:
-                return device_shortfall(needed, backend)
+                return device_shortfall(needed, backend,
+                                        one_device_worker=self.one_device_worker)
         return None
 
     def activate(self, item: pytest.Item) -> None:
@@ -506,11 +509,9 @@ def conformance_op(item: pytest.Item) -> str | None:
     return getattr(op, "name", op)  # a packaged test is parametrized by the op's record
 
 
-def device_shortfall(needed: int, backend: Backend) -> str:
+def device_shortfall(needed: int, backend: Backend, *, one_device_worker: bool = False) -> str:
     if backend.is_tpu:
-        from .. import hosts
-
-        if hosts.worker_index() is not None:
+        if one_device_worker:
             return (f"needs {needed} TPU devices, this pytest-xdist worker holds "
                     f"{backend.device_count} (one chip per worker); run it with -n 0 "
                     "--pallas-tpu, which gives one process every chip")
