@@ -424,13 +424,23 @@ def assert_allclose(
         matmul_precision = _BACKEND_MATMUL_PRECISION.get()
     extra, reason = 0.0, ""
     if op is not None:
+        from .ops.error_models import COMPARATOR_MODELS
         from .ops.registry import op_allowance
 
         if inputs is None:
             raise ValueError(f"assert_allclose(op={op!r}) needs inputs=(...), the op's "
                              "arguments, to size its error model")
-        extra, reason = op_allowance(op, inputs, matmul_precision=matmul_precision,
-                                     params=op_params)
+        if isinstance(op, str) and op in COMPARATOR_MODELS:
+            # Paged and ragged attention: the model reads the kernel's own arguments and
+            # sizes the reduction by the sequences' kv lengths, unless the caller gave one.
+            model = COMPARATOR_MODELS[op](inputs, matmul_precision=matmul_precision,
+                                          params=op_params)
+            extra, reason = model.atol, model.why
+            if reduction_length is None:
+                reduction_length = model.reduction_length
+        else:
+            extra, reason = op_allowance(op, inputs, matmul_precision=matmul_precision,
+                                         params=op_params)
     actual_leaves, actual_tree = _leaves(actual)
     expected_leaves, expected_tree = _leaves(expected)
     if actual_tree != expected_tree:
@@ -465,7 +475,8 @@ def assert_allclose(
             from .ops.error_models import error_model_hint
 
             hint = error_model_hint(failed_worst,
-                                    reduction_length_given=reduction_length is not None)
+                                    reduction_length_given=reduction_length is not None,
+                                    kernels=mismatch.traced_kernel_names())
             failures += [hint] if hint else []
         raise AssertionError("\n\n".join(failures))
     return worst
