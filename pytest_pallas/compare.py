@@ -321,6 +321,29 @@ def backend_matmul_precision(precision: str):
         _BACKEND_MATMUL_PRECISION.reset(token)
 
 
+# While a Pallas test runs (on any backend): the titles of the kernels it has traced, so a
+# failure's hint can name the error model of the op that produced the output.
+_TRACED_KERNELS: contextvars.ContextVar[Callable[[], Sequence[str]] | None] = (
+    contextvars.ContextVar("pallas_traced_kernels", default=None))
+
+
+@contextlib.contextmanager
+def traced_kernels(titles: Callable[[], Sequence[str]] | None):
+    """Within the block, a failure's error-model hint may name the op of these kernels
+    (``titles`` gives those the running test has traced so far)."""
+    token = _TRACED_KERNELS.set(titles)
+    try:
+        yield
+    finally:
+        _TRACED_KERNELS.reset(token)
+
+
+def traced_kernel_titles() -> list[str]:
+    """The titles of the kernels the running Pallas test has traced; [] outside one."""
+    titles = _TRACED_KERNELS.get()
+    return list(dict.fromkeys(titles())) if titles is not None else []
+
+
 # While a Pallas test runs interpreted on the CPU: the names of the kernels it has traced.
 # Both interpreters fill memory a kernel has not written with NaN, so a NaN where the
 # reference is finite most likely comes from a kernel reading such memory.
@@ -476,7 +499,7 @@ def assert_allclose(
 
             hint = error_model_hint(failed_worst,
                                     reduction_length_given=reduction_length is not None,
-                                    kernels=mismatch.traced_kernel_names())
+                                    kernels=traced_kernel_titles())
             failures += [hint] if hint else []
         raise AssertionError("\n\n".join(failures))
     return worst

@@ -74,13 +74,6 @@ def traced_output_blocks(outputs: Callable[[], Sequence[TracedOutput]] | None) -
         _TRACED_OUTPUTS.reset(token)
 
 
-def traced_kernel_names() -> list[str]:
-    """The titles of the kernels the running Pallas test has traced, in order; [] outside
-    one (a failure's hint then cannot say which op the output came from)."""
-    provider = _TRACED_OUTPUTS.get()
-    return list(dict.fromkeys(output.kernel for output in (provider() if provider else ())))
-
-
 def blocks_for(shape: tuple[int, ...], block_shape: Sequence[int | None] | None = None) -> Blocks:
     """The blocks to locate errors in for an array of ``shape``.
 
