@@ -427,7 +427,12 @@ def assert_allclose(
     that op (``pytest_pallas.error_models``): ``op="attention", inputs=(q, k, v)``
     allows for the rounding of the logits (pass ``q * sm_scale`` for a scaled
     kernel); ``op="matmul_activation", inputs=(x, y),
-    op_params={"activation": "gelu"}`` for the activation's.
+    op_params={"activation": "gelu"}`` for the activation's. Paged and ragged paged
+    attention take the kernel's own arguments, one call for the whole output:
+    ``op="paged_attention", inputs=(q, k_pages, v_pages, lengths, page_indices)``;
+    ``op="ragged_paged_attention", inputs=(q, kv_pages, kv_lens, page_indices, cu_q_lens,
+    num_seqs), op_params={"sm_scale": s}`` (JAX's layout; tpu-inference's v3 passes its 8
+    arguments), which also size the reduction by the sequences' kv lengths.
 
     A failure ends with the pattern of the mismatches, each line only when it holds
     for every mismatched element: which output blocks hold them, whether only the
