@@ -136,6 +136,8 @@ def test_a_wrong_kernel_gets_no_error_model_hint():
 @pytest.mark.parametrize("title, keywords", [
     ("'paged_attention at reference_kernels/paged_attention.py:240'",
      'op="paged_attention", inputs=(q, k_pages, v_pages, lengths, page_indices)'),
+    ("'paged_flash_attention_kernel at paged_attention_kernel.py:40'",
+     'op="paged_attention", inputs=(q, k_pages, v_pages, lengths, page_indices)'),
     ("'ragged_paged_attention_kernel at kernel.py:290'",
      'op="ragged_paged_attention", inputs=(q, kv_pages, kv_lens, page_indices, cu_q_lens, '
      'num_seqs), op_params={"sm_scale": sm_scale}'),

@@ -414,11 +414,12 @@ _V3_RAGGED_KEYWORDS = ('op="ragged_paged_attention", inputs=(queries, keys, valu
                        'kv_lens, page_indices, cu_q_lens, distribution), '
                        'op_params={"sm_scale": sm_scale}')
 
-# Kernels recognised by their title (the pallas_call's name): JAX's ragged paged attention,
-# tpu-inference's v3 (named "RPAd-...", "RPAp-...", "RPAm-..." by its case), any paged one.
+# Kernels recognised by their title (the pallas_call's name, else its body's): JAX's ragged
+# paged attention, tpu-inference's v3 (named "RPAd-...", "RPAp-...", "RPAm-..." by its
+# case), the suite's paged_attention and JAX's paged_flash_attention_kernel.
 _V3_RAGGED_KERNEL = re.compile(r"\bRPA[dpm]-")
 _RAGGED_KERNEL = re.compile(r"ragged_paged_attention", re.I)
-_PAGED_KERNEL = re.compile(r"paged_attention", re.I)
+_PAGED_KERNEL = re.compile(r"paged_(?:flash_)?attention", re.I)
 
 
 def _fitting_model(kernels: Sequence[str]) -> tuple[str, str] | None:

@@ -56,10 +56,12 @@ def _with_planted_bug(module: types.ModuleType, bug: str, old: str, new: str):
     return planted
 
 
-def _ragged_reference(queries, k_of, v_of, kv_lens, cu_q_lens, sequences, scale):
+def _ragged_reference(queries, k_of, v_of, kv_lens, cu_q_lens, sequences, scale, *,
+                      sliding_window=None, soft_cap=None):
     """float64 causal attention of each sequence's query rows over its first kv_len keys
-    (its queries are the last q_len of them); ``k_of(s)``, ``v_of(s)``: sequence s's keys
-    and values (keys, kv_heads, d)."""
+    (its queries are the last q_len of them; with a window, the last ``sliding_window``
+    keys up to their own); ``k_of(s)``, ``v_of(s)``: sequence s's keys and values
+    (keys, kv_heads, d)."""
     queries = _f64(queries)
     heads = queries.shape[1]
     out = np.zeros((int(cu_q_lens[sequences]), heads, queries.shape[2]))
@@ -70,7 +72,12 @@ def _ragged_reference(queries, k_of, v_of, kv_lens, cu_q_lens, sequences, scale)
         position = n - (end - start) + np.arange(end - start)[:, None]
         for head in range(heads):
             logits = scale * queries[start:end, head] @ k[:, head // group].T
-            logits = np.where(np.arange(n)[None, :] <= position, logits, -np.inf)
+            if soft_cap is not None:
+                logits = soft_cap * np.tanh(logits / soft_cap)
+            visible = np.arange(n)[None, :] <= position
+            if sliding_window is not None:
+                visible &= np.arange(n)[None, :] > position - sliding_window
+            logits = np.where(visible, logits, -np.inf)
             weights = np.exp(logits - logits.max(-1, keepdims=True))
             out[start:end, head] = weights / weights.sum(-1, keepdims=True) @ v[:, head // group]
     return out
@@ -100,12 +107,12 @@ def _jax_args():
             jnp.asarray([len(JAX_Q_LENS)], jnp.int32))
 
 
-def _jax_reference(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
+def _jax_reference(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **options):
     pages = _f64(kv_pages)
     sequence = [pages[np.asarray(page_indices[s])].reshape(-1, 2 * KV_HEADS, D)
                 for s in range(int(num_seqs[0]))]
     return _ragged_reference(q, lambda s: sequence[s][:, 0::2], lambda s: sequence[s][:, 1::2],
-                             kv_lens, cu_q_lens, int(num_seqs[0]), JAX_SCALE)
+                             kv_lens, cu_q_lens, int(num_seqs[0]), JAX_SCALE, **options)
 
 
 def _jax_module():
@@ -114,10 +121,10 @@ def _jax_module():
     return kernel
 
 
-def _jax_kernel(module):
+def _jax_kernel(module, **options):
     def call(*args):
         out = module.ragged_paged_attention(*args, sm_scale=JAX_SCALE, num_kv_pages_per_block=4,
-                                            num_queries_per_block=16)
+                                            num_queries_per_block=16, **options)
         return out[:sum(JAX_Q_LENS)]   # the rows past the last sequence are padding
     return call
 
@@ -145,6 +152,20 @@ def test_jax_ragged_paged_attention_passes_one_call_with_its_own_inputs():
     args = _jax_args()
     out, expected = _jax_kernel(_jax_module())(*args), _jax_reference(*args)
     assert assert_allclose(out, expected, **_jax_model_keywords(args)) <= 1.0
+
+
+# A window shorter than every chunk's keys (so blocks of keys are skipped) and a soft cap
+# below the largest logits (so it bends them): the kernel's own options, the model's too.
+OPTIONS = {"sliding_window": 24, "soft_cap": 20.0}
+
+
+def test_with_a_sliding_window_and_a_soft_cap_it_passes_one_call():
+    args = _jax_args()
+    out = _jax_kernel(_jax_module(), **OPTIONS)(*args)
+    expected = _jax_reference(*args, **OPTIONS)
+    keywords = _jax_model_keywords(args)
+    keywords["op_params"].update(OPTIONS)
+    assert assert_allclose(out, expected, **keywords) <= 1.0
 
 
 def test_a_bare_comparison_of_it_fails_and_the_hint_names_the_ragged_model():
