@@ -316,9 +316,11 @@ def _per_sequence_attention(op: str, sequences: Iterator[_Sequence], *, dtype: s
         count += 1
         if not sequence.visible.any():
             continue
-        # (heads, tokens, keys): sum_d |q_id| |k_jd| per head, over the visible pairs only.
-        magnitudes = np.einsum("ihd,jhd->hij", np.abs(sequence.q), np.abs(sequence.k))
-        bound = float(np.max(np.where(sequence.visible, magnitudes, 0.0), initial=0.0))
+        # sum_d |q_id| |k_jd| over the visible pairs only, one head at a time (a long
+        # prefill's tokens x keys is large enough; times the heads it need not be).
+        bound = max(float(np.max(np.where(
+            sequence.visible, np.abs(sequence.q[:, head]) @ np.abs(sequence.k[:, head]).T, 0.0),
+            initial=0.0)) for head in range(sequence.q.shape[1]))
         seen = sequence.visible.any(axis=0)
         value = float(np.max(np.abs(sequence.v[seen]), initial=0.0))
         logit_error = (epsilon(accumulator) + 2 * eps32) * bound
