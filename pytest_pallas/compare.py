@@ -485,6 +485,7 @@ def assert_allclose(
     worst = 0.0
     failures = []
     failed_worst: list[tuple[str, float]] = []  # (dtype, worst error) of each failed output
+    failed_shapes: list[tuple[int, ...]] = []  # and its shape
     for position, ((path, a), (_, e)) in enumerate(zip(actual_leaves, expected_leaves)):
         result = compare_arrays(
             a, e, rtol=rtol, atol=atol, reduction_length=reduction_length,
@@ -498,13 +499,15 @@ def assert_allclose(
             failures.append(result.message)
             failed_worst.append((np.dtype(getattr(a, "dtype", np.float64)).name,
                                  result.worst_error))
+            failed_shapes.append(tuple(np.shape(a)))
     if failures:
         if op is None and rtol is None and atol is None and not exact:
             from .ops.error_models import error_model_hint
 
             hint = error_model_hint(failed_worst,
                                     reduction_length_given=reduction_length is not None,
-                                    kernels=traced_kernel_titles())
+                                    kernels=traced_kernel_titles(),
+                                    shapes=failed_shapes)
             failures += [hint] if hint else []
         raise AssertionError("\n\n".join(failures))
     return worst

@@ -147,9 +147,13 @@ def test_a_wrong_kernel_gets_no_error_model_hint():
 ])
 def test_the_hint_of_a_traced_paged_kernel_is_its_model_on_one_line(title, keywords):
     hint = error_model_hint([("float32", 3.5)], reduction_length_given=True,
-                            kernels=["'matmul at k.py:1'", title])
+                            kernels=["'matmul at k.py:1'", title], shapes=[(70, 4, 128)])
     assert "\n" not in hint and hint.endswith(keywords)
     assert 'op="attention"' not in hint
+    # An output of another rank (a matmul's, in the same test) is not that kernel's.
+    other = error_model_hint([("float32", 3.5)], reduction_length_given=True,
+                             kernels=[title], shapes=[(64, 128)])
+    assert 'op="attention", inputs=(q, k, v)' in other and "\n" in other
 
 
 def test_a_bare_comparison_outside_a_pallas_test_lists_every_model_one_a_line():

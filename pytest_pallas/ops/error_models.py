@@ -440,21 +440,24 @@ def _fitting_model(kernels: Sequence[str]) -> tuple[str, str] | None:
 
 def error_model_hint(worst_errors: Sequence[tuple[str, float]], *,
                      reduction_length_given: bool,
-                     kernels: Sequence[str] = ()) -> str | None:
+                     kernels: Sequence[str] = (),
+                     shapes: Sequence[tuple[int, ...]] = ()) -> str | None:
     """For a bare ``assert_allclose`` that failed: the keywords that add a known error model,
     when every failed output (``(dtype name, worst error in tolerance units)``) missed by a
     margin that rounding of such an op could explain; else None.
 
-    ``kernels``: the titles of the kernels the test traced. When one is a paged or ragged
-    attention, the hint gives that model's keywords alone, on one line to paste; else every
-    model, each with the layout of the output it fits.
+    ``kernels``: the titles of the kernels the test traced; ``shapes``: those of the failed
+    outputs. When a kernel is a paged or ragged attention and a failed output has the
+    rank of its output ((b, heads, d) or (tokens, heads, d)), the hint gives that model's
+    keywords alone, on one line to paste; else every model, each with the layout of the
+    output it fits.
     """
     if not worst_errors or not all(
             worst <= _ROUNDING_MARGIN.get(dtype, 0.0) for dtype, worst in worst_errors):
         return None
     lead = ("pallas: a correct kernel misses the default tolerance by this much when its op "
             "rounds in ways the default does not cover")
-    fitting = _fitting_model(kernels)
+    fitting = _fitting_model(kernels) if any(len(shape) == 3 for shape in shapes) else None
     if fitting is not None:
         what, keywords = fitting
         return (f"{lead}; {what}: pass its error model, its arguments as the kernel takes "
