@@ -5,7 +5,10 @@ reduction's accumulation. Some ops add an error of their own that scales with
 their inputs rather than with the output; a correct kernel (and plain XLA)
 reaches a few times the default tolerance without it. The conformance suite
 and ``assert_allclose(..., op=NAME, inputs=...)`` both take the allowance from
-here, so a user's own test of such a kernel gets the suite's verdict.
+here, so a user's own test of such a kernel gets the suite's verdict. Paged and ragged
+paged attention (``COMPARATOR_MODELS``) are the comparator's alone: their models read a
+kernel's own arguments (page tables, kv lengths, cumulative query lengths) and size the
+reduction length too.
 """
 
 from __future__ import annotations
