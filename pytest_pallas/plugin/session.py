@@ -206,7 +206,7 @@ class PallasSession:
         from .._compat import jax_internals, tpu_interpreter
         from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
         from ..checks.mismatch import TracedOutput, traced_output_blocks
-        from ..compare import backend_matmul_precision, interpreted_kernels
+        from ..compare import backend_matmul_precision, interpreted_kernels, traced_kernels
 
         backend = self.backend_for(item)
         stack = contextlib.ExitStack()
@@ -232,6 +232,9 @@ class PallasSession:
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
             stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports]))
+        # A bare comparison's failure then names the error model of a traced paged or
+        # ragged attention kernel.
+        stack.enter_context(traced_kernels(lambda: [r.kernel for r in reports]))
         # A value failure then locates its mismatches in the traced kernels' output blocks.
         stack.enter_context(traced_output_blocks(lambda: [
             TracedOutput(report.kernel, array_shape, block_shape)
