@@ -29,7 +29,6 @@ from .hypothesis_settings import (
 from .options import WORKER_SEED_KEY
 from .session import (
     CONFORMANCE_DIRECTORY,
-    FIXTURE_NAMES,
     MARKERS,
     SESSION_KEY,
     PallasSession,
@@ -248,7 +247,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     pallas = _session(config)
     _deselect_conformance_ops(pallas, config, items)
     if not _is_controller(config) and any(is_conformance_item(item) for item in items):
-        from .test_order import longest_first, stored
+        from .conformance_order import longest_first, stored
 
         items[:] = longest_first(items, stored(config), is_conformance_item)
     ours = [item for item in items if pallas.uses_pallas(item)]
@@ -569,7 +568,7 @@ class _WorkerRecordsMerger:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.seconds:
             return  # no worker ran a conformance test
-        from .test_order import store
+        from .conformance_order import store
 
         store(session.config, self.seconds)  # the next run's workers take the longest first
 
@@ -674,10 +673,3 @@ def _compile_summary(pallas: PallasSession, config: pytest.Config) -> str | None
         return None
     return (f"pallas: TPU compiler check: {compiles} kernel compiles in "
             f"{seconds:.1f} s, {cached} verdicts from the cache")
-
-
-assert set(FIXTURE_NAMES) == {"pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark"}, (
-    "fixtures drifted")
-
-
-_ = sys  # the module must stay importable without JAX; see tests/test_startup.py
