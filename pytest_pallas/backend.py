@@ -10,7 +10,6 @@ answer for the chip the run stands in for; on a TPU it changes nothing.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -26,7 +25,9 @@ from ._compat import (
     ref_views,
     tpu_interpreter,
 )
-from .plugin.options import PallasOptions
+from .checks import running
+from .checks.running import active_backend  # noqa: F401  (the backend's public accessor)
+from .settings import PallasOptions, device_count_from_xla_flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +107,8 @@ class Backend:
                 # JAX started on an accelerator before the plugin could keep it on the CPU
                 # (plugin.session's header line says so): the test's arrays stay on the CPU.
                 stack.enter_context(jax.default_device(jax.devices("cpu")[0]))
-            token = _ACTIVE_BACKEND.set(self)
-            stack.callback(_ACTIVE_BACKEND.reset, token)
+            token = running.ACTIVE_BACKEND.set(self)
+            stack.callback(running.ACTIVE_BACKEND.reset, token)
             stack.enter_context(optional(
                 "the TPU interpreter's vmap fix", tpu_interpreter.vmapped_grid_semantics_fixed))
             # The interpreter's callbacks must not wait on XLA's thread pool (a hang on
@@ -129,15 +130,6 @@ class Backend:
             stack.enter_context(interpreter_fixes.own_interpret_params_kept_on_meshes(
                 merge_interpret_params, self.own_params_changed.append_change))
             yield self
-
-
-_ACTIVE_BACKEND: contextvars.ContextVar[Backend | None] = contextvars.ContextVar(
-    "pallas_active_backend", default=None)
-
-
-def active_backend() -> Backend | None:
-    """The backend of the Pallas test running now (inside ``Backend.activate``), else None."""
-    return _ACTIVE_BACKEND.get()
 
 
 class ParamsChanges(list):
@@ -261,8 +253,6 @@ def request_cpu_devices(count: int, environ) -> tuple[int, str]:
     Returns how many JAX will have, and a sentence describing what happened, for the
     report header.
     """
-    from .plugin.options import device_count_from_xla_flags
-
     already = device_count_from_xla_flags(environ)
     if already is not None:
         return already, f"{already} CPU devices (from XLA_FLAGS)"

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .checks import mismatch
+from .checks.mismatch import bitwise_differences  # noqa: F401  (public here too)
 from .dtypes import _EPSILON, _ML_DTYPES, epsilon
 
 
@@ -279,13 +280,6 @@ def _pattern(actual: np.ndarray, expected: np.ndarray, mismatched: np.ndarray,
                                  atol=tolerance.atol, blocks=blocks, without_step=without_step)
     except Exception as error:  # the comparison's verdict stands without the pattern
         return [f"(mismatch pattern not analysed: {type(error).__name__}: {error})"]
-
-
-def bitwise_differences(first: Any, second: Any) -> np.ndarray:
-    """Where two arrays of one dtype and shape differ bit for bit (NaN payloads, signed zeros)."""
-    a, b = np.asarray(first), np.asarray(second)
-    view = np.dtype(f"u{a.dtype.itemsize}")
-    return a.view(view) != b.view(view)
 
 
 def _nan_where_finite_hint(actual: np.ndarray, expected: np.ndarray) -> list[str]:

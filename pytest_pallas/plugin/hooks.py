@@ -11,6 +11,12 @@ from typing import Any
 
 import pytest
 
+from ..suite.membership import (
+    CONFORMANCE_DIRECTORY,
+    conformance_op_name,
+    is_conformance_item,
+    is_packaged_conformance_item,
+)
 from . import options as options_module
 from . import versions
 from .fixtures import (  # noqa: F401  (pytest finds the plugin's fixtures here)
@@ -27,16 +33,7 @@ from .hypothesis_settings import (
     _seed_hypothesis,
 )
 from .options import WORKER_SEED_KEY
-from .session import (
-    CONFORMANCE_DIRECTORY,
-    MARKERS,
-    SESSION_KEY,
-    PallasSession,
-    conformance_op,
-    is_conformance_item,
-    is_packaged_conformance_item,
-    session_of,
-)
+from .session import MARKERS, SESSION_KEY, PallasSession, session_of
 
 # The directory --pallas-report creates because it did not exist, for the summary to say so.
 _REPORT_DIRECTORY_CREATED = pytest.StashKey[str | None]()
@@ -294,7 +291,7 @@ def _deselect_conformance_ops(pallas: PallasSession, config: pytest.Config,
         )
     keep, drop = [], []
     for item in items:
-        op = conformance_op(item) if is_packaged_conformance_item(item) else None
+        op = conformance_op_name(item) if is_packaged_conformance_item(item) else None
         (drop if op is not None and op not in pallas.conformance_ops else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

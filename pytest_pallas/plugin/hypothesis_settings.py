@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from .session import PallasSession, is_conformance_item
+from ..suite.membership import is_conformance_item
+from .session import PallasSession
 
 
 def _load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> None:

@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .options import PallasOptions
+from ..settings import PallasOptions
+from ..suite.membership import (
+    conformance_op_name,
+    is_conformance_item,
+)
 
 if TYPE_CHECKING:  # imported where used: a run without Pallas tests loads none of them
     from ..backend import Backend
@@ -247,7 +251,7 @@ class PallasSession:
 
     def _compile_recorder(self, item: pytest.Item):
         """For a conformance test: records in the report whether its op's kernels compiled."""
-        op = conformance_op(item) if is_conformance_item(item) else None
+        op = conformance_op_name(item) if is_conformance_item(item) else None
         if op is None:
             return None
         recorder = self.recorder
@@ -469,47 +473,10 @@ def session_of(config: pytest.Config) -> PallasSession:
     return config.stash[SESSION_KEY]
 
 
-def _conformance_directory() -> str:
-    # The packaged suite: site-packages/pytest_pallas/conformance, or the checkout's
-    # conformance/ in an editable install (found without importing it).
-    import importlib.util
-
-    spec = importlib.util.find_spec("pytest_pallas.conformance")
-    if spec is not None and spec.submodule_search_locations:
-        return os.path.abspath(list(spec.submodule_search_locations)[0])
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "conformance")
-
-
-CONFORMANCE_DIRECTORY = _conformance_directory()
-
-
 def _list_or_empty(recorded: list | None) -> list:
     # The recorder's own list (empty now, filled as kernels run), or a fresh
     # one when the feature is off: `recorded or []` would drop the former.
     return recorded if recorded is not None else []
-
-
-def is_packaged_conformance_item(item: pytest.Item) -> bool:
-    return os.path.dirname(str(item.path)) == CONFORMANCE_DIRECTORY
-
-
-def is_conformance_item(item: pytest.Item) -> bool:
-    """A test of the packaged suite or of a ``conformance_tests`` class."""
-    return is_packaged_conformance_item(item) or _class_binding(item) is not None
-
-
-def _class_binding(item: pytest.Item) -> Any:
-    cls = getattr(item, "cls", None)
-    return getattr(cls, "__pallas_conformance__", None) if cls is not None else None
-
-
-def conformance_op(item: pytest.Item) -> str | None:
-    binding = _class_binding(item)
-    if binding is not None:
-        return binding.op
-    callspec = getattr(item, "callspec", None)
-    op = callspec.params.get("op") if callspec is not None else None
-    return getattr(op, "name", op)  # a packaged test is parametrized by the op's record
 
 
 def device_shortfall(needed: int, backend: Backend, *, one_device_worker: bool = False) -> str:
