@@ -29,7 +29,7 @@ import numpy as np
 
 from .checks import mismatch
 from .checks.mismatch import bitwise_differences  # noqa: F401  (public here too)
-from .dtypes import _EPSILON, _ML_DTYPES, epsilon
+from .dtypes import EPSILON, ML_DTYPES, epsilon
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +93,7 @@ def default_tolerance(
 def _smallest_normal(name: str) -> float:
     import ml_dtypes
 
-    return float(ml_dtypes.finfo(_ML_DTYPES.get(name, np.dtype(name))).tiny)
+    return float(ml_dtypes.finfo(ML_DTYPES.get(name, np.dtype(name))).tiny)
 
 
 def _to_numpy(value: Any, what: str) -> np.ndarray:
@@ -162,7 +162,7 @@ def compare_arrays(
         )
     out_dtype = actual_array.dtype
     if exact is None:
-        exact = not np.issubdtype(out_dtype, np.inexact) and out_dtype.name not in _EPSILON
+        exact = not np.issubdtype(out_dtype, np.inexact) and out_dtype.name not in EPSILON
     size = actual_array.size
     header = f"{label} ({out_dtype.name}, shape {actual_array.shape})"
     blocks = mismatch.blocks_for(actual_array.shape, block_shape)
@@ -179,7 +179,7 @@ def compare_arrays(
     finite_expected = e[np.isfinite(e)]
     scale = float(np.max(np.abs(finite_expected))) if finite_expected.size else 0.0
     if rtol is None or atol is None:
-        default = default_tolerance(out_dtype if out_dtype.name in _EPSILON else "float32",
+        default = default_tolerance(out_dtype if out_dtype.name in EPSILON else "float32",
                                     scale=scale, reduction_length=reduction_length,
                                     matmul_precision=matmul_precision)
         tolerance = Tolerance(
@@ -247,7 +247,7 @@ def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str,
                    without_step: Mapping[str, Any] | None = None) -> Comparison:
     if actual.dtype != expected.dtype and actual.dtype.itemsize == expected.dtype.itemsize:
         expected = expected.astype(actual.dtype)
-    if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in _EPSILON:
+    if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in EPSILON:
         # Bit for bit: NaN payloads and signed zeros count.
         mismatched = bitwise_differences(actual, expected.astype(actual.dtype))
     else:
@@ -266,7 +266,7 @@ def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str,
     ]
     lines += _pattern(actual, expected, mismatched, Tolerance(0.0, 0.0, "exact"), blocks,
                       without_step)
-    if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in _EPSILON:
+    if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in EPSILON:
         lines += _nan_where_finite_hint(actual.astype(np.float64), expected.astype(np.float64))
     return Comparison(False, math.inf, Tolerance(0.0, 0.0, "exact"), "\n".join(lines))
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import device_kinds, jax_internals
-from .jax_internals import _PALLAS_CALL, JaxInternalsChanged
+from .jax_internals import PALLAS_CALL_MODULE, JaxInternalsChanged
 
 _PARTIAL_EVAL = "jax._src.interpreters.partial_eval"
 
@@ -23,7 +23,7 @@ _PARTIAL_EVAL = "jax._src.interpreters.partial_eval"
 _observers: list[tuple[Callable[..., None], bool]] = []
 
 
-_observer_lock = threading.RLock()
+observer_lock = threading.RLock()
 
 
 _live_observations = 0
@@ -55,7 +55,7 @@ def observe_pallas_calls(observer: Callable[..., None], *,
             my_kernel(x)
     """
     global _live_observations, _unobserve
-    with _observer_lock:
+    with observer_lock:
         if _live_observations == 0:
             _unobserve = _install_observation()
         _live_observations += 1
@@ -64,7 +64,7 @@ def observe_pallas_calls(observer: Callable[..., None], *,
     try:
         yield
     finally:
-        with _observer_lock:
+        with observer_lock:
             _observers[:] = [o for o in _observers if o is not entry]
             _live_observations -= 1
             if _live_observations == 0 and _unobserve is not None:
@@ -82,7 +82,7 @@ def _notify_observers(params: dict[str, Any], avals: tuple[Any, ...]) -> None:
 
 def _install_observation() -> Callable[[], None]:
     primitive = jax_internals.pallas_call_primitive()
-    staging = jax_internals._private(_PARTIAL_EVAL)
+    staging = jax_internals.private_attribute(_PARTIAL_EVAL)
     cached = getattr(staging, "_cached_abstract_eval", None)
     if callable(cached):
         # DynamicJaxprTrace looks this up on every bind it stages.
@@ -97,7 +97,7 @@ def _install_observation() -> Callable[[], None]:
     original = getattr(primitive, "abstract_eval", None)
     if not callable(original):
         raise JaxInternalsChanged(
-            f"{_PALLAS_CALL}.pallas_call_p has no abstract_eval rule to observe; "
+            f"{PALLAS_CALL_MODULE}.pallas_call_p has no abstract_eval rule to observe; "
             "pytest-pallas cannot check kernels as they are traced on this JAX."
         )
 
@@ -118,14 +118,14 @@ def suspend_pallas_call_observers() -> Iterator[None]:
     what the interpreter does with it, and for the compile check, which binds
     a traced call again on its own (every output of it then counts as used).
     """
-    with _observer_lock:
+    with observer_lock:
         saved, saved_uses = list(_observers), list(_use_observers)
         _observers.clear()
         _use_observers.clear()
     try:
         yield
     finally:
-        with _observer_lock:
+        with observer_lock:
             _observers[:0] = saved
             _use_observers[:0] = saved_uses
 
@@ -150,12 +150,12 @@ def observe_pallas_call_uses(
     """
     global _unobserve_uses
     try:
-        rules = jax_internals._private(_PARTIAL_EVAL, "dce_rules")
+        rules = jax_internals.private_attribute(_PARTIAL_EVAL, "dce_rules")
         primitive = jax_internals.pallas_call_primitive()
     except JaxInternalsChanged:
         yield False
         return
-    with _observer_lock:
+    with observer_lock:
         if not _use_observers:
             original = rules.get(primitive)
 
@@ -181,7 +181,7 @@ def observe_pallas_call_uses(
     try:
         yield True
     finally:
-        with _observer_lock:
+        with observer_lock:
             _use_observers[:] = [o for o in _use_observers if o is not observer]
             if not _use_observers and _unobserve_uses is not None:
                 _unobserve_uses()
@@ -200,9 +200,9 @@ def own_interpret_params_kept(
     from jax.experimental.pallas import tpu as pltpu
 
     try:
-        module = jax_internals._private(_PALLAS_CALL)
+        module = jax_internals.private_attribute(PALLAS_CALL_MODULE)
         original = module._pallas_call
-        context = jax_internals._private(
+        context = jax_internals.private_attribute(
             "jax._src.config", "pallas_tpu_interpret_mode_context_manager"
         )
     except (JaxInternalsChanged, AttributeError):
@@ -244,7 +244,7 @@ def forced_interpreter_when_called() -> Iterator[bool]:
     """
     try:
         primitive = jax_internals.pallas_call_primitive()
-        context = jax_internals._private(
+        context = jax_internals.private_attribute(
             "jax._src.config", "pallas_tpu_interpret_mode_context_manager"
         )
     except JaxInternalsChanged:

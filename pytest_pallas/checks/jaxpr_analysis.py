@@ -27,7 +27,7 @@ def pallas_call_params_in(jaxpr: Any) -> Iterator[dict[str, Any]]:
             yield equation.params
             continue
         for value in equation.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 yield from pallas_call_params_in(sub)
 
 
@@ -50,18 +50,18 @@ def pallas_call_uses_in(jaxpr: Any) -> Iterator[tuple[dict[str, Any], tuple[bool
             yield equation.params, tuple(id(v) in read for v in equation.outvars)
             continue
         for value in equation.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 yield from pallas_call_uses_in(sub)
 
 
-def _sub_jaxprs(value: Any) -> Iterator[Any]:
+def sub_jaxprs(value: Any) -> Iterator[Any]:
     if hasattr(value, "eqns"):
         yield value
     elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
         yield value.jaxpr
     elif isinstance(value, (tuple, list)):
         for item in value:
-            yield from _sub_jaxprs(item)
+            yield from sub_jaxprs(item)
 
 
 def pallas_call_fingerprint(params: dict[str, Any]) -> str:
@@ -110,5 +110,5 @@ def pallas_call_equations_in(
         if mesh is not None and hasattr(mesh, "axis_names"):
             axes = tuple((str(n), int(s)) for n, s in zip(mesh.axis_names, mesh.axis_sizes))
         for value in equation.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 yield from pallas_call_equations_in(sub, axes)

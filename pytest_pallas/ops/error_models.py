@@ -29,7 +29,7 @@ from ..dtypes import epsilon
 _ACTIVATION_ULPS = {"gelu": 2.0, "silu": 2.0}
 
 
-def _dtype_name(array: Any) -> str:
+def name_of_dtype(array: Any) -> str:
     return np.dtype(getattr(array, "dtype", np.float32)).name
 
 
@@ -81,7 +81,7 @@ def attention_allowance(q: Any, k: Any, v: Any, *,
     logit_bound = float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2), initial=0.0))
     # bfloat16 inputs multiply exactly into float32 sums; only float32 inputs
     # on a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
-    accumulator = ("bfloat16" if matmul_precision == "bfloat16" and _dtype_name(q) == "float32"
+    accumulator = ("bfloat16" if matmul_precision == "bfloat16" and name_of_dtype(q) == "float32"
                    else "float32")
     logit_error = (epsilon(accumulator) + 2 * epsilon("float32")) * logit_bound
     extra = logit_error * float(np.max(np.abs(v64), initial=0.0))
@@ -103,7 +103,7 @@ def activation_allowance(x: Any, y: Any, *, activation: str | None,
     ulps = _ACTIVATION_ULPS.get(activation or "")
     if not ulps:
         return 0.0, ""
-    name = np.dtype(dtype).name if dtype is not None else _dtype_name(x)
+    name = np.dtype(dtype).name if dtype is not None else name_of_dtype(x)
     bound = float(np.max(np.abs(_float64(x) @ _float64(y)), initial=0.0))
     extra = ulps * epsilon(name) * bound
     return extra, (f"{activation} evaluated in {name} (max |x @ y| = {bound:.3g}) "
@@ -357,7 +357,7 @@ def paged_attention_model(inputs: Sequence[Any], *, matmul_precision: str = "flo
                          f"page_indices), the kernel's arguments; got {len(inputs)} inputs")
     params = _paged_params("paged_attention", params)
     return _per_sequence_attention("paged_attention", _paged_sequences(inputs, params),
-                                   dtype=_dtype_name(inputs[0]),
+                                   dtype=name_of_dtype(inputs[0]),
                                    matmul_precision=matmul_precision,
                                    soft_cap=params.get("soft_cap"))
 
@@ -391,7 +391,7 @@ def ragged_paged_attention_model(inputs: Sequence[Any], *, matmul_precision: str
             "keys, values, kv_cache, kv_lens, page_indices, cu_q_lens, distribution) for "
             f"tpu-inference's v3; got {len(inputs)} inputs")
     return _per_sequence_attention("ragged_paged_attention", sequences,
-                                   dtype=_dtype_name(inputs[0]),
+                                   dtype=name_of_dtype(inputs[0]),
                                    matmul_precision=matmul_precision,
                                    soft_cap=params.get("soft_cap"))
 

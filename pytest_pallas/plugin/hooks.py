@@ -27,10 +27,10 @@ from .fixtures import (  # noqa: F401  (pytest finds the plugin's fixtures here)
     pallas_key,
 )
 from .hypothesis_settings import (
-    _load_hypothesis_profile,
-    _restate_hypothesis_notes,
-    _restore_hypothesis_attributes,
-    _seed_hypothesis,
+    load_hypothesis_profile,
+    restate_hypothesis_notes,
+    restore_hypothesis_attributes,
+    seed_hypothesis,
 )
 from .options import WORKER_SEED_KEY
 from .session import MARKERS, SESSION_KEY, PallasSession, session_of
@@ -178,7 +178,7 @@ def _configure_conformance(config: pytest.Config, session: PallasSession,
     if not distributed:
         # Before the suite is imported: its secondary properties size themselves on the
         # profile (pytest-xdist's workers each load it; their controller draws nothing).
-        _load_hypothesis_profile(session, config)
+        load_hypothesis_profile(session, config)
     # The suite is part of the install, so it runs from any directory. Given
     # no paths, pytest would also collect the current directory: only paths
     # the user named are collected beside the suite.
@@ -261,7 +261,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         from ..bench.fixture import request_single_threaded_xla
 
         request_single_threaded_xla(config)
-    _load_hypothesis_profile(pallas, config)
+    load_hypothesis_profile(pallas, config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -308,7 +308,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if reason:
             pytest.skip(reason)
         pallas.activate(item)
-        _seed_hypothesis(pallas, item)
+        seed_hypothesis(pallas, item)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -324,7 +324,7 @@ def pytest_runtest_call(item: pytest.Item):
         try:
             result = yield
         except BaseException as error:
-            _restate_hypothesis_notes(item, error)
+            restate_hypothesis_notes(item, error)
             if watchdog.fired and not isinstance(error, KernelTimeout):
                 raise KernelTimeout(watchdog.message) from error
             _raise_as_tpu_rule(error)
@@ -401,7 +401,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
     try:
         return (yield)
     finally:
-        _restore_hypothesis_attributes(item)
+        restore_hypothesis_attributes(item)
         _session(item.config).deactivate(item)
 
 
