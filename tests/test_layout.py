@@ -222,3 +222,26 @@ def test_an_import_running_up_inside_a_function_is_found(tmp_path):
         "def version():\n    from ..plugin.options import LIBTPU\n    return LIBTPU\n")
     assert imports_running_up(import_graph(tmp_path)) == [
         "pytest_pallas.checks.compile_check (checks) -> pytest_pallas.plugin.options (plugin)"]
+
+
+def private_names_imported_across_modules(root: Path) -> list[str]:
+    """``from <a project module> import _name``: a module's private name used by another."""
+    modules = _modules(root)
+    found = []
+    for module, (path, is_package) in sorted(modules.items()):
+        if module.startswith("pytest_pallas.reference_kernels"):
+            continue  # TEMPORARY-35: the kernels' shared checks are moving to one module
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _absolute(module, is_package, node)
+            if not base.startswith("pytest_pallas"):
+                continue
+            found += [f"{module}: from {base} import {alias.name}" for alias in node.names
+                      if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def test_no_private_name_is_imported_from_another_module():
+    found = private_names_imported_across_modules(ROOT)
+    assert not found, "private names used across modules (make them public): " + "; ".join(found)
