@@ -72,6 +72,8 @@ class PallasSession:
     jax_started_on: str | None = None
     # A pytest-xdist worker of an accelerator run, which sees one device of the host's.
     one_device_worker: bool = False
+    # The TPU compiler check's totals when the session started (plugin.run_records).
+    compiles_before: tuple[int, int, float] = (0, 0, 0.0)
     _backend: Backend | None = None
 
     # --- the conformance report ----------------------------------------------
@@ -156,6 +158,11 @@ class PallasSession:
         if self._backend is not None:
             return None if self._backend.is_tpu else self._backend.device_count
         return None if self.options.tpu else self.devices_requested_count
+
+    @property
+    def backend_if_made(self) -> Backend | None:
+        """The backend, if a test of this process needed it (never starts JAX)."""
+        return self._backend
 
     @property
     def backend(self) -> Backend:
