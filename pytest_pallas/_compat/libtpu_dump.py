@@ -12,6 +12,12 @@ compiler writes, per compiled ``tpu_custom_call`` (the kernel's HLO name, e.g.
     prologue and epilogue iterations). A forward ``sbr.rel ... target = $regionN``
     skips a predicated region (a ``pl.when`` body, a copy the pipeline does only
     when a block index changes) up to the bundle that opens ``regionN``.
+    Every loop (Pallas' grid loop, an ``emit_pipeline``, a ``fori_loop`` the
+    compiler kept) runs from its ``LB:`` bundle, which opens ``regionN``, to the
+    backward ``sbr.rel ... target = $regionN``; its exit test compares an
+    induction variable (``sadd.s32 STEP, %phi``, the ``sphi`` of an ``smov``
+    constant and itself) against the limit. The grid loop is the one whose
+    ``sphi`` copies say ``iteration index, stage`` (the pipeliner's own).
 ``*-<name>-NN-critical-path.txt``
     per basic block, ``Length to end:`` of each instruction on its critical path,
     in cycles: the MXU's result pops stall, so a matmul block's critical path
@@ -46,6 +52,12 @@ _CP_LENGTH = re.compile(r"^\s*Length to end: (\d+), %([a-z]?)(\d+)")
 _TOTAL = re.compile(r"total scheduled bundles:\s*(\d+)")
 _VMEM_ALLOC = re.compile(r"space=vmem, size = (0x[0-9a-f]+)[^\n]*\bscoped\b")
 
+_LOOP_EXIT = re.compile(r"%(\w+) = scmp\.(ge|gt)\.s32\.totalorder %(\w+), (%\w+|-?\d+) "
+                        r"/\* loop exit test \*/")
+_BACKWARD = re.compile(r"sbr\.rel\s*\((!?)%(\w+)\)\s*target = \$region(\d+)")
+_INSTRUCTION = re.compile(r"^\s*(?:\([^)]*\)\s*)?%(\w+) = (.*)$", re.S)
+_GRID_LOOP_PHI = "iteration index, stage"
+
 _NOT_KERNELS = ("TLP", "<late-")  # the program around the kernels, libtpu's own code
 
 
@@ -66,6 +78,26 @@ class Block:
     cycles: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """A loop of the kernel: bundles ``[start, end)`` (delay slots included) run ``trips`` times.
+
+    ``trips`` is None where the dump does not give it as constants (a trip count
+    read from data: scalar prefetch, ragged group sizes); ``grid`` marks Pallas'
+    grid loop, whose trips are the steps this TensorCore runs + 2.
+    """
+
+    start: int
+    end: int
+    trips: int | None
+    grid: bool
+    dma_bytes: int  # copies the body's bundles issue, predicated ones included
+    # dma_bytes replaced by the copies an emit_pipeline's index maps imply
+    copies_from_index_maps: bool = False
+    # per pl.when region of the body (outside its inner loops), the share of trips that run it
+    region_shares: tuple[float | None, ...] | None = None
+
+
 @dataclasses.dataclass
 class Schedule:
     """What the dump of one kernel says; None where it could not be read (see ``notes``)."""
@@ -80,6 +112,9 @@ class Schedule:
     spills: int | None = None  # spill stores and fill loads in the loop body
     vmem_bytes: int | None = None
     custom_call: bool = False  # a Pallas kernel (its entry bundle names a custom-call)
+    loops: list[Loop] = dataclasses.field(default_factory=list)  # every loop, outer first
+    dma_in_bytes_outside_loops: int = 0  # copies into VMEM before or between the loops
+    dma_out_bytes_outside_loops: int = 0  # copies out of VMEM after or between them
     notes: list[str] = dataclasses.field(default_factory=list)
     # Each instruction's bundle, for placing the critical-path file's blocks.
     addresses: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
@@ -151,27 +186,26 @@ def _read_bundles(text: str, schedule: Schedule, delay_slots: int) -> None:
         schedule.notes.append("final-bundles: no bundle lines recognised")
         return
     schedule.custom_call = "custom-call(" in bundles[0][2]
-    starts = [address for address, marker, _ in bundles if marker == "LB:"]
-    exits = [(address, int(m.group(1))) for address, _, body in bundles
-             for m in [_EXIT_TEST.search(body)] if m]
-    backward = [(address, int(m.group(2))) for address, _, body in bundles
-                for m in [_BRANCH.search(body)] if m
-                and address > (starts[0] if starts else address)]
-    if not starts or not exits or not backward:
-        schedule.notes.append("final-bundles: no grid loop found (no 'LB:' bundle, loop exit "
-                              "test or backward branch); one step is the whole kernel")
+    schedule.loops = _read_loops(bundles, delay_slots, schedule.notes)
+    grid = next((loop for loop in schedule.loops if loop.grid), None)
+    if grid is None:
+        # No grid loop (a grid of one step per core: pl.kernel and pl.core_map on a
+        # TensorCore mesh, emit_pipeline in a grid-less pallas_call): one step is
+        # the whole kernel, its own loops weighed by their trips.
         schedule.loop_steps = 1
         schedule.loop_start, schedule.loop_end = 0, bundles[-1][0] + 1
     else:
-        # Loops nest: the grid loop opens first and closes (its backward branch,
-        # its exit test) last.
-        schedule.loop_start = starts[0]
-        if len(starts) > 1:
-            schedule.notes.append(f"{len(starts) - 1} loop(s) inside the grid step are counted "
-                                  "once per step, not once per trip: the estimate is low")
-        last_branch = backward[-1][0]
-        schedule.loop_end = last_branch + 1 + delay_slots
-        schedule.loop_steps = max(exits[-1][1] - 2, 1)
+        schedule.loop_start, schedule.loop_end = grid.start, grid.end
+        schedule.loop_steps = None if grid.trips is None else max(grid.trips - 2, 1)
+        if grid.trips is None:
+            schedule.notes.append("final-bundles: the grid loop's trip count is not a constant")
+    outside = [a for a, _, _ in bundles if not any(
+        loop.start <= a < loop.end for loop in schedule.loops)]
+    outside_set = set(outside)
+    for address, _, body in bundles:
+        if address in outside_set:
+            schedule.dma_in_bytes_outside_loops += _dma_bytes(body, "hbm_to_vmem")
+            schedule.dma_out_bytes_outside_loops += _dma_bytes(body, "vmem_to_hbm")
     loop_start, loop_end = schedule.loop_start, schedule.loop_end
     in_loop = [(a, m, b) for a, m, b in bundles if loop_start <= a < loop_end]
     # Forward branches inside the loop: the region up to the bundle opening the target.
@@ -200,6 +234,89 @@ def _read_bundles(text: str, schedule: Schedule, delay_slots: int) -> None:
     for address, _, body in bundles:
         for m in _DEFINED.finditer(body):
             schedule.addresses.setdefault(m.group(2), address)
+
+
+def _dma_bytes(body: str, direction: str | None = None) -> int:
+    """Bytes the DMAs of one bundle move (a bounds check quoting a copy is no copy)."""
+    granules = 0
+    for instruction in body.split(";;"):
+        if "shalt" in instruction:
+            continue
+        granules += sum(int(m.group(2)) for m in _DMA_SIZE.finditer(instruction)
+                        if direction is None or m.group(1) == direction)
+    return granules * DMA_GRANULE_BYTES
+
+
+def _read_loops(bundles: list[tuple[int, str, str]], delay_slots: int,
+                notes: list[str]) -> list[Loop]:
+    """Every loop of the bundles: its extent, trips (None when data decides) and copies."""
+    definitions: dict[str, str] = {}
+    for _, _, body in bundles:
+        for instruction in body.split(";;"):
+            match = _INSTRUCTION.match(instruction.strip().lstrip(">").lstrip("{").strip())
+            if match:
+                definitions.setdefault(match.group(1), match.group(2))
+    opened: dict[str, int] = {}
+    for address, marker, body in bundles:
+        if marker == "LB:":
+            for region in re.findall(r"Start region (\d+)", body):
+                opened.setdefault(region, address)
+    loops = []
+    for index, (address, _, body) in enumerate(bundles):
+        branch = _BACKWARD.search(body)
+        if not branch or branch.group(3) not in opened or opened[branch.group(3)] > address:
+            continue
+        start = opened[branch.group(3)]
+        end = address + 1 + delay_slots
+        in_loop = [(a, b) for a, _, b in bundles if start <= a < end]
+        trips = _trip_count(branch.group(2), in_loop, definitions)
+        is_grid = _GRID_LOOP_PHI in bundles[next(
+            i for i, (a, _, _) in enumerate(bundles) if a == start)][2]
+        loops.append(Loop(start, end, trips, is_grid, sum(_dma_bytes(b) for _, b in in_loop)))
+    loops.sort(key=lambda loop: (loop.start, -loop.end))
+    # A loop's copies are its own bundles' (those of loops inside it are theirs).
+    own = []
+    for loop in loops:
+        inner = [other for other in loops if other is not loop
+                 and loop.start <= other.start and other.end <= loop.end]
+        nested = sum(other.dma_bytes for other in inner if not any(
+            o is not other and o.start <= other.start and other.end <= o.end for o in inner))
+        own.append(dataclasses.replace(loop, dma_bytes=loop.dma_bytes - nested))
+    unknown = sum(1 for loop in own if loop.trips is None)
+    if unknown:
+        notes.append(f"{unknown} loop(s) whose trip count is read from data (scalar prefetch, "
+                     "group sizes): each counted as running once")
+    return own
+
+
+def _trip_count(predicate: str, in_loop: list[tuple[int, str]],
+                definitions: dict[str, str]) -> int | None:
+    """How many times the loop body runs, from its exit test; None unless all constants."""
+    test = None
+    for _, body in in_loop:
+        for match in _LOOP_EXIT.finditer(body):
+            if match.group(1) == predicate:
+                test = match
+    if test is None:
+        return None
+    limit = test.group(4)
+    if not re.fullmatch(r"-?\d+", limit):
+        return None  # a limit held in a register: read from data
+    step_def = definitions.get(test.group(3), "")
+    step = re.match(r"sadd\.s32 (-?\d+), %(\w+)|sadd\.s32 %(\w+), (-?\d+)", step_def)
+    if not step:
+        return None
+    increment = int(step.group(1) or step.group(4))
+    phi = step.group(2) or step.group(3)
+    phi_def = re.match(r"sphi %(\w+), %(\w+)", definitions.get(phi, ""))
+    if not phi_def or increment <= 0:
+        return None
+    initial = phi_def.group(1) if phi_def.group(2) == test.group(3) else phi_def.group(2)
+    constant = re.match(r"smov (-?\d+)\b", definitions.get(initial, ""))
+    if not constant:
+        return None
+    span = int(limit) - int(constant.group(1)) + (1 if test.group(2) == "gt" else 0)
+    return max(1, -(-span // increment))
 
 
 def _read_critical_path(text: str, schedule: Schedule, delay_slots: int) -> None:
