@@ -41,7 +41,7 @@ import re
 #: Bytes of one DMA granule (``size_in_granules=``): a (128, 128) bfloat16 block is 1024.
 DMA_GRANULE_BYTES = 32
 
-_BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(LB:|LH:|LE:|PB:|PF:|CT:)?\s*:?\s*(>?)\s*\{(.*)$")
+_BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(LB:|LH:|LE:|PB:|PF:|CT:)?\s*:?\s*(>*)\s*\{(.*)$")
 _BRANCH = re.compile(r"sbr\.rel\s*(\([^)]*\))?\s*target = \$region(\d+)")
 _EXIT_TEST = re.compile(r"scmp\.ge\.s32\.totalorder %\w+, (\d+) /\* loop exit test \*/")
 _DMA_SIZE = re.compile(r"dma\.(hbm_to_vmem|vmem_to_hbm)\b.*?/\*size_in_granules=\*/(\d+)")
@@ -52,9 +52,8 @@ _CP_LENGTH = re.compile(r"^\s*Length to end: (\d+), %([a-z]?)(\d+)")
 _TOTAL = re.compile(r"total scheduled bundles:\s*(\d+)")
 _VMEM_ALLOC = re.compile(r"space=vmem, size = (0x[0-9a-f]+)[^\n]*\bscoped\b")
 
-_LOOP_EXIT = re.compile(r"%(\w+) = scmp\.(ge|gt)\.s32\.totalorder %(\w+), (%\w+|-?\d+) "
-                        r"/\* loop exit test \*/")
 _BACKWARD = re.compile(r"sbr\.rel\s*\((!?)%(\w+)\)\s*target = \$region(\d+)")
+_COMPARE = re.compile(r"^scmp\.(ge|gt|lt|le|ne)\.s32\.totalorder %(\w+), (%\w+|-?\d+)")
 _INSTRUCTION = re.compile(r"^\s*(?:\([^)]*\)\s*)?%(\w+) = (.*)$", re.S)
 _GRID_LOOP_PHI = "iteration index, stage"
 
@@ -269,7 +268,7 @@ def _read_loops(bundles: list[tuple[int, str, str]], delay_slots: int,
         start = opened[branch.group(3)]
         end = address + 1 + delay_slots
         in_loop = [(a, b) for a, _, b in bundles if start <= a < end]
-        trips = _trip_count(branch.group(2), in_loop, definitions)
+        trips = _trip_count(branch.group(2), branch.group(1) == "!", definitions)
         is_grid = _GRID_LOOP_PHI in bundles[next(
             i for i, (a, _, _) in enumerate(bundles) if a == start)][2]
         loops.append(Loop(start, end, trips, is_grid, sum(_dma_bytes(b) for _, b in in_loop)))
@@ -289,20 +288,30 @@ def _read_loops(bundles: list[tuple[int, str, str]], delay_slots: int,
     return own
 
 
-def _trip_count(predicate: str, in_loop: list[tuple[int, str]],
-                definitions: dict[str, str]) -> int | None:
-    """How many times the loop body runs, from its exit test; None unless all constants."""
-    test = None
-    for _, body in in_loop:
-        for match in _LOOP_EXIT.finditer(body):
-            if match.group(1) == predicate:
-                test = match
-    if test is None:
+@dataclasses.dataclass(frozen=True)
+class _Test:
+    counter: str  # the incremented induction variable
+    limit: str  # a constant, or a register (read from data)
+    inclusive: bool  # the loop runs at the limit too (i > n exits, i <= n goes on)
+
+
+def _trip_count(predicate: str, negated: bool, definitions: dict[str, str]) -> int | None:
+    """How many times the loop body runs, from its exit test; None unless all constants.
+
+    The backward branch is taken while the counter has not reached the limit:
+    ``!(i >= n)`` (libtpu marks that test ``loop exit test``) or ``i < n``.
+    """
+    compare = _COMPARE.match(definitions.get(predicate, ""))
+    if compare is None:
         return None
-    limit = test.group(4)
+    kind = compare.group(1)
+    if (negated and kind not in ("ge", "gt")) or (not negated and kind not in ("lt", "le", "ne")):
+        return None
+    test = _Test(compare.group(2), compare.group(3), kind in ("gt", "le"))
+    limit = test.limit
     if not re.fullmatch(r"-?\d+", limit):
         return None  # a limit held in a register: read from data
-    step_def = definitions.get(test.group(3), "")
+    step_def = definitions.get(test.counter, "")
     step = re.match(r"sadd\.s32 (-?\d+), %(\w+)|sadd\.s32 %(\w+), (-?\d+)", step_def)
     if not step:
         return None
@@ -311,11 +320,25 @@ def _trip_count(predicate: str, in_loop: list[tuple[int, str]],
     phi_def = re.match(r"sphi %(\w+), %(\w+)", definitions.get(phi, ""))
     if not phi_def or increment <= 0:
         return None
-    initial = phi_def.group(1) if phi_def.group(2) == test.group(3) else phi_def.group(2)
-    constant = re.match(r"smov (-?\d+)\b", definitions.get(initial, ""))
+    def resolved(name: str) -> str:  # through register copies ("smov %x")
+        for _ in range(8):
+            copy = re.match(r"smov %(\w+)", definitions.get(name, ""))
+            if not copy:
+                break
+            name = copy.group(1)
+        return name
+
+    if resolved(phi_def.group(2)) == test.counter:
+        initial = phi_def.group(1)
+    elif resolved(phi_def.group(1)) == test.counter:
+        initial = phi_def.group(2)
+    else:
+        return None
+    constant = re.match(r"smov (-?\d+)\b", definitions.get(resolved(initial), "")) or \
+        re.match(r"smov (-?\d+)\b", definitions.get(initial, ""))
     if not constant:
         return None
-    span = int(limit) - int(constant.group(1)) + (1 if test.group(2) == "gt" else 0)
+    span = int(limit) - int(constant.group(1)) + (1 if test.inclusive else 0)
     return max(1, -(-span // increment))
 
 

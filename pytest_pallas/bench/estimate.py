@@ -267,10 +267,18 @@ def _kernel_estimate(name: str, grid: tuple[int, ...], schedule: Any,
 
     notes = list(schedule.notes)
     grid_steps = int(np.prod(grid)) if grid else 1
+    grid_loop = any(loop.grid for loop in schedule.loops)
     if params is not None:
         copied = kernel_grid.copied_bytes(params)
-        notes += copied.notes
         first_in, last_out = copied.first_in, copied.last_out
+        if grid_loop:
+            notes += copied.notes
+        else:
+            # One step, no grid loop: the DMAs the kernel issues itself (operands left
+            # in HBM, copied by an emit_pipeline or by hand) are read from the schedule.
+            notes += [n for n in copied.notes if "stays in HBM" not in n]
+            first_in += schedule.dma_in_bytes_outside_loops
+            last_out += schedule.dma_out_bytes_outside_loops
         dma_per_step = None if copied.total is None else copied.total / grid_steps
         serial_per_step = copied.serial / grid_steps
     else:
@@ -359,9 +367,12 @@ def _weighted_step(schedule: Any, params: dict[str, Any] | None, grid: tuple[int
         weight[region.start - start:region.end - start] *= share
     unweighted = 0
     for loop in inner:
+        children = [other for other in inner if other is not loop
+                    and loop.start <= other.start and other.end <= loop.end]
+        # A region around an inner loop is the compiler's guard of that loop, no pl.when.
         own = [r for r in looped_regions if loop.start <= r.start < loop.end and not any(
-            other is not loop and loop.start <= other.start and other.end <= loop.end
-            and other.start <= r.start < other.end for other in inner)]
+            other.start <= r.start < other.end or r.start <= other.start < r.end
+            for other in children)]
         shares = loop.region_shares
         if shares is None or len(shares) != len(own):
             unweighted += len(own)
