@@ -220,7 +220,10 @@ def _read_bundles(text: str, schedule: Schedule, delay_slots: int) -> None:
         start = address + 1 + delay_slots
         if target <= start:
             continue
-        has_dma = any("dma." in later for a, _, later in in_loop if start <= a < target)
+        # A copy region: a DMA, or (7x, operands XLA placed in VMEM) vector loads and
+        # stores that signal the copy's semaphore with vsyncadd.
+        has_dma = any("dma." in later or "vsyncadd" in later
+                      for a, _, later in in_loop if start <= a < target)
         schedule.regions.append(Region(start, target, has_dma))
     granules = 0
     for _, _, body in in_loop:
