@@ -256,3 +256,18 @@ def test_rank_blocks_ranks_an_emit_pipeline_kernels_candidates():
     assert [c.blocks["block_m"] for c in ranked] == [512, 256, 128]
     assert ranked[0].within_resolution_of_best and not ranked[-1].within_resolution_of_best
     assert ranked[-1].seconds > 2 * ranked[0].seconds  # 128 blocks: the per-step overhead
+
+
+@needs_libtpu
+def test_inside_a_test_standing_in_for_v5e_an_estimate_for_v5p_sees_v5ps_two_cores():
+    from pytest_pallas._compat import device_kinds, interpreter_fixes
+    from pytest_pallas.backend import chip_info
+
+    alone = estimate(matmul_emit_pipeline, BF16, BF16, chip="v5p", **BLOCKS).seconds
+    kind = jax.devices()[0].device_kind
+    v5e = chip_info("v5e")
+    with (device_kinds.device_kind_answers_as(kind, lambda: v5e),
+          interpreter_fixes.chip_as_abstract_device(kind, v5e.num_cores)):
+        inside = estimate(matmul_emit_pipeline, BF16, BF16, chip="v5p", **BLOCKS).seconds
+        assert pltpu.get_tpu_info().num_cores == 1  # the test's own stand-in, restored
+    assert inside == alone

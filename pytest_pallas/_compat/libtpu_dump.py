@@ -56,6 +56,7 @@ _BACKWARD = re.compile(r"sbr\.rel\s*\((!?)%(\w+)\)\s*target = \$region(\d+)")
 _COMPARE = re.compile(r"^scmp\.(ge|gt|lt|le|ne)\.s32\.totalorder %(\w+), (%\w+|-?\d+)")
 _INSTRUCTION = re.compile(r"^\s*(?:\([^)]*\)\s*)?%(\w+) = (.*)$", re.S)
 _GRID_LOOP_PHI = "iteration index, stage"
+_SPILL_STORE = re.compile(r"= sst \[smem:\[#(allocation\d+_spill)\]\] %(\w+)")
 
 _NOT_KERNELS = ("TLP", "<late-")  # the program around the kernels, libtpu's own code
 
@@ -255,9 +256,15 @@ def _read_loops(bundles: list[tuple[int, str, str]], delay_slots: int,
     definitions: dict[str, str] = {}
     for _, _, body in bundles:
         for instruction in body.split(";;"):
-            match = _INSTRUCTION.match(instruction.strip().lstrip(">").lstrip("{").strip())
+            text = instruction.strip().lstrip(">").lstrip("{").strip()
+            match = _INSTRUCTION.match(text)
             if match:
                 definitions.setdefault(match.group(1), match.group(2))
+            # A spill store, for following a reload back to the value spilled (the only
+            # store to a spill slot of a loop counter, as libtpu 0.0.42.1 writes them).
+            spill = _SPILL_STORE.search(text)
+            if spill:
+                definitions.setdefault(spill.group(1), spill.group(2))
     opened: dict[str, int] = {}
     for address, marker, body in bundles:
         if marker == "LB:":
@@ -314,23 +321,29 @@ def _trip_count(predicate: str, negated: bool, definitions: dict[str, str]) -> i
     limit = test.limit
     if not re.fullmatch(r"-?\d+", limit):
         return None  # a limit held in a register: read from data
+    def resolved(name: str) -> str:
+        """The value behind register copies ("smov %x") and spill reloads of it."""
+        for _ in range(8):
+            definition = definitions.get(name, "")
+            copy = re.match(r"smov %(\w+)", definition)
+            reload = re.match(r"sld \[smem:\[#(allocation\d+_spill)\]\]", definition)
+            if copy:
+                name = copy.group(1)
+            elif reload and reload.group(1) in definitions:
+                name = definitions[reload.group(1)]
+            else:
+                break
+        return name
+
     step_def = definitions.get(test.counter, "")
     step = re.match(r"sadd\.s32 (-?\d+), %(\w+)|sadd\.s32 %(\w+), (-?\d+)", step_def)
     if not step:
         return None
     increment = int(step.group(1) or step.group(4))
-    phi = step.group(2) or step.group(3)
+    phi = resolved(step.group(2) or step.group(3))
     phi_def = re.match(r"sphi %(\w+), %(\w+)", definitions.get(phi, ""))
     if not phi_def or increment <= 0:
         return None
-    def resolved(name: str) -> str:  # through register copies ("smov %x")
-        for _ in range(8):
-            copy = re.match(r"smov %(\w+)", definitions.get(name, ""))
-            if not copy:
-                break
-            name = copy.group(1)
-        return name
-
     if resolved(phi_def.group(2)) == test.counter:
         initial = phi_def.group(1)
     elif resolved(phi_def.group(1)) == test.counter:
