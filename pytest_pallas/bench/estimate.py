@@ -275,10 +275,11 @@ def _kernel_estimate(name: str, grid: tuple[int, ...], schedule: Any,
             notes += copied.notes
         else:
             # One step, no grid loop: the DMAs the kernel issues itself (operands left
-            # in HBM, copied by an emit_pipeline or by hand) are read from the schedule.
+            # in HBM, copied by an emit_pipeline or by hand) are read from the schedule,
+            # which also holds Pallas' own copies of its blocks: the larger, not both.
             notes += [n for n in copied.notes if "stays in HBM" not in n]
-            first_in += schedule.dma_in_bytes_outside_loops
-            last_out += schedule.dma_out_bytes_outside_loops
+            first_in = max(first_in, schedule.dma_in_bytes_outside_loops)
+            last_out = max(last_out, schedule.dma_out_bytes_outside_loops)
         dma_per_step = None if copied.total is None else copied.total / grid_steps
         serial_per_step = copied.serial / grid_steps
     else:
@@ -315,8 +316,8 @@ def _kernel_estimate(name: str, grid: tuple[int, ...], schedule: Any,
         drain = (timing.dma_latency_seconds + last_out / timing.hbm_bytes_per_second
                  if last_out else 0.0)
         seconds = steps * step + fill + drain
-        if params is None:
-            dma_per_step = compute.loop_dma_bytes + first_in + last_out
+        if not grid_loop:  # the one step's copies: its loops' and its own
+            dma_per_step = max(dma_per_step or 0.0, first_in + last_out) + compute.loop_dma_bytes
     return KernelEstimate(name, grid_steps, bundles, cp, dma_per_step, schedule.spills,
                           schedule.vmem_bytes, bound, seconds, tuple(dict.fromkeys(notes)))
 
