@@ -300,3 +300,43 @@ def test_inside_a_test_standing_in_for_v5e_an_estimate_for_v5p_sees_v5ps_two_cor
         inside = estimate(matmul_emit_pipeline, BF16, BF16, chip="v5p", **BLOCKS).seconds
         assert pltpu.get_tpu_info().num_cores == 1  # the test's own stand-in, restored
     assert inside == alone
+
+
+# --- The emit_pipeline observer: guarded, and JAX put back as it was ----------------------
+
+
+def test_the_pipeline_observer_sees_grid_blocks_and_body_then_restores_emit_pipeline():
+    from pytest_pallas._compat import device_kinds, pallas_call_hooks
+    from pytest_pallas.backend import chip_info
+    from pytest_pallas.bench import kernel_grid
+
+    original = pltpu.emit_pipeline
+    seen = []
+    x = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
+    v5e = chip_info("v5e")
+    with (device_kinds.device_kind_answers_as(jax.devices()[0].device_kind, lambda: v5e),
+          pallas_call_hooks.observe_emit_pipelines(seen.append) as observing):
+        assert observing and pltpu.emit_pipeline is not original
+        jax.make_jaxpr(functools.partial(hbm_pipeline_matmul, block_m=128, block_k=128,
+                                         block_n=128))(x, x)
+    assert pltpu.emit_pipeline is original
+    [pipeline] = seen
+    assert pipeline.grid == (4, 4, 4) and pipeline.in_shapes[0] == ((512, 512), jnp.bfloat16)
+    loop = kernel_grid.pipeline_loop(pipeline)
+    block = 128 * 128 * 2
+    # x and y: 63 changes each after the first blocks (copied before the loop); the
+    # output: 16 blocks written back, each once.
+    assert (loop.steps, loop.copied) == (64, (63 + 63 + 16) * block)
+    assert loop.when_shares == (0.25, 0.25)  # k == 0 and k == last, of 4 k steps
+
+
+def test_without_jaxs_pipeline_module_the_observer_is_off_not_an_error(monkeypatch):
+    from pytest_pallas._compat import jax_internals, pallas_call_hooks
+
+    def missing(module_name, attribute=None):
+        raise jax_internals.JaxInternalsChanged(f"{module_name} is gone")
+
+    monkeypatch.setattr(jax_internals, "_private", missing)
+    original = pltpu.emit_pipeline
+    with pallas_call_hooks.observe_emit_pipelines(lambda seen: None) as observing:
+        assert observing is False and pltpu.emit_pipeline is original
