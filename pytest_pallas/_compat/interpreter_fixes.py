@@ -132,7 +132,8 @@ def own_interpret_params_kept_on_meshes(
 
 
 @contextlib.contextmanager
-def chip_as_abstract_device(device_kind: str, num_cores: int) -> Iterator[bool]:
+def chip_as_abstract_device(device_kind: str, num_cores: int, *,
+                            replace_stand_in: bool = False) -> Iterator[bool]:
     """Inside the block, JAX's "current device" for Pallas is the chip the run stands in for.
 
     ``pltpu.create_tensorcore_mesh`` and ``pltpu.TensorCoreMesh`` count the
@@ -143,13 +144,19 @@ def chip_as_abstract_device(device_kind: str, num_cores: int) -> Iterator[bool]:
     ``AbstractDevice`` has ``device_kind`` (the CPU device's kind, which the
     backend registers as answering for the chip), the chip's ``num_cores`` and
     platform "cpu" (an explicit ``.lower()`` keeps lowering for the CPU). A mesh
-    the test already entered is left alone. Works the same from jax 0.10 to 0.12;
-    yields False where this JAX has no abstract device.
+    the test already entered is left alone; with ``replace_stand_in`` an empty one
+    that stands in for another chip (platform "cpu", as this enters) is replaced,
+    so that ``estimate(chip="v5p")`` inside a test standing in for v5e sees v5p's
+    cores. Works the same from jax 0.10 to 0.12; yields False where this JAX has
+    no abstract device.
     """
     try:
         mesh_lib = private_attribute("jax._src.mesh")
         current = mesh_lib.get_abstract_mesh()
-        if getattr(current, "abstract_device", None) is not None or not current.empty:
+        present = getattr(current, "abstract_device", None)
+        ours = (replace_stand_in and current.empty and present is not None
+                and getattr(present, "platform", None) == "cpu")
+        if (present is not None and not ours) or not current.empty:
             yield False
             return
         device = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores,

@@ -188,6 +188,16 @@ def pallas_call_primitive() -> Any:
 CORE_MODULE = "jax._src.core"
 
 
+def mesh_kernel_primitive_names() -> tuple[str, ...]:
+    """Names of the primitives ``pl.kernel`` and ``pl.core_map`` bind.
+
+    jax 0.10 binds ``mpmd_map`` for ``pl.kernel`` and ``core_map`` for
+    ``pl.core_map``; a name a later JAX renames is simply not found (the kernel is
+    then not estimated, never an error).
+    """
+    return ("mpmd_map", "core_map")
+
+
 SOURCE_INFO_MODULE = "jax._src.source_info_util"
 
 

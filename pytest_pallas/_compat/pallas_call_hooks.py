@@ -292,3 +292,133 @@ def exported_pallas_call(params: dict[str, Any], avals: Sequence[Any], tpu_info:
     if dataclasses.is_dataclass(exported) and hasattr(exported, "_get_vjp"):
         exported = dataclasses.replace(exported, _get_vjp=None)
     return exported
+
+
+def exported_equation(equation: Any, tpu_info: Any) -> Any:
+    """One traced equation of arrays holding a kernel (``pl.kernel``'s, or the ``run_state``
+    around a ``pl.core_map``), lowered for the TPU with ``jax.export``, ready to pickle.
+
+    The chip answers ``pltpu.get_tpu_info()`` and stands as JAX's abstract device
+    meanwhile: a TensorCore mesh's lowering reads both.
+    """
+    import jax
+    from jax import export
+    from jax.experimental.pallas import tpu as pltpu
+
+    from . import interpreter_fixes
+
+    def call(*args: Any) -> Any:
+        return equation.primitive.bind(*args, **equation.params)
+
+    shapes = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in equation.invars]
+    host_kind = jax.devices()[0].device_kind
+    with (jax_internals.outside_current_trace(), suspend_pallas_call_observers(),
+          pltpu.force_tpu_interpret_mode(None),
+          device_kinds.device_kind_answers_as(host_kind, lambda: tpu_info),
+          jax_internals.optional_feature(
+              "the stand-in chip as JAX's abstract device",
+              lambda: interpreter_fixes.chip_as_abstract_device(
+                  host_kind, tpu_info.num_cores, replace_stand_in=True))):
+        exported = export.export(jax.jit(call), platforms=["tpu"])(*shapes)
+    if dataclasses.is_dataclass(exported) and hasattr(exported, "_get_vjp"):
+        exported = dataclasses.replace(exported, _get_vjp=None)
+    return exported
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSeen:
+    """One ``pltpu.emit_pipeline`` a kernel ran while traced: its grid, blocks and operands."""
+
+    grid: tuple[Any, ...]  # an entry may be traced (a trip count read from data)
+    in_specs: tuple[Any, ...]
+    out_specs: tuple[Any, ...]
+    in_shapes: tuple[tuple[tuple[int, ...], Any], ...]  # (shape, dtype) of each operand
+    out_shapes: tuple[tuple[tuple[int, ...], Any], ...]
+    # The body traced once more with the grid indices as its jaxpr's inputs (what its
+    # pl.program_id calls return), for evaluating its pl.when predicates; None if it failed.
+    body_over_indices: Any = None
+
+
+@contextlib.contextmanager
+def observe_emit_pipelines(observer: Callable[[PipelineSeen], None]) -> Iterator[bool]:
+    """Inside the block, every ``pltpu.emit_pipeline`` a kernel calls is also handed to
+    ``observer`` (its grid, BlockSpecs, operand shapes) when the pipeline runs.
+
+    Wraps ``pltpu.emit_pipeline`` and the name in JAX's pipeline module; a kernel
+    that bound the function to a name of its own before is not seen. Yields False
+    where this JAX has no such function.
+    """
+    from jax.experimental.pallas import tpu as pltpu
+
+    try:
+        module = jax_internals.private_attribute("jax._src.pallas.mosaic.pipeline")
+        original = module.emit_pipeline
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+    public = getattr(pltpu, "emit_pipeline", None)
+
+    @functools.wraps(original)
+    def observed(body: Any, *args: Any, **kwargs: Any) -> Any:
+        traced: dict[str, Any] = {}
+
+        @functools.wraps(body)
+        def analysed_body(*refs: Any, **body_kwargs: Any) -> Any:
+            if "jaxpr" not in traced:
+                traced["jaxpr"] = _body_over_indices(body, refs, body_kwargs,
+                                                     tuple(kwargs.get("grid", ())))
+            return body(*refs, **body_kwargs)
+
+        pipeline = original(analysed_body, *args, **kwargs)
+        in_specs, out_specs = kwargs.get("in_specs", ()), kwargs.get("out_specs", ())
+
+        def flat(specs: Any) -> tuple[Any, ...]:
+            return tuple(specs) if isinstance(specs, (list, tuple)) else (specs,)
+
+        @functools.wraps(pipeline)
+        def run(*refs: Any, **run_kwargs: Any) -> Any:
+            try:
+                ins, outs = flat(in_specs), flat(out_specs)
+                shapes = [(tuple(r.shape), r.dtype) for r in refs]
+                seen = PipelineSeen(tuple(kwargs.get("grid", ())), ins, outs,
+                                    tuple(shapes[:len(ins)]),
+                                    tuple(shapes[len(ins):len(ins) + len(outs)]))
+            except Exception:  # noqa: BLE001  # a pipeline it cannot read is not counted
+                return pipeline(*refs, **run_kwargs)
+            result = pipeline(*refs, **run_kwargs)  # traces the body
+            observer(dataclasses.replace(seen, body_over_indices=traced.get("jaxpr")))
+            return result
+
+        return run
+
+    module.emit_pipeline = observed
+    if public is original:
+        pltpu.emit_pipeline = observed
+    try:
+        yield True
+    finally:
+        module.emit_pipeline = original
+        if public is original:
+            pltpu.emit_pipeline = original
+
+
+def _body_over_indices(body: Any, refs: Any, kwargs: dict[str, Any],
+                       grid: tuple[Any, ...]) -> Any:
+    """``body``'s jaxpr whose inputs are the pipeline's grid indices, or None."""
+    import jax
+    import numpy as np
+
+    if not all(isinstance(size, (int, np.integer)) for size in grid):
+        return None
+    try:
+        pallas_core = jax_internals.private_attribute("jax._src.pallas.core")
+
+        def over(*indices: Any) -> tuple[()]:
+            axes = [pallas_core.GridAxis(i, int(size)) for i, size in zip(indices, grid)]
+            with pallas_core.grid_env(axes):
+                body(*refs, **kwargs)
+            return ()
+
+        return jax.make_jaxpr(over)(*[np.int32(0)] * len(grid))
+    except Exception:  # noqa: BLE001  # a body it cannot trace again is weighed as taken
+        return None
