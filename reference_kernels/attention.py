@@ -56,6 +56,7 @@ from ._tiling import (
     resolve_block,
     round_up,
 )
+from .operand_checks import require_matching, require_one_float_dtype, require_ranks
 
 __all__ = [
     "DEFAULT_BLOCK_KV",
@@ -77,35 +78,20 @@ __all__ = [
 # the double-buffered q, k and v blocks add about 1.3 MiB at d=128: a few MiB
 # in all, well under 16 MiB (all of a v4's VMEM), while each k/v block fetched
 # from HBM serves 256 query rows. Smaller problems get one block per axis (see
-# _default_block), so small tests run in one grid step.
+# _tiling.resolve_block), so small tests run in one grid step.
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_KV = 512
-
-_SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 # --- shared helpers -------------------------------------------------------------
 
 
-def _check_dtypes(q: Any, k: Any, v: Any) -> None:
-    if not (q.dtype == k.dtype == v.dtype) or jnp.dtype(q.dtype) not in _SUPPORTED_DTYPES:
-        raise ValueError(
-            f"q, k and v must all be float32 or all bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"
-        )
-
-
 def _check_attention_operands(q: Any, k: Any, v: Any) -> None:
-    if jnp.ndim(q) != 2 or jnp.ndim(k) != 2 or jnp.ndim(v) != 2:
-        raise ValueError(
-            "expected q (s, d), k (t, d) and v (t, d), got shapes "
-            f"{jnp.shape(q)}, {jnp.shape(k)}, {jnp.shape(v)}"
-        )
-    if q.shape[1] != k.shape[1] or k.shape[0] != v.shape[0]:
-        raise ValueError(
-            "expected q (s, d), k (t, d) and v (t, d) with matching d and t, got shapes "
-            f"{q.shape}, {k.shape}, {v.shape}"
-        )
-    _check_dtypes(q, k, v)
+    expects = "expected q (s, d), k (t, d) and v (t, d)"
+    require_ranks(expects, (q, k, v), (2, 2, 2))
+    require_matching(expects, (q, k, v), dims="d and t",
+                     agree=q.shape[1] == k.shape[1] and k.shape[0] == v.shape[0])
+    require_one_float_dtype("", q=q, k=k, v=v)
 
 
 def _batch_index(batch_shape: tuple[int, ...], grid_indices: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -400,13 +386,9 @@ def mha(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int | None = None,
 
     ``jax.vmap`` over heads then batch: grid ``(b, h, q blocks, kv blocks)``.
     """
-    if jnp.ndim(q) != 4 or jnp.ndim(k) != 4 or jnp.ndim(v) != 4 or not (
-        q.shape[:2] == k.shape[:2] == v.shape[:2]
-    ):
-        raise ValueError(
-            "expected q (b, h, s, d), k (b, h, t, d) and v (b, h, t, d), got shapes "
-            f"{jnp.shape(q)}, {jnp.shape(k)}, {jnp.shape(v)}"
-        )
+    expects = "expected q (b, h, s, d), k (b, h, t, d) and v (b, h, t, d)"
+    require_ranks(expects, (q, k, v), (4, 4, 4))
+    require_matching(expects, (q, k, v), agree=q.shape[:2] == k.shape[:2] == v.shape[:2])
     per_head = functools.partial(attention, block_q=block_q, block_kv=block_kv)
     return jax.vmap(jax.vmap(per_head))(q, k, v)
 
@@ -419,13 +401,9 @@ def mqa(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int | None = None,
     The head vmap maps q only (``in_axes=(0, None, None)``): each head's grid
     steps read the same k and v blocks, which are never copied per head.
     """
-    if jnp.ndim(q) != 4 or jnp.ndim(k) != 3 or jnp.ndim(v) != 3 or not (
-        q.shape[0] == k.shape[0] == v.shape[0]
-    ):
-        raise ValueError(
-            "expected q (b, h, s, d), k (b, t, d) and v (b, t, d), got shapes "
-            f"{jnp.shape(q)}, {jnp.shape(k)}, {jnp.shape(v)}"
-        )
+    expects = "expected q (b, h, s, d), k (b, t, d) and v (b, t, d)"
+    require_ranks(expects, (q, k, v), (4, 3, 3))
+    require_matching(expects, (q, k, v), agree=q.shape[0] == k.shape[0] == v.shape[0])
     per_head = functools.partial(attention, block_q=block_q, block_kv=block_kv)
     per_batch = jax.vmap(per_head, in_axes=(0, None, None))
     return jax.vmap(per_batch)(q, k, v)

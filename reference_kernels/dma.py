@@ -76,7 +76,7 @@ __all__ = [
 # and is large enough that a DMA's fixed cost is small next to its transfer.
 COPY_CHUNK_BYTES = 2 * 2**20
 
-_SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int32))
+_DMA_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int32))
 
 
 # --- shared helpers -------------------------------------------------------------
@@ -85,7 +85,7 @@ _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(
 def _check_array(name: str, x: Any, *, rank: int = 2) -> None:
     if jnp.ndim(x) != rank:
         raise ValueError(f"{name} must have rank {rank}, got shape {jnp.shape(x)}")
-    if jnp.dtype(x.dtype) not in _SUPPORTED_DTYPES:
+    if jnp.dtype(x.dtype) not in _DMA_DTYPES:
         raise ValueError(f"{name} must be float32, bfloat16 or int32, got {x.dtype}")
     if min(x.shape) < 1:
         raise ValueError(f"{name} must have sizes >= 1, got shape {x.shape}")

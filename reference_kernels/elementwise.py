@@ -45,7 +45,14 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ._tiling import LANES, check_block, native_sublanes, round_up, spread
+from ._tiling import (
+    LANES,
+    check_block,
+    native_sublanes,
+    resolve_row_col_blocks,
+    round_up,
+    spread,
+)
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -319,23 +326,8 @@ def add_2d_grid(
     rows, cols = _as_2d(jnp.shape(x))
     if rows * cols == 0:
         return jnp.add(x, y)  # nothing to move: no kernel to launch
-    sublanes, name = native_sublanes(dtype), jnp.dtype(dtype).name
-    if block_rows is None:
-        block_rows = spread(rows, sublanes, DEFAULT_BLOCK_ROWS)
-    else:
-        block_rows = check_block(
-            "block_rows", block_rows, "rows", rows, sublanes,
-            f"TPU sublane tiling of {name}, the second-minor dimension of the block",
-        clip=True,
-        )
-    if block_cols is None:
-        block_cols = spread(cols, LANES, DEFAULT_BLOCK_COLS)
-    else:
-        block_cols = check_block(
-            "block_cols", block_cols, "cols", cols, LANES,
-            "TPU lane tiling, the minor dimension of the block",
-        clip=True,
-        )
+    block_rows, block_cols = resolve_row_col_blocks(
+        rows, cols, dtype, block_rows, block_cols, caps=(DEFAULT_BLOCK_ROWS, DEFAULT_BLOCK_COLS))
     return _add_2d_grid(x, y, block_rows=block_rows, block_cols=block_cols)
 
 

@@ -69,12 +69,12 @@ from jax.experimental.pallas import tpu as pltpu
 from pytest_pallas.ops.domains import supports
 
 from ._tiling import output_struct, pad_to, round_up
-from .attention import (
-    DEFAULT_BLOCK_KV,
-    DEFAULT_BLOCK_Q,
-    _check_dtypes,
-    _online_softmax_step,
-    _resolve_blocks,
+from .attention import DEFAULT_BLOCK_KV, DEFAULT_BLOCK_Q, _online_softmax_step, _resolve_blocks
+from .operand_checks import (
+    require_head_groups,
+    require_matching,
+    require_one_float_dtype,
+    require_ranks,
 )
 
 __all__ = [
@@ -93,23 +93,15 @@ __all__ = [
 
 def _check_operands(q: Any, k: Any, v: Any) -> tuple[int, int]:
     """Validate the shapes; return (h, g)."""
-    if jnp.ndim(q) != 4 or jnp.ndim(k) != 4 or jnp.ndim(v) != 4:
-        raise ValueError(
-            "flash_attention expects q (b, h, s, d), k (b, g, t, d) and v (b, g, t, d), got "
-            f"shapes {jnp.shape(q)}, {jnp.shape(k)}, {jnp.shape(v)}"
-        )
+    expects = "flash_attention expects q (b, h, s, d), k (b, g, t, d) and v (b, g, t, d)"
+    require_ranks(expects, (q, k, v), (4, 4, 4))
     (b, h, _, d), (bk, g, t, dk) = q.shape, k.shape
-    if not (b == bk == v.shape[0] and g == v.shape[1] and t == v.shape[2] and d == dk):
-        raise ValueError(
-            "flash_attention expects q (b, h, s, d), k (b, g, t, d) and v (b, g, t, d) with "
-            f"matching b, g, t and d, got shapes {q.shape}, {k.shape}, {v.shape}"
-        )
-    if h % g:
-        raise ValueError(
-            f"flash_attention: the number of query heads h={h} must be a multiple of the number "
-            f"of kv heads g={g} (g = h: MHA, 1 < g < h: GQA, g = 1: MQA)"
-        )
-    _check_dtypes(q, k, v)
+    require_matching(expects, (q, k, v), dims="b, g, t and d",
+                     agree=b == bk == v.shape[0] and g == v.shape[1] and t == v.shape[2]
+                     and d == dk)
+    require_head_groups("flash_attention", h, g,
+                        hint=" (g = h: MHA, 1 < g < h: GQA, g = 1: MQA)")
+    require_one_float_dtype("", q=q, k=k, v=v)
     return h, g
 
 

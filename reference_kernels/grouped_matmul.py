@@ -58,15 +58,13 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas.ops.domains import supports
 
-from ._tiling import (
-    LANES,
-    native_sublanes,
-    output_struct,
-    pad_to,
-    resolve_block,
-    round_up,
+from ._tiling import output_struct, pad_to, resolve_matmul_blocks, round_up
+from .operand_checks import (
+    require_integer_dtypes,
+    require_matching,
+    require_one_float_dtype,
+    require_ranks,
 )
-from .matmul import _SUPPORTED_DTYPES
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -93,23 +91,13 @@ DEFAULT_BLOCK_N = 512
 
 
 def _check_operands(lhs: Any, rhs: Any, group_sizes: Any) -> None:
-    if jnp.ndim(lhs) != 2 or jnp.ndim(rhs) != 3 or jnp.ndim(group_sizes) != 1:
-        raise ValueError(
-            "grouped_matmul expects lhs (m, k), rhs (g, k, n) and group_sizes (g,), got shapes "
-            f"{jnp.shape(lhs)}, {jnp.shape(rhs)}, {jnp.shape(group_sizes)}"
-        )
-    if lhs.shape[1] != rhs.shape[1] or rhs.shape[0] != group_sizes.shape[0]:
-        raise ValueError(
-            "grouped_matmul expects lhs (m, k), rhs (g, k, n) and group_sizes (g,) with "
-            f"matching k and g, got shapes {lhs.shape}, {rhs.shape}, {group_sizes.shape}"
-        )
-    if lhs.dtype != rhs.dtype or jnp.dtype(lhs.dtype) not in _SUPPORTED_DTYPES:
-        raise ValueError(
-            "grouped_matmul: lhs and rhs must both be float32 or both bfloat16, got "
-            f"{lhs.dtype} and {rhs.dtype}"
-        )
-    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-        raise ValueError(f"grouped_matmul: group_sizes must be int32, got {group_sizes.dtype}")
+    expects = "grouped_matmul expects lhs (m, k), rhs (g, k, n) and group_sizes (g,)"
+    operands = (lhs, rhs, group_sizes)
+    require_ranks(expects, operands, (2, 3, 1))
+    require_matching(expects, operands, dims="k and g",
+                     agree=lhs.shape[1] == rhs.shape[1] and rhs.shape[0] == group_sizes.shape[0])
+    require_one_float_dtype("grouped_matmul", lhs=lhs, rhs=rhs)
+    require_integer_dtypes("grouped_matmul", group_sizes=group_sizes)
 
 
 # --- the oracle, the cost model and the inputs ---------------------------------------------------
@@ -302,18 +290,9 @@ def grouped_matmul_blocked(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Arra
     _check_operands(lhs, rhs, group_sizes)
     m, k = lhs.shape
     n = rhs.shape[2]
-    sublanes = native_sublanes(lhs.dtype)
-    name = jnp.dtype(lhs.dtype).name
-    block_m = resolve_block("block_m", block_m, "m", m, sublanes,
-                            f"TPU sublane tiling of {name}, the second-minor dimension of "
-                            "lhs's block",
-                            cap=DEFAULT_BLOCK_M)
-    block_k = resolve_block("block_k", block_k, "k", k, LANES,
-                            "TPU lane tiling, the minor dimension of lhs's block",
-                            cap=DEFAULT_BLOCK_K)
-    block_n = resolve_block("block_n", block_n, "n", n, LANES,
-                            "TPU lane tiling, the minor dimension of rhs's and the output's block",
-                            cap=DEFAULT_BLOCK_N)
+    block_m, block_k, block_n = resolve_matmul_blocks(
+        m, k, n, lhs.dtype, block_m, block_k, block_n,
+        caps=(DEFAULT_BLOCK_M, DEFAULT_BLOCK_K, DEFAULT_BLOCK_N), lhs="lhs's", rhs="rhs's")
     return _grouped_matmul(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), block_m=block_m,
                            block_k=block_k, block_n=block_n)
 

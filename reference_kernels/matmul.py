@@ -47,14 +47,8 @@ from jax.experimental.pallas import tpu as pltpu
 from pytest_pallas import tpu
 from pytest_pallas.ops.domains import supports
 
-from ._tiling import (
-    LANES,
-    native_sublanes,
-    output_struct,
-    pad_to,
-    resolve_block,
-    round_up,
-)
+from ._tiling import output_struct, pad_to, resolve_matmul_blocks, round_up
+from .operand_checks import require_one_float_dtype, require_ranks
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -79,51 +73,26 @@ __all__ = [
 # a double-buffered output block and the 1 MiB accumulator: about 7 MiB, well
 # under 16 MiB (all of a v4's VMEM, and no more than the default scoped-VMEM
 # limit of later chips). Smaller problems get one block per dimension (see
-# _default_block), so small tests run in one grid step.
+# _tiling.resolve_block), so small tests run in one grid step.
 DEFAULT_BLOCK_M = 512
 DEFAULT_BLOCK_K = 512
 DEFAULT_BLOCK_N = 512
 
-_SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
-
-# --- shared helpers -------------------------------------------------------------
+# --- operands -------------------------------------------------------------------
 
 
 def _check_operands(x: Any, y: Any, *, batched: bool) -> None:
+    """``(m, k) @ (k, n)`` (with ``batched``, ``(b, m, k) @ (b, k, n)``), both float32 or both
+    bfloat16."""
     rank = 3 if batched else 2
     expected = "(b, m, k) @ (b, k, n)" if batched else "(m, k) @ (k, n)"
-    if jnp.ndim(x) != rank or jnp.ndim(y) != rank:
-        raise ValueError(
-            f"expected {expected}, got shapes {jnp.shape(x)} and {jnp.shape(y)}"
-        )
+    require_ranks(f"expected {expected}", (x, y), (rank, rank), join=" and ")
     if x.shape[-1] != y.shape[-2] or (batched and x.shape[0] != y.shape[0]):
         raise ValueError(
             f"expected {expected}, got shapes {x.shape} and {y.shape} whose dimensions disagree"
         )
-    if x.dtype != y.dtype or jnp.dtype(x.dtype) not in _SUPPORTED_DTYPES:
-        raise ValueError(
-            f"x and y must both be float32 or both bfloat16, got {x.dtype} and {y.dtype}"
-        )
-
-
-def _resolve_blocks(
-    m: int, k: int, n: int, dtype: Any,
-    block_m: int | None, block_k: int | None, block_n: int | None,
-) -> tuple[int, int, int]:
-    sublanes = native_sublanes(dtype)
-    name = jnp.dtype(dtype).name
-    block_m = resolve_block("block_m", block_m, "m", m, sublanes,
-                            f"TPU sublane tiling of {name}, the second-minor dimension of "
-                            "x's block",
-                            cap=DEFAULT_BLOCK_M)
-    block_k = resolve_block("block_k", block_k, "k", k, LANES,
-                            "TPU lane tiling, the minor dimension of x's block",
-                            cap=DEFAULT_BLOCK_K)
-    block_n = resolve_block("block_n", block_n, "n", n, LANES,
-                            "TPU lane tiling, the minor dimension of y's and the output's block",
-                            cap=DEFAULT_BLOCK_N)
-    return block_m, block_k, block_n
+    require_one_float_dtype("", x=x, y=y)
 
 
 # --- activations: the kernel's epilogue and the oracle's float64 twin ----------------
@@ -393,7 +362,9 @@ def matmul_blocked(
     """
     _check_operands(x, y, batched=False)
     (m, k), n = x.shape, y.shape[1]
-    block_m, block_k, block_n = _resolve_blocks(m, k, n, x.dtype, block_m, block_k, block_n)
+    block_m, block_k, block_n = resolve_matmul_blocks(
+        m, k, n, x.dtype, block_m, block_k, block_n,
+        caps=(DEFAULT_BLOCK_M, DEFAULT_BLOCK_K, DEFAULT_BLOCK_N))
     return _matmul_pallas(
         x, y, block_m=block_m, block_k=block_k, block_n=block_n, activation=activation
     )
@@ -518,7 +489,9 @@ def matmul_emit_pipeline(
     """
     _check_operands(x, y, batched=False)
     (m, k), n = x.shape, y.shape[1]
-    block_m, block_k, block_n = _resolve_blocks(m, k, n, x.dtype, block_m, block_k, block_n)
+    block_m, block_k, block_n = resolve_matmul_blocks(
+        m, k, n, x.dtype, block_m, block_k, block_n,
+        caps=(DEFAULT_BLOCK_M, DEFAULT_BLOCK_K, DEFAULT_BLOCK_N))
     # TensorCores per device of the chip JAX sees (or stands in for): a static
     # argument, so that a change of chip retraces instead of reusing the mesh.
     num_cores = pltpu.get_tpu_info().num_cores

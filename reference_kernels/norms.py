@@ -45,7 +45,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pytest_pallas.ops.domains import supports
 
 from ._tiling import check_block, native_sublanes, output_struct, round_up
-from .attention import _SUPPORTED_DTYPES
+from .operand_checks import require_float_dtypes, require_matching, require_ranks
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -62,15 +62,10 @@ DEFAULT_BLOCK_BYTES = 2 * 1024 * 1024
 
 
 def _check_operands(x: Any, w: Any) -> None:
-    if jnp.ndim(x) != 2 or jnp.ndim(w) != 1 or x.shape[1] != w.shape[0]:
-        raise ValueError(
-            f"rms_norm expects x (rows, cols) and w (cols,), got shapes {jnp.shape(x)}, "
-            f"{jnp.shape(w)}"
-        )
-    if jnp.dtype(x.dtype) not in _SUPPORTED_DTYPES or jnp.dtype(w.dtype) not in _SUPPORTED_DTYPES:
-        raise ValueError(
-            f"rms_norm: x and w must be float32 or bfloat16, got {x.dtype} and {w.dtype}"
-        )
+    expects = "rms_norm expects x (rows, cols) and w (cols,)"
+    require_ranks(expects, (x, w), (2, 1))
+    require_matching(expects, (x, w), agree=x.shape[1] == w.shape[0])
+    require_float_dtypes("rms_norm", x=x, w=w)
 
 
 def _static_eps(eps: Any) -> float:

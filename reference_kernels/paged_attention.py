@@ -59,7 +59,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ._tiling import output_struct
-from .attention import _SUPPORTED_DTYPES, _online_softmax_step
+from .attention import _online_softmax_step
+from .operand_checks import (
+    require_head_groups,
+    require_integer_dtypes,
+    require_matching,
+    require_one_float_dtype,
+    require_ranks,
+)
 
 __all__ = [
     "paged_attention",
@@ -71,26 +78,17 @@ __all__ = [
 
 
 def _check_operands(q: Any, k_pages: Any, v_pages: Any, lengths: Any, page_indices: Any) -> None:
-    expected = ("paged_attention expects q (b, h, d), k_pages and v_pages "
-                "(g, pages, page_size, d), lengths (b,) and page_indices (b, pages_per_sequence)")
-    shapes = [jnp.shape(a) for a in (q, k_pages, v_pages, lengths, page_indices)]
-    if [len(s) for s in shapes] != [3, 4, 4, 1, 2]:
-        raise ValueError(f"{expected}, got shapes {', '.join(map(str, shapes))}")
+    expects = ("paged_attention expects q (b, h, d), k_pages and v_pages "
+               "(g, pages, page_size, d), lengths (b,) and page_indices (b, pages_per_sequence)")
+    operands = (q, k_pages, v_pages, lengths, page_indices)
+    require_ranks(expects, operands, (3, 4, 4, 1, 2))
     (b, h, d), (g, _, _, dk) = q.shape, k_pages.shape
-    if not (k_pages.shape == v_pages.shape and dk == d and lengths.shape[0] == b
-            and page_indices.shape[0] == b):
-        raise ValueError(f"{expected} with matching b, g and d, got shapes "
-                         f"{', '.join(map(str, shapes))}")
-    if h % g:
-        raise ValueError(f"paged_attention: the number of query heads h={h} must be a multiple "
-                         f"of the number of kv heads g={g}")
-    if not (q.dtype == k_pages.dtype == v_pages.dtype) or jnp.dtype(q.dtype) not in (
-            _SUPPORTED_DTYPES):
-        raise ValueError("paged_attention: q, k_pages and v_pages must all be float32 or all "
-                         f"bfloat16, got {q.dtype}, {k_pages.dtype}, {v_pages.dtype}")
-    for name, array in (("lengths", lengths), ("page_indices", page_indices)):
-        if not jnp.issubdtype(array.dtype, jnp.integer):
-            raise ValueError(f"paged_attention: {name} must be int32, got {array.dtype}")
+    require_matching(expects, operands, dims="b, g and d",
+                     agree=k_pages.shape == v_pages.shape and dk == d and lengths.shape[0] == b
+                     and page_indices.shape[0] == b)
+    require_head_groups("paged_attention", h, g)
+    require_one_float_dtype("paged_attention", q=q, k_pages=k_pages, v_pages=v_pages)
+    require_integer_dtypes("paged_attention", lengths=lengths, page_indices=page_indices)
 
 
 # --- the oracle, the allowance, the cost model and the inputs ------------------------------------

@@ -52,15 +52,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas.ops.domains import supports
 
-from ._tiling import (
-    LANES,
-    native_sublanes,
-    output_struct,
-    pad_to,
-    resolve_block,
-    round_up,
-)
-from .matmul import _SUPPORTED_DTYPES
+from ._tiling import output_struct, pad_to, resolve_matmul_blocks, round_up
+from .operand_checks import require_dtype, require_float_dtypes, require_matching, require_ranks
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -81,22 +74,14 @@ DEFAULT_BLOCK_N = 512
 
 
 def _check_operands(x: Any, w: Any, scale: Any) -> None:
-    if jnp.ndim(x) != 2 or jnp.ndim(w) != 2 or jnp.ndim(scale) != 1:
-        raise ValueError(
-            "quantized_matmul expects x (m, k), w (k, n) and scale (n,), got shapes "
-            f"{jnp.shape(x)}, {jnp.shape(w)}, {jnp.shape(scale)}"
-        )
-    if x.shape[1] != w.shape[0] or w.shape[1] != scale.shape[0]:
-        raise ValueError(
-            "quantized_matmul expects x (m, k), w (k, n) and scale (n,) with matching k and n, "
-            f"got shapes {x.shape}, {w.shape}, {scale.shape}"
-        )
-    if jnp.dtype(x.dtype) not in _SUPPORTED_DTYPES:
-        raise ValueError(f"quantized_matmul: x must be float32 or bfloat16, got {x.dtype}")
-    if jnp.dtype(w.dtype) != jnp.dtype(jnp.int8):
-        raise ValueError(f"quantized_matmul: w must be int8, got {w.dtype}")
-    if jnp.dtype(scale.dtype) != jnp.dtype(jnp.float32):
-        raise ValueError(f"quantized_matmul: scale must be float32, got {scale.dtype}")
+    expects = "quantized_matmul expects x (m, k), w (k, n) and scale (n,)"
+    operands = (x, w, scale)
+    require_ranks(expects, operands, (2, 2, 1))
+    require_matching(expects, operands, dims="k and n",
+                     agree=x.shape[1] == w.shape[0] and w.shape[1] == scale.shape[0])
+    require_float_dtypes("quantized_matmul", x=x)
+    require_dtype("quantized_matmul", "w", w, jnp.int8)
+    require_dtype("quantized_matmul", "scale", scale, jnp.float32)
 
 
 # --- the oracle, the cost model and the inputs ---------------------------------------------------
@@ -210,16 +195,10 @@ def quantized_matmul_blocked(x: jax.Array, w: jax.Array, scale: jax.Array, *,
     """
     _check_operands(x, w, scale)
     (m, k), n = x.shape, w.shape[1]
-    sublanes = native_sublanes(x.dtype)
-    block_m = resolve_block("block_m", block_m, "m", m, sublanes,
-                            f"TPU sublane tiling of {jnp.dtype(x.dtype).name}, the second-minor "
-                            "dimension of x's block", cap=DEFAULT_BLOCK_M)
-    block_k = resolve_block("block_k", block_k, "k", k, LANES,
-                            "TPU lane tiling, the minor dimension of x's block; also a multiple of "
-                            "int8's 32-row sublane tiling of w's block", cap=DEFAULT_BLOCK_K)
-    block_n = resolve_block("block_n", block_n, "n", n, LANES,
-                            "TPU lane tiling, the minor dimension of w's, scale's and the output's "
-                            "block", cap=DEFAULT_BLOCK_N)
+    block_m, block_k, block_n = resolve_matmul_blocks(
+        m, k, n, x.dtype, block_m, block_k, block_n,
+        caps=(DEFAULT_BLOCK_M, DEFAULT_BLOCK_K, DEFAULT_BLOCK_N), rhs="w's, scale's",
+        k_note="; also a multiple of int8's 32-row sublane tiling of w's block")
     return _quantized_matmul(x, w, scale, block_m=block_m, block_k=block_k, block_n=block_n)
 
 

@@ -55,7 +55,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas.ops.domains import supports
 
-from ._tiling import LANES, check_block, native_sublanes, round_up, spread
+from ._tiling import LANES, check_block, native_sublanes, resolve_row_col_blocks, round_up
+from .operand_checks import FLOAT_DTYPES
 
 __all__ = [
     "DEFAULT_BLOCK_COLS",
@@ -79,8 +80,6 @@ DEFAULT_BLOCK_COLS = 512
 # costs milliseconds, it also keeps test-sized inputs to one or a few steps.
 DEFAULT_INPUT_BLOCK_BYTES = 2 << 20
 
-_SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-
 
 # --- shared helpers -------------------------------------------------------------
 
@@ -88,7 +87,7 @@ _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 def _check_operand(x: Any) -> None:
     if jnp.ndim(x) != 3:
         raise ValueError(f"expected x of shape (n, r, c), got shape {jnp.shape(x)}")
-    if jnp.dtype(jnp.result_type(x)) not in _SUPPORTED_DTYPES:
+    if jnp.dtype(jnp.result_type(x)) not in FLOAT_DTYPES:
         raise ValueError(f"x must be float32 or bfloat16, got {jnp.result_type(x)}")
 
 
@@ -285,25 +284,11 @@ def sum_leading_axis_tiled(
     dtype = jnp.result_type(x)
     if n == 0 or r * c == 0:
         return jnp.sum(x, axis=0, dtype=jnp.float32).astype(dtype)  # nothing to stream
-    sublanes, name = native_sublanes(dtype), jnp.dtype(dtype).name
-    if block_rows is None:
-        block_rows = spread(r, sublanes, DEFAULT_BLOCK_ROWS)
-    else:
-        block_rows = check_block(
-            "block_rows", block_rows, "r", r, sublanes,
-            f"TPU sublane tiling of {name}, the second-minor dimension of the block",
-        clip=True,
-        )
-    if block_cols is None:
-        block_cols = spread(c, LANES, DEFAULT_BLOCK_COLS)
-    else:
-        block_cols = check_block(
-            "block_cols", block_cols, "c", c, LANES,
-            "TPU lane tiling, the minor dimension of the block",
-        clip=True,
-        )
+    block_rows, block_cols = resolve_row_col_blocks(
+        r, c, dtype, block_rows, block_cols, caps=(DEFAULT_BLOCK_ROWS, DEFAULT_BLOCK_COLS),
+        names=("r", "c"))
     if block_n is None:
-        slice_bytes = (round_up(block_rows, sublanes) * round_up(block_cols, LANES)
+        slice_bytes = (round_up(block_rows, native_sublanes(dtype)) * round_up(block_cols, LANES)
                        * jnp.dtype(dtype).itemsize)
         block_n = max(1, min(n, DEFAULT_INPUT_BLOCK_BYTES // slice_bytes))
         # As many steps, with the slices spread evenly: the last block wastes less.

@@ -45,7 +45,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas.ops.domains import supports
 
-from ._tiling import LANES, native_sublanes, round_up, spread
+from ._tiling import LANES, check_block, native_sublanes, round_up, spread
+from .operand_checks import FLOAT_DTYPES
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -66,8 +67,6 @@ DEFAULT_BLOCK_BYTES = 1 << 20
 # lanes already make the 1 MiB above).
 DEFAULT_MAX_BLOCK_ROWS = 512
 
-_SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-
 
 # --- shared helpers -------------------------------------------------------------
 
@@ -75,7 +74,7 @@ _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 def _check_operand(x: Any) -> None:
     if jnp.ndim(x) != 2:
         raise ValueError(f"expected x of shape (rows, cols), got shape {jnp.shape(x)}")
-    if jnp.dtype(jnp.result_type(x)) not in _SUPPORTED_DTYPES:
+    if jnp.dtype(jnp.result_type(x)) not in FLOAT_DTYPES:
         raise ValueError(f"x must be float32 or bfloat16, got {jnp.result_type(x)}")
 
 
@@ -189,22 +188,12 @@ def softmax_row_blocked(x: jax.Array, *, block_rows: int | None = None) -> jax.A
     dtype = jnp.result_type(x)
     if rows * cols == 0:
         return jax.nn.softmax(x, axis=-1)  # nothing to stream
-    sublanes = native_sublanes(dtype)
     if block_rows is None:
         block_rows = _default_block_rows(rows, cols, dtype)
     else:
-        if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) \
-                or block_rows <= 0:
-            raise ValueError(f"block_rows must be a positive int, got {block_rows!r}")
-        block_rows = int(block_rows)
-        if block_rows >= rows:
-            block_rows = rows
-        elif block_rows % sublanes:
-            raise ValueError(
-                f"block_rows={block_rows} must be a multiple of {sublanes} (TPU sublane "
-                f"tiling of {jnp.dtype(dtype).name}, the second-minor dimension of the block) "
-                f"or cover the full dimension rows={rows}"
-            )
+        block_rows = check_block("block_rows", block_rows, "rows", rows, native_sublanes(dtype),
+                                 f"TPU sublane tiling of {jnp.dtype(dtype).name}, the "
+                                 "second-minor dimension of the block", clip=True)
     return _softmax(x, block_rows=block_rows)
 
 
