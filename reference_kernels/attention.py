@@ -184,7 +184,7 @@ def _with_head_axis(array: Any) -> jax.ShapeDtypeStruct:
 # --- the kernel ---------------------------------------------------------------------
 
 
-def _online_softmax_step(m_prev, l_prev, acc_prev, logits, v):
+def online_softmax_step(m_prev, l_prev, acc_prev, logits, v):
     """Fold one block of ``logits`` (float32, masked entries -inf) and its values ``v``
     into the online softmax's running maximum ``m``, denominator ``l`` and
     unnormalised output ``acc``; returns the new ``(m, l, acc)``.
@@ -232,7 +232,7 @@ def _flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *
         column = kv_index * block_kv + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
         logits = jnp.where(column < kv_len, logits, -jnp.inf)
 
-    m_ref[...], l_ref[...], acc_ref[...] = _online_softmax_step(
+    m_ref[...], l_ref[...], acc_ref[...] = online_softmax_step(
         m_ref[...], l_ref[...], acc_ref[...], logits, v_ref[...])
 
     @pl.when(kv_index == num_kv_blocks - 1)
@@ -330,8 +330,8 @@ def _flash_attention(q, k, v, *, block_q: int, block_kv: int):
     return out[:s, :dv]
 
 
-def _resolve_blocks(s: int, t: int, dtype: Any, block_q: int | None, block_kv: int | None
-                    ) -> tuple[int, int]:
+def resolve_attention_blocks(s: int, t: int, dtype: Any, block_q: int | None,
+                             block_kv: int | None) -> tuple[int, int]:
     sublanes = native_sublanes(dtype)
     block_q = resolve_block("block_q", block_q, "s", s, sublanes,
                             f"TPU sublane tiling of {jnp.dtype(dtype).name}, the second-minor "
@@ -364,7 +364,7 @@ def flash_attention(
     (100, 64)
     """
     _check_attention_operands(q, k, v)
-    block_q, block_kv = _resolve_blocks(q.shape[0], k.shape[0], q.dtype, block_q, block_kv)
+    block_q, block_kv = resolve_attention_blocks(q.shape[0], k.shape[0], q.dtype, block_q, block_kv)
     return _flash_attention(q, k, v, block_q=block_q, block_kv=block_kv)
 
 

@@ -69,7 +69,12 @@ from jax.experimental.pallas import tpu as pltpu
 from pytest_pallas.ops.domains import supports
 
 from ._tiling import output_struct, pad_to, round_up
-from .attention import DEFAULT_BLOCK_KV, DEFAULT_BLOCK_Q, _online_softmax_step, _resolve_blocks
+from .attention import (
+    DEFAULT_BLOCK_KV,
+    DEFAULT_BLOCK_Q,
+    online_softmax_step,
+    resolve_attention_blocks,
+)
 from .operand_checks import (
     require_head_groups,
     require_matching,
@@ -280,7 +285,7 @@ def _flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *
         if visible is not None:
             logits = jnp.where(visible, logits, -jnp.inf)
 
-        m_ref[...], l_ref[...], acc_ref[...] = _online_softmax_step(
+        m_ref[...], l_ref[...], acc_ref[...] = online_softmax_step(
             m_ref[...], l_ref[...], acc_ref[...], logits, v_ref[...])
 
     if causal:
@@ -368,7 +373,7 @@ def flash_attention_blocked(q: jax.Array, k: jax.Array, v: jax.Array, *, causal:
     """
     _check_operands(q, k, v)
     causal, sm_scale = _static_params(causal, sm_scale)
-    block_q, block_kv = _resolve_blocks(q.shape[2], k.shape[2], q.dtype, block_q, block_kv)
+    block_q, block_kv = resolve_attention_blocks(q.shape[2], k.shape[2], q.dtype, block_q, block_kv)
     return _flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, block_q=block_q,
                             block_kv=block_kv)
 

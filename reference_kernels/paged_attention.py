@@ -59,7 +59,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ._tiling import output_struct
-from .attention import _online_softmax_step
+from .attention import online_softmax_step
 from .operand_checks import (
     require_head_groups,
     require_integer_dtypes,
@@ -232,7 +232,7 @@ def _paged_attention_kernel(lengths_smem, pages_smem, q_ref, k_hbm, v_hbm, o_ref
                                  preferred_element_type=jnp.float32)
         position = page * page_size + lax.broadcasted_iota(jnp.int32, logits.shape, 1)
         logits = jnp.where(position < length, logits, -jnp.inf)
-        return _online_softmax_step(m_prev, l_prev, acc_prev, logits, v_buffers[slot])
+        return online_softmax_step(m_prev, l_prev, acc_prev, logits, v_buffers[slot])
 
     heads = q.shape[0]
     initial = (jnp.full((heads, 1), -jnp.inf, jnp.float32), jnp.zeros((heads, 1), jnp.float32),

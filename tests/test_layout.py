@@ -229,8 +229,6 @@ def private_names_imported_across_modules(root: Path) -> list[str]:
     modules = _modules(root)
     found = []
     for module, (path, is_package) in sorted(modules.items()):
-        if module.startswith("pytest_pallas.reference_kernels"):
-            continue  # TEMPORARY-35: the kernels' shared checks are moving to one module
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.ImportFrom):
                 continue
