@@ -72,6 +72,8 @@ class PallasOptions:
     compile_chips: tuple[str, ...] = ()
     compile_given: bool = False
     libtpu: str | None = None  # the installed libtpu's version, None when it cannot be imported
+    # --pallas-judge: a finding of the judge's checks fails the implementation's tests.
+    judge: bool = False
 
     @property
     def session_opted_in(self) -> bool:
@@ -164,6 +166,12 @@ def add_options(parser: pytest.Parser) -> None:
         help="also compile every pallas_call a Pallas test traces with the TPU compiler "
         f"(libtpu, no TPU needed) for these chips ({', '.join(COMPILER_CHIPS)}), 'all', or "
         "'none'. Default: the run's chip when libtpu is installed, else none.",
+    )
+    group.addoption(
+        "--pallas-judge", action="store_true", default=False,
+        help="judge every conformance implementation as a Pallas kernel: arithmetic outside "
+        "the kernels, host callbacks, state kept across calls or a result that ignores its "
+        "inputs fails its tests (reported, not failed, without it).",
     )
     group.addoption(
         "--pallas-report", metavar="PATH", default=None,
@@ -308,6 +316,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         compile_chips=compile_chips,
         compile_given=compile_value is not None,
         libtpu=libtpu,
+        judge=bool(config.getoption("--pallas-judge")),
     )
 
 
