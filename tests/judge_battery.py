@@ -154,11 +154,11 @@ CHEATS = {
     "copies_xla_softmax": ("softmax", "[judge: outside-kernels]"),
     "host_matmul": ("matmul", "[judge: host-callback]"),
     "first_calls_matmul": ("matmul", "[judge: state]"),
-    "shape_cached_matmul": ("matmul", "[judge: state]"),  # a tracer leaked from a trace
-    "bfloat16_inside_matmul": ("matmul", "[matmul: value]"),
-    "constant_matmul": ("matmul", "[matmul: value]"),
+    "shape_cached_matmul": ("matmul", "[judge: state]"),
+    "bfloat16_inside_matmul": ("matmul", "Arrays are not close"),
+    "constant_matmul": ("matmul", "Arrays are not close"),
     "lazy_matmul": ("matmul", "not a valid JAX type"),
-    "aligned_only_matmul": ("matmul", "[matmul: value]"),
+    "aligned_only_matmul": ("matmul", "Arrays are not close"),
 }
 HONEST = {
     "reference_matmul": "matmul",

@@ -315,3 +315,37 @@ def _callbacks_in_kernel(kernel_jaxpr: Any, tally: _Tally) -> None:
         for value in equation.params.values():
             for sub in _sub_jaxprs(value):
                 _callbacks_in_kernel(sub, tally)
+
+
+def kernel_work(closed_jaxpr: Any) -> float:
+    """The arithmetic inside the program's Pallas kernels: each kernel body's (a loop's
+    body once, a ``scan``'s times its length) times its grid's steps.
+
+    The measure of an op's work where no cost model states it (a kernel of the real-kernel
+    corpora): its kernels' own arithmetic, floating-point and integer alike.
+    """
+    pallas_call = jax_internals.pallas_call_primitive()
+    total = 0.0
+    for equation, times in _equations_with_repeats(closed_jaxpr, 1.0):
+        if equation.primitive is not pallas_call:
+            continue
+        grid = getattr(equation.params.get("grid_mapping"), "grid", ()) or ()
+        steps = float(math.prod(int(n) for n in grid if isinstance(n, int)) or 1)
+        body = _Tally(integers=True)
+        _walk(equation.params.get("jaxpr"), 1.0, body)
+        total += body.outside * steps * times
+    return total
+
+
+def _equations_with_repeats(jaxpr: Any, times: float) -> Iterator[tuple[Any, float]]:
+    pallas_call = jax_internals.pallas_call_primitive()
+    for equation in _equations(jaxpr):
+        yield equation, times
+        if equation.primitive is pallas_call:
+            continue
+        repeat = times
+        if equation.primitive.name == "scan":
+            repeat *= float(equation.params.get("length", 1) or 1)
+        for value in equation.params.values():
+            for sub in _sub_jaxprs(value):
+                yield from _equations_with_repeats(sub, repeat)
