@@ -229,3 +229,59 @@ def test_without_judge_findings_are_reported_not_failed(pytester):
     assert [line.partition("]")[0] for line in rows["no_kernel_matmul"]["findings"]] == [
         "[judge: no-kernel", "[judge: outside-kernels"]
     assert rows["reference_matmul"]["findings"] == []
+
+
+# --- no speed claim can be faked (bench/fixture.py) -------------------------------------------
+
+def test_a_time_below_the_roofline_is_a_finding_not_a_record():
+    finding = honesty.faster_than_roofline(1e-6, 1e-9)
+    assert finding.check == "faster-than-roofline" and "\n" not in finding.line()
+    assert honesty.faster_than_roofline(1e-6, 2e-6) is None
+    assert honesty.faster_than_roofline(None, 0.0) is None  # no cost model: no roofline
+
+
+CLOCK_BENCHMARKS = '''
+import itertools
+
+import jax.numpy as jnp
+import pytest
+
+from pytest_pallas.reference_kernels.matmul import matmul
+
+_ticks = itertools.count()
+
+
+def frozen_clock():
+    """A patched timer: a nanosecond per reading, whatever ran in between."""
+    return next(_ticks) * 1e-9
+
+
+def test_honest_clock(pallas_benchmark):
+    x = pallas_benchmark.random((512, 512))
+    pallas_benchmark("matmul", matmul, x, x, xla_fn=None)
+
+
+@pytest.mark.benchmark(timer=frozen_clock, max_time=1e-8)
+def test_patched_clock(pallas_benchmark):
+    x = pallas_benchmark.random((512, 512))
+    pallas_benchmark("matmul", matmul, x, x, xla_fn=None)
+'''
+
+
+@pytest.mark.parametrize("judged", [False, True])
+def test_a_patched_clock_fails_under_judge_and_is_recorded_without(pytester, judged):
+    pytester.makepyfile(test_clock=CLOCK_BENCHMARKS)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:xdist", "--benchmark-json=bench.json",
+        "--benchmark-min-rounds=2", "--benchmark-max-time=0.01", "--pallas-compile=none",
+        *(["--pallas-judge"] if judged else []), timeout=300)
+    entries = {entry["name"]: entry["extra_info"]
+               for entry in json.loads((pytester.path / "bench.json").read_text())["benchmarks"]}
+    assert entries["test_honest_clock"]["judge_findings"] == []
+    [line] = entries["test_patched_clock"]["judge_findings"]
+    assert line.startswith("[judge: faster-than-roofline] measured ")
+    if judged:
+        result.assert_outcomes(passed=1, failed=1)
+        result.stdout.fnmatch_lines(["matmul: ?judge: faster-than-roofline? measured * per call*"])
+    else:
+        result.assert_outcomes(passed=2)

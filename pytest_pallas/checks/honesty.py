@@ -349,3 +349,18 @@ def _equations_with_repeats(jaxpr: Any, times: float) -> Iterator[tuple[Any, flo
         for value in equation.params.values():
             for sub in _sub_jaxprs(value):
                 yield from _equations_with_repeats(sub, repeat)
+
+
+def faster_than_roofline(roofline_seconds: float | None, measured_seconds: float
+                         ) -> Finding | None:
+    """A measured time below the least the chip's roofline allows for the op's FLOPs and
+    bytes: a timer that stopped before the work did (a result not waited for, a patched
+    clock, a cached result), never a fast kernel. None when it is not."""
+    if roofline_seconds is None or roofline_seconds <= 0:
+        return None
+    if measured_seconds >= roofline_seconds:
+        return None
+    return Finding("faster-than-roofline", (
+        f"measured {measured_seconds:.3g} s per call, below the {roofline_seconds:.3g} s the "
+        "chip's roofline allows for the op's FLOPs and bytes: the timer did not measure the "
+        "work (a result not waited for, a patched clock, a replayed result)"))

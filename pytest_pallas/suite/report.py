@@ -304,8 +304,7 @@ class ConformanceRecorder:
 
     def summary_lines(self) -> list[str]:
         compiles = any(record.compile for record in self.ops.values())
-        judged = any(record.judge.programs or record.judge.findings
-                     for record in self.ops.values())
+        judged = self.judged_any()
         header = ("op", "implementation", "properties passed", "failed", "examples",
                   "worst/tol", "interpreters", *(("compiled",) if compiles else ()),
                   *(("judge",) if judged else ()), "restrictions")
@@ -332,6 +331,15 @@ class ConformanceRecorder:
         lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
                   for row in rows]
         return lines
+
+    def judged_any(self) -> bool:
+        """Whether the judge read a program or found something of any implementation."""
+        return any(record.judge.programs or record.judge.findings for record in self.ops.values())
+
+    def finding_lines(self) -> list[str]:
+        """One line per finding of the judge: "op (implementation): [judge: ...] ..."."""
+        return [f"{op}: {line}" for op, record in self.ops.items()
+                for line in record.judge.findings]
 
     def coverage_lines(self) -> list[str]:
         """One line per kernel grid axis of an op that no example ran with more than one step
