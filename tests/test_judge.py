@@ -285,3 +285,27 @@ def test_a_patched_clock_fails_under_judge_and_is_recorded_without(pytester, jud
         result.stdout.fnmatch_lines(["matmul: ?judge: faster-than-roofline? measured * per call*"])
     else:
         result.assert_outcomes(passed=2)
+
+
+# --- the docs page's harness loop, run as it is written ------------------------------------------
+
+def test_the_grading_pages_harness_loop_accepts_the_kernel_and_refuses_xla(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "grading.md").read_text()
+    [block] = [body for body in re.findall(r"^```python\n(.*?)^```", page, re.S | re.M)
+               if body.startswith("# grade.py")]
+    (tmp_path / "grade.py").write_text(block)
+    run = subprocess.run([sys.executable, "grade.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    verdicts = {line["candidate"]: line for line in map(json.loads, run.stdout.splitlines())}
+    assert verdicts["pallas"]["accepted"] and verdicts["pallas"]["findings"] == []
+    assert verdicts["pallas"]["in_kernels"] == 1.0
+    xla = verdicts["xla"]
+    assert not xla["accepted"] and xla["in_kernels"] == 0.0
+    assert [line.partition("]")[0] for line in xla["findings"]] == [
+        "[judge: no-kernel", "[judge: outside-kernels"]
+    assert xla["first_failure"][0].startswith("[judge: no-kernel]")
