@@ -309,3 +309,27 @@ def test_the_grading_pages_harness_loop_accepts_the_kernel_and_refuses_xla(tmp_p
     assert [line.partition("]")[0] for line in xla["findings"]] == [
         "[judge: no-kernel", "[judge: outside-kernels"]
     assert xla["first_failure"][0].startswith("[judge: no-kernel]")
+
+
+def test_a_jax_whose_programs_the_judge_cannot_read_fails_under_judge_only(pytester):
+    pytester.makeconftest('''
+import pytest_pallas.checks.honesty as honesty
+
+def _moved(*args, **kwargs):
+    raise AttributeError("'JaxprEqn' object has no attribute 'eqns'")
+
+honesty.judge_program = _moved
+''')
+    pytester.makepyfile(judge_battery=BATTERY_SOURCE,
+                        test_battery=_battery_tests(["reference_matmul"]))
+    pytester.syspathinsert()
+    args = ("-p", "no:cacheprovider", "-p", "no:xdist", "--pallas-seed=0", "-k", "test_value",
+            "--pallas-compile=none")
+    lenient = pytester.runpytest_subprocess(*args)
+    lenient.assert_outcomes(passed=1, warnings=1)
+    lenient.stdout.fnmatch_lines(["*the judge's reading of traced programs (--pallas-judge) "
+                                  "is off on this JAX*"])
+    strict = pytester.runpytest_subprocess(*args, "--pallas-judge")
+    strict.assert_outcomes(failed=1, warnings=1)
+    strict.stdout.fnmatch_lines(["*matmul: judge? the judge's reading of traced programs "
+                                 "(--pallas-judge) is off on this JAX: AttributeError*"])

@@ -250,9 +250,12 @@ class Conformance:
     def _judge_program(self, case: op_inputs.Case) -> None:
         """Read the implementation's traced program on ``case`` (once per signature): where
         its arithmetic runs and which host callbacks it makes. Recorded always; under
-        --pallas-judge a finding fails ``prop``'s test."""
+        --pallas-judge a finding fails the test, and so do checks this JAX turned off."""
         __tracebackhide__ = True
         if judge.JUDGE_CHECKS in jax_internals.features_off():
+            if self.judge:  # what cannot be judged is not accepted
+                self._fail("judge", f"{judge.JUDGE_CHECKS} is off on this JAX: "
+                           f"{jax_internals.features_off()[judge.JUDGE_CHECKS]}")
             return
         signature = (tuple((np.shape(a), str(np.asarray(a).dtype)) for a in case.args),
                      repr(sorted(case.kwargs.items())), repr(sorted(case.blocks.items())))
@@ -262,10 +265,13 @@ class Conformance:
         try:
             with pallas_call_hooks.suspend_pallas_call_observers():
                 verdict = judge.program_verdict(self.implementation.function, case)
-        except jax_internals.JaxInternalsChanged as error:
-            jax_internals.feature_off(judge.JUDGE_CHECKS, error)
+        except judge.CannotTrace:  # the implementation's own call reports why
             return
-        except Exception:  # the implementation cannot be traced: its own call reports why
+        except Exception as error:  # the judge cannot read this JAX's programs
+            jax_internals.feature_off(judge.JUDGE_CHECKS, error)
+            if self.judge:
+                self._fail("judge", f"{judge.JUDGE_CHECKS} is off on this JAX: "
+                           f"{type(error).__name__}: {error}")
             return
         self.recorder.judged(self._row, verdict)
         self._judge_findings(verdict.findings)

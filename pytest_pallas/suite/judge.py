@@ -37,7 +37,7 @@ from . import properties
 # run's own) is beyond this probe.
 STATE_PROBE_ROUNDS = 24
 
-JUDGE_CHECKS = "the judge's program checks (--pallas-judge)"
+JUDGE_CHECKS = "the judge's reading of traced programs (--pallas-judge)"
 
 
 def traced_function(implementation: Callable, case: Case) -> tuple[Callable, tuple[Any, ...]]:
@@ -95,14 +95,24 @@ def leaked_tracer_finding() -> Finding:
                           "(JAX's UnexpectedTracerError)")
 
 
+class CannotTrace(Exception):
+    """The implementation raised while traced: its own call, which follows, reports why."""
+
+
 def program_verdict(implementation: Callable, case: Case) -> ProgramVerdict:
     """Where the arithmetic of ``implementation`` runs on ``case`` (its traced program); a
-    program other than the one the judge first traced for the same shapes is a finding."""
+    program other than the one the judge first traced for the same shapes is a finding.
+
+    Raises ``CannotTrace`` when tracing the implementation raises; any other exception is
+    the judge's own (a JAX whose programs it cannot read)."""
     import jax
 
     function, args = traced_function(implementation, case)
     abstract = _abstract(args)
-    closed = jax.make_jaxpr(lambda *arguments: function(*arguments))(*abstract)
+    try:
+        closed = jax.make_jaxpr(lambda *arguments: function(*arguments))(*abstract)
+    except Exception as error:
+        raise CannotTrace(f"{type(error).__name__}: {error}") from error
     verdict = _judge(closed, case, args)
     if not _same_as_first(implementation, case, abstract, closed):
         finding = _state_finding("traced again on shapes it was traced on before, it gave "
