@@ -218,6 +218,17 @@ def test_every_cheat_fails_under_judge_with_its_reason_and_honest_kernels_pass(p
     assert rows["host_matmul"]["judge"]["host_callbacks"]
 
 
+def test_under_judge_every_test_of_a_cheat_fails(pytester):
+    pytester.makepyfile(judge_battery=BATTERY_SOURCE,
+                        test_battery=_battery_tests(["no_kernel_softmax"]))
+    pytester.syspathinsert()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
+                                           "--pallas-seed=0", "--pallas-compile=none",
+                                           "--pallas-judge")
+    result.assert_outcomes(failed=3)  # value, written and deterministic, vmap
+    assert result.stdout.str().count("[softmax: judge] [judge: no-kernel]") >= 3
+
+
 def test_without_judge_findings_are_reported_not_failed(pytester):
     result, verdict = _run_battery(pytester, ["no_kernel_matmul", "copies_xla_softmax",
                                               "reference_matmul"])

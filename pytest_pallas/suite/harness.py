@@ -264,7 +264,8 @@ class Conformance:
         self._judged_signatures.add(signature)
         try:
             with pallas_call_hooks.suspend_pallas_call_observers():
-                verdict = judge.program_verdict(self.implementation.function, case)
+                verdict = judge.program_verdict(self.implementation.function, case,
+                                                compare_traces=self.judge)
         except judge.CannotTrace:  # the implementation's own call reports why
             return
         except Exception as error:  # the judge cannot read this JAX's programs
@@ -448,6 +449,7 @@ class Conformance:
         import jax
 
         case = self.draw(data)
+        self._judge_program(case)
         batched_args = properties.vmapped_case_args(case)
         function = properties.suite_jit(jax.vmap(functools.partial(
             self.implementation.function, **properties.call_kwargs(case), **case.blocks)),

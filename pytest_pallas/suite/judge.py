@@ -99,9 +99,12 @@ class CannotTrace(Exception):
     """The implementation raised while traced: its own call, which follows, reports why."""
 
 
-def program_verdict(implementation: Callable, case: Case) -> ProgramVerdict:
-    """Where the arithmetic of ``implementation`` runs on ``case`` (its traced program); a
-    program other than the one the judge first traced for the same shapes is a finding.
+def program_verdict(implementation: Callable, case: Case, *, compare_traces: bool = True
+                    ) -> ProgramVerdict:
+    """Where the arithmetic of ``implementation`` runs on ``case`` (its traced program); with
+    ``compare_traces``, a program other than the one the judge first traced for the same
+    shapes is a finding (the state probe's memory; printing a program costs time, so the
+    suite compares only under --pallas-judge).
 
     Raises ``CannotTrace`` when tracing the implementation raises; any other exception is
     the judge's own (a JAX whose programs it cannot read)."""
@@ -114,7 +117,7 @@ def program_verdict(implementation: Callable, case: Case) -> ProgramVerdict:
     except Exception as error:
         raise CannotTrace(f"{type(error).__name__}: {error}") from error
     verdict = _judge(closed, case, args)
-    if not _same_as_first(implementation, case, abstract, closed):
+    if compare_traces and not _same_as_first(implementation, case, abstract, closed):
         finding = _state_finding("traced again on shapes it was traced on before, it gave "
                                  "another program")
         return dataclasses.replace(verdict, findings=(*verdict.findings, finding))
