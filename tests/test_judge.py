@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 
 from pytest_pallas.checks import honesty
 from pytest_pallas.ops.domains import Domain
-from pytest_pallas.ops.inputs import sweep_case
+from pytest_pallas.ops.inputs import make_case, sweep_case
 from pytest_pallas.ops.registry import OPERATIONS
 from pytest_pallas.suite import judge
 
@@ -55,6 +55,19 @@ def test_program_checks_name_each_cheat(name):
 def test_honest_kernels_with_layout_work_have_no_program_finding(name):
     verdict = judge.program_verdict(getattr(battery, name), _case(battery.HONEST[name]))
     assert verdict.findings == () and verdict.share_in_kernels == 1.0
+
+
+@pytest.mark.parametrize("op", sorted(OPERATIONS))
+def test_the_reference_kernels_raise_no_program_finding_on_any_sweep_case(op):
+    operation = OPERATIONS[op]
+    cases = [sweep_case(operation, Domain(), index) for index in range(12)]
+    if operation.collective:  # the smallest blocks: the device ids' arithmetic is all there is
+        cases.append(make_case(operation, {"devices": 2, "rows": 1, "cols": 8}, "int32"
+                               if "int32" in operation.dtypes else "float32", "normal", 0,
+                               {name: values[0] for name, values in operation.params.items()}))
+    for case in filter(None, cases):
+        verdict = judge.program_verdict(operation.load_reference(), case, compare_traces=False)
+        assert verdict.findings == (), (case, [finding.line() for finding in verdict.findings])
 
 
 def _pallas_scale(x):

@@ -136,7 +136,8 @@ def judge_program(closed_jaxpr: Any, *, work: float, elements: int,
     model); ``elements`` the size of its arguments and result together, the floor of the
     work an op with little arithmetic (a copy, a gather of devices' blocks, a tiny matmul)
     is measured against. Integer arithmetic is index arithmetic (offsets, group ends, device
-    ids), free, unless the op itself computes on integers (``integer_op``: an int32 add).
+    ids), free, unless the op itself computes on integers (``integer_op``: an int32 add);
+    integer scalars are free even then.
     """
     tally = _Tally(integers=integer_op)
     _walk(closed_jaxpr, 1.0, tally)
@@ -193,7 +194,9 @@ def _equation_flops(equation: Any, integers: bool) -> float:
     """The arithmetic one equation does, by its primitive (0 for layout work and, unless
     ``integers``, for integer arithmetic)."""
     name = equation.primitive.name
-    kinds = "fciu" if integers else "fc"
+    kinds = "fc"
+    if integers and any(getattr(getattr(v, "aval", None), "shape", ()) for v in equation.outvars):
+        kinds = "fciu"  # integer scalars are device ids and offsets, even in an integer op
     if not any(_kind(v) in kinds for v in (*equation.invars, *equation.outvars)):
         return 0.0
     if name in PRODUCT_PRIMITIVES:

@@ -216,11 +216,15 @@ def input_impact_findings(run: Callable[[Case], Any], case: Case, result: Any, *
     """For each argument whose change changes the oracle's result beyond the tolerance, the
     implementation's result (``run(case)``) must change too.
 
-    Arguments with structure (index tables, group sizes: the op's ``inputs`` builder or
-    ``arg_dtypes``) are left as drawn.
+    Arguments with structure (index tables, group sizes: the op's ``arg_dtypes``, and the
+    integer arguments of an op with an ``inputs`` builder) are left as drawn.
     """
     op = case.operation
-    structured = set(op.arg_dtypes) | (set(range(len(case.args))) if op.inputs else set())
+    # Index tables, group sizes, lengths: an op's fixed-dtype arguments and, for an op with
+    # an ``inputs`` builder, its integer ones.
+    structured = set(op.arg_dtypes) | ({i for i, a in enumerate(case.args)
+                                        if np.asarray(a).dtype.kind in "iub"}
+                                       if op.inputs else set())
     expected = properties.expected_output(case)
     findings = []
     for index, arg in enumerate(case.args):
