@@ -49,6 +49,10 @@ LAYOUT_PRIMITIVES = frozenset({
     "pjit", "jit",
     "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr",
     "custom_vmap_call", "shard_map", "remat", "checkpoint", "custom_lin", "name",
+    # Inside a kernel body: reading and writing refs, grid positions, hints.
+    "get", "swap", "load", "masked_load", "masked_swap", "program_id", "num_programs",
+    "multiple_of", "bitcast", "run_scoped", "dma_start", "dma_wait", "semaphore_read",
+    "semaphore_signal", "semaphore_wait", "delay", "barrier",
 })
 
 # Products: 2 FLOPs per multiply-add.
@@ -197,8 +201,9 @@ def _equation_flops(equation: Any, integers: bool) -> float:
     kinds = "fc"
     if integers and any(getattr(getattr(v, "aval", None), "shape", ()) for v in equation.outvars):
         kinds = "fciu"  # integer scalars are device ids and offsets, even in an integer op
-    if not any(_kind(v) in kinds for v in (*equation.invars, *equation.outvars)):
-        return 0.0
+    if name not in PRODUCT_PRIMITIVES and not any(
+            _kind(v) in kinds for v in (*equation.invars, *equation.outvars)):
+        return 0.0  # a product counts whatever its dtype: int8 matmuls are the op's work
     if name in PRODUCT_PRIMITIVES:
         out = sum(_size(v.aval) for v in equation.outvars)
         contracted = 1.0
@@ -253,7 +258,9 @@ def _callback_description(equation: Any, *, in_kernel: bool) -> str | None:
         return None
     what = getattr(function, "__qualname__", None) or getattr(function, "__name__", None)
     where = "inside a kernel" if in_kernel else "outside the kernels"
-    return f"{name}({what})" + f" {where}" if what else f"{name} {where}"
+    if what:
+        return f"{name}({what}) {where}"
+    return f"{name} {where}"
 
 
 def _only_prints(function: Any) -> bool:
