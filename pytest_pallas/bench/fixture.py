@@ -45,6 +45,9 @@ What ``extra_info`` holds (pytest-benchmark saves it in its JSON):
   median over rounds of kernel time over the XLA time of the same round) and
   ``kernel_over_xla_min`` (fastest kernel round over fastest XLA round): the two
   ratios ``benchmark_gate`` judges;
+* the judge (contract §8): ``judge_findings``, a one-line finding when the median time is
+  below the roofline (the timer did not measure the work); under ``--pallas-judge`` it
+  fails the test;
 * the run: ``first_call_seconds`` (compilation and first call, not in the
   statistics), ``rounds``, ``timer``, ``xla_calls_per_round``, ``backend``,
   ``platform``, ``interpreter``, ``chip``, ``device_kind``, ``device_count``,
