@@ -362,3 +362,17 @@ honesty.judge_program = _moved
     strict.assert_outcomes(failed=1, warnings=1)
     strict.stdout.fnmatch_lines(["*matmul: judge? the judge's reading of traced programs "
                                  "(--pallas-judge) is off on this JAX: AttributeError*"])
+
+
+def test_a_kernel_built_with_pl_kernel_or_core_map_counts_as_a_kernel():
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0 + jnp.exp(x_ref[...])
+
+    def with_pl_kernel(x):
+        mesh = pltpu.create_tensorcore_mesh("core", num_cores=1)
+        return pl.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh)(x)
+
+    verdict = _verdict(with_pl_kernel, (8, 128), work=3 * 8 * 128)
+    assert verdict.kernels == 1 and verdict.findings == ()

@@ -4,7 +4,8 @@
 reads the program the implementation traces to (``jax.make_jaxpr`` of it on the suite's
 inputs) and says:
 
-* whether it makes any ``pallas_call`` at all;
+* whether it makes any Pallas kernel at all (a ``pallas_call``; ``pl.kernel`` and
+  ``pl.core_map`` count too);
 * how much of the op's work (its cost model's FLOPs and transcendentals, from its
   ``Operation`` record) runs outside the kernels: products (``dot_general``, convolutions),
   reductions, transcendental functions and elementwise arithmetic, counted through every
@@ -149,8 +150,8 @@ def judge_program(closed_jaxpr: Any, *, work: float, elements: int,
     budget = share * reference
     findings: list[Finding] = []
     if tally.kernels == 0:
-        findings.append(Finding("no-kernel", "the implementation makes no pallas_call: the op "
-                                "runs in XLA, not in a Pallas kernel"))
+        findings.append(Finding("no-kernel", "the implementation runs no Pallas kernel (no "
+                                "pallas_call, pl.kernel or pl.core_map): the op runs in XLA"))
     if tally.outside > budget:
         percent = 100.0 * tally.outside / reference if reference else math.inf
         findings.append(Finding(
@@ -270,13 +271,29 @@ def _only_prints(function: Any) -> bool:
     return module.startswith("jax") and ("print" in qualname or "format" in qualname)
 
 
+# Kernels that are not ``pallas_call`` equations: ``pl.core_map`` and ``pl.kernel`` (which
+# traces to ``mpmd_map`` on jax 0.10), by their primitives' names.
+MESH_KERNEL_PRIMITIVES = frozenset({"core_map", "mpmd_map"})
+
+
+def _is_kernel(equation: Any) -> bool:
+    return (equation.primitive is jax_internals.pallas_call_primitive()
+            or equation.primitive.name in MESH_KERNEL_PRIMITIVES)
+
+
+def _kernel_bodies(equation: Any) -> list[Any]:
+    if equation.primitive is jax_internals.pallas_call_primitive():
+        return [equation.params.get("jaxpr")]
+    return [sub for value in equation.params.values() for sub in _sub_jaxprs(value)]
+
+
 def _walk(jaxpr: Any, times: float, tally: _Tally) -> None:
-    pallas_call = jax_internals.pallas_call_primitive()
     for equation in _equations(jaxpr):
         name = equation.primitive.name
-        if equation.primitive is pallas_call:
+        if _is_kernel(equation):
             tally.kernels += 1
-            _callbacks_in_kernel(equation.params.get("jaxpr"), tally)
+            for body in _kernel_bodies(equation):
+                _callbacks_in_kernel(body, tally)
             continue
         callback = _callback_description(equation, in_kernel=False)
         if callback is not None:
@@ -334,24 +351,23 @@ def kernel_work(closed_jaxpr: Any) -> float:
     The measure of an op's work where no cost model states it (a kernel of the real-kernel
     corpora): its kernels' own arithmetic, floating-point and integer alike.
     """
-    pallas_call = jax_internals.pallas_call_primitive()
     total = 0.0
     for equation, times in _equations_with_repeats(closed_jaxpr, 1.0):
-        if equation.primitive is not pallas_call:
+        if not _is_kernel(equation):
             continue
         grid = getattr(equation.params.get("grid_mapping"), "grid", ()) or ()
         steps = float(math.prod(int(n) for n in grid if isinstance(n, int)) or 1)
         body = _Tally(integers=True)
-        _walk(equation.params.get("jaxpr"), 1.0, body)
+        for kernel_body in _kernel_bodies(equation):
+            _walk(kernel_body, 1.0, body)
         total += body.outside * steps * times
     return total
 
 
 def _equations_with_repeats(jaxpr: Any, times: float) -> Iterator[tuple[Any, float]]:
-    pallas_call = jax_internals.pallas_call_primitive()
     for equation in _equations(jaxpr):
         yield equation, times
-        if equation.primitive is pallas_call:
+        if _is_kernel(equation):
             continue
         repeat = times
         if equation.primitive.name == "scan":
