@@ -1,4 +1,4 @@
-"""Conformance of `attention`, `mha` and `mqa` (CONTRACT.md §2)."""
+"""Conformance of `attention`, `mha` and `mqa` (docs/contract.md §2)."""
 
 from pytest_pallas.suite.generated import packaged_tests
 

@@ -1,4 +1,4 @@
-"""Conformance of `ppermute` inside `shard_map` on 2 to 8 simulated devices (CONTRACT.md §2)."""
+"""Conformance of `ppermute` inside `shard_map` on 2 to 8 simulated devices (contract §2)."""
 
 from pytest_pallas.suite.generated import packaged_tests
 

@@ -1,4 +1,4 @@
-"""Conformance of `copy` (bit-exact) (CONTRACT.md §2)."""
+"""Conformance of `copy` (bit-exact) (docs/contract.md §2)."""
 
 from pytest_pallas.suite.generated import packaged_tests
 

@@ -1,4 +1,4 @@
-"""Conformance of `add` (CONTRACT.md §2)."""
+"""Conformance of `add` (docs/contract.md §2)."""
 
 from pytest_pallas.suite.generated import packaged_tests
 

@@ -1,4 +1,4 @@
-"""Conformance of `matmul`, `matmul_activation` and `batched_matmul` (CONTRACT.md §2)."""
+"""Conformance of `matmul`, `matmul_activation` and `batched_matmul` (docs/contract.md §2)."""
 
 from pytest_pallas.suite.generated import packaged_tests
 

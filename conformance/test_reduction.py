@@ -1,4 +1,4 @@
-"""Conformance of `sum` over the leading axis (CONTRACT.md §2)."""
+"""Conformance of `sum` over the leading axis (docs/contract.md §2)."""
 
 from pytest_pallas.suite.generated import packaged_tests
 

@@ -1,4 +1,4 @@
-"""Conformance of `softmax` over the last axis (CONTRACT.md §2)."""
+"""Conformance of `softmax` over the last axis (docs/contract.md §2)."""
 
 from pytest_pallas.suite.generated import packaged_tests
 

@@ -10,13 +10,13 @@ answer for the chip the run stands in for; on a TPU it changes nothing.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 
+from . import hosts
 from ._compat import (
     device_kinds,
     interpreter_fixes,
@@ -25,7 +25,9 @@ from ._compat import (
     ref_views,
     tpu_interpreter,
 )
-from .plugin.options import PallasOptions
+from .checks import running
+from .checks.running import active_backend  # noqa: F401  (the backend's public accessor)
+from .settings import PallasOptions, device_count_from_xla_flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +101,14 @@ class Backend:
                 "the stand-in chip as JAX's abstract device",
                 lambda: interpreter_fixes.chip_as_abstract_device(
                     self.device_kind, self.tpu_info.num_cores)))
-            token = _ACTIVE_BACKEND.set(self)
-            stack.callback(_ACTIVE_BACKEND.reset, token)
+            import jax
+
+            if jax.default_backend() != "cpu" and hosts.user_jax_platforms() is None:
+                # JAX started on an accelerator before the plugin could keep it on the CPU
+                # (plugin.session's header line says so): the test's arrays stay on the CPU.
+                stack.enter_context(jax.default_device(jax.devices("cpu")[0]))
+            token = running.ACTIVE_BACKEND.set(self)
+            stack.callback(running.ACTIVE_BACKEND.reset, token)
             stack.enter_context(optional(
                 "the TPU interpreter's vmap fix", tpu_interpreter.vmapped_grid_semantics_fixed))
             # The interpreter's callbacks must not wait on XLA's thread pool (a hang on
@@ -122,15 +130,6 @@ class Backend:
             stack.enter_context(interpreter_fixes.own_interpret_params_kept_on_meshes(
                 merge_interpret_params, self.own_params_changed.append_change))
             yield self
-
-
-_ACTIVE_BACKEND: contextvars.ContextVar[Backend | None] = contextvars.ContextVar(
-    "pallas_active_backend", default=None)
-
-
-def active_backend() -> Backend | None:
-    """The backend of the Pallas test running now (inside ``Backend.activate``), else None."""
-    return _ACTIVE_BACKEND.get()
 
 
 class ParamsChanges(list):
@@ -254,8 +253,6 @@ def request_cpu_devices(count: int, environ) -> tuple[int, str]:
     Returns how many JAX will have, and a sentence describing what happened, for the
     report header.
     """
-    from .plugin.options import device_count_from_xla_flags
-
     already = device_count_from_xla_flags(environ)
     if already is not None:
         return already, f"{already} CPU devices (from XLA_FLAGS)"

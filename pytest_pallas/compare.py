@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from .checks import mismatch
-from .dtypes import _EPSILON, _ML_DTYPES, epsilon
+from .checks.mismatch import bitwise_differences  # noqa: F401  (public here too)
+from .dtypes import EPSILON, ML_DTYPES, epsilon
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +93,7 @@ def default_tolerance(
 def _smallest_normal(name: str) -> float:
     import ml_dtypes
 
-    return float(ml_dtypes.finfo(_ML_DTYPES.get(name, np.dtype(name))).tiny)
+    return float(ml_dtypes.finfo(ML_DTYPES.get(name, np.dtype(name))).tiny)
 
 
 def _to_numpy(value: Any, what: str) -> np.ndarray:
@@ -161,7 +162,7 @@ def compare_arrays(
         )
     out_dtype = actual_array.dtype
     if exact is None:
-        exact = not np.issubdtype(out_dtype, np.inexact) and out_dtype.name not in _EPSILON
+        exact = not np.issubdtype(out_dtype, np.inexact) and out_dtype.name not in EPSILON
     size = actual_array.size
     header = f"{label} ({out_dtype.name}, shape {actual_array.shape})"
     blocks = mismatch.blocks_for(actual_array.shape, block_shape)
@@ -178,7 +179,7 @@ def compare_arrays(
     finite_expected = e[np.isfinite(e)]
     scale = float(np.max(np.abs(finite_expected))) if finite_expected.size else 0.0
     if rtol is None or atol is None:
-        default = default_tolerance(out_dtype if out_dtype.name in _EPSILON else "float32",
+        default = default_tolerance(out_dtype if out_dtype.name in EPSILON else "float32",
                                     scale=scale, reduction_length=reduction_length,
                                     matmul_precision=matmul_precision)
         tolerance = Tolerance(
@@ -246,7 +247,7 @@ def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str,
                    without_step: Mapping[str, Any] | None = None) -> Comparison:
     if actual.dtype != expected.dtype and actual.dtype.itemsize == expected.dtype.itemsize:
         expected = expected.astype(actual.dtype)
-    if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in _EPSILON:
+    if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in EPSILON:
         # Bit for bit: NaN payloads and signed zeros count.
         mismatched = bitwise_differences(actual, expected.astype(actual.dtype))
     else:
@@ -265,7 +266,7 @@ def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str,
     ]
     lines += _pattern(actual, expected, mismatched, Tolerance(0.0, 0.0, "exact"), blocks,
                       without_step)
-    if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in _EPSILON:
+    if np.issubdtype(actual.dtype, np.inexact) or actual.dtype.name in EPSILON:
         lines += _nan_where_finite_hint(actual.astype(np.float64), expected.astype(np.float64))
     return Comparison(False, math.inf, Tolerance(0.0, 0.0, "exact"), "\n".join(lines))
 
@@ -279,13 +280,6 @@ def _pattern(actual: np.ndarray, expected: np.ndarray, mismatched: np.ndarray,
                                  atol=tolerance.atol, blocks=blocks, without_step=without_step)
     except Exception as error:  # the comparison's verdict stands without the pattern
         return [f"(mismatch pattern not analysed: {type(error).__name__}: {error})"]
-
-
-def bitwise_differences(first: Any, second: Any) -> np.ndarray:
-    """Where two arrays of one dtype and shape differ bit for bit (NaN payloads, signed zeros)."""
-    a, b = np.asarray(first), np.asarray(second)
-    view = np.dtype(f"u{a.dtype.itemsize}")
-    return a.view(view) != b.view(view)
 
 
 def _nan_where_finite_hint(actual: np.ndarray, expected: np.ndarray) -> list[str]:
@@ -319,6 +313,29 @@ def backend_matmul_precision(precision: str):
         yield
     finally:
         _BACKEND_MATMUL_PRECISION.reset(token)
+
+
+# While a Pallas test runs (on any backend): the titles of the kernels it has traced, so a
+# failure's hint can name the error model of the op that produced the output.
+_TRACED_KERNELS: contextvars.ContextVar[Callable[[], Sequence[str]] | None] = (
+    contextvars.ContextVar("pallas_traced_kernels", default=None))
+
+
+@contextlib.contextmanager
+def traced_kernels(titles: Callable[[], Sequence[str]] | None):
+    """Within the block, a failure's error-model hint may name the op of these kernels
+    (``titles`` gives those the running test has traced so far)."""
+    token = _TRACED_KERNELS.set(titles)
+    try:
+        yield
+    finally:
+        _TRACED_KERNELS.reset(token)
+
+
+def traced_kernel_titles() -> list[str]:
+    """The titles of the kernels the running Pallas test has traced; [] outside one."""
+    titles = _TRACED_KERNELS.get()
+    return list(dict.fromkeys(titles())) if titles is not None else []
 
 
 # While a Pallas test runs interpreted on the CPU: the names of the kernels it has traced.
@@ -404,7 +421,12 @@ def assert_allclose(
     that op (``pytest_pallas.error_models``): ``op="attention", inputs=(q, k, v)``
     allows for the rounding of the logits (pass ``q * sm_scale`` for a scaled
     kernel); ``op="matmul_activation", inputs=(x, y),
-    op_params={"activation": "gelu"}`` for the activation's.
+    op_params={"activation": "gelu"}`` for the activation's. Paged and ragged paged
+    attention take the kernel's own arguments, one call for the whole output:
+    ``op="paged_attention", inputs=(q, k_pages, v_pages, lengths, page_indices)``;
+    ``op="ragged_paged_attention", inputs=(q, kv_pages, kv_lens, page_indices, cu_q_lens,
+    num_seqs), op_params={"sm_scale": s}`` (JAX's layout; tpu-inference's v3 passes its 8
+    arguments), which also size the reduction by the sequences' kv lengths.
 
     A failure ends with the pattern of the mismatches, each line only when it holds
     for every mismatched element: which output blocks hold them, whether only the
@@ -424,13 +446,23 @@ def assert_allclose(
         matmul_precision = _BACKEND_MATMUL_PRECISION.get()
     extra, reason = 0.0, ""
     if op is not None:
+        from .ops.error_models import COMPARATOR_MODELS
         from .ops.registry import op_allowance
 
         if inputs is None:
             raise ValueError(f"assert_allclose(op={op!r}) needs inputs=(...), the op's "
                              "arguments, to size its error model")
-        extra, reason = op_allowance(op, inputs, matmul_precision=matmul_precision,
-                                     params=op_params)
+        if isinstance(op, str) and op in COMPARATOR_MODELS:
+            # Paged and ragged attention: the model reads the kernel's own arguments and
+            # sizes the reduction by the sequences' kv lengths, unless the caller gave one.
+            model = COMPARATOR_MODELS[op](inputs, matmul_precision=matmul_precision,
+                                          params=op_params)
+            extra, reason = model.atol, model.why
+            if reduction_length is None:
+                reduction_length = model.reduction_length
+        else:
+            extra, reason = op_allowance(op, inputs, matmul_precision=matmul_precision,
+                                         params=op_params)
     actual_leaves, actual_tree = _leaves(actual)
     expected_leaves, expected_tree = _leaves(expected)
     if actual_tree != expected_tree:
@@ -447,6 +479,7 @@ def assert_allclose(
     worst = 0.0
     failures = []
     failed_worst: list[tuple[str, float]] = []  # (dtype, worst error) of each failed output
+    failed_shapes: list[tuple[int, ...]] = []  # and its shape
     for position, ((path, a), (_, e)) in enumerate(zip(actual_leaves, expected_leaves)):
         result = compare_arrays(
             a, e, rtol=rtol, atol=atol, reduction_length=reduction_length,
@@ -460,12 +493,15 @@ def assert_allclose(
             failures.append(result.message)
             failed_worst.append((np.dtype(getattr(a, "dtype", np.float64)).name,
                                  result.worst_error))
+            failed_shapes.append(tuple(np.shape(a)))
     if failures:
         if op is None and rtol is None and atol is None and not exact:
             from .ops.error_models import error_model_hint
 
             hint = error_model_hint(failed_worst,
-                                    reduction_length_given=reduction_length is not None)
+                                    reduction_length_given=reduction_length is not None,
+                                    kernels=traced_kernel_titles(),
+                                    shapes=failed_shapes)
             failures += [hint] if hint else []
         raise AssertionError("\n\n".join(failures))
     return worst

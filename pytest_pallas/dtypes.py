@@ -23,7 +23,7 @@ _DTYPES = {
 }
 
 # Machine epsilon (spacing at 1.0) of the floating dtypes the comparator knows.
-_EPSILON = {
+EPSILON = {
     "float64": 2.0**-52,
     "float32": 2.0**-23,
     "float16": 2.0**-10,
@@ -37,11 +37,11 @@ _EPSILON = {
 
 
 def _ml_dtypes() -> dict:
-    return {name: np.dtype(getattr(ml_dtypes, name)) for name in _EPSILON
+    return {name: np.dtype(getattr(ml_dtypes, name)) for name in EPSILON
             if hasattr(ml_dtypes, name)}
 
 
-_ML_DTYPES = _ml_dtypes()
+ML_DTYPES = _ml_dtypes()
 
 
 def as_dtype(name: str | Any) -> np.dtype:
@@ -57,6 +57,6 @@ def as_dtype(name: str | Any) -> np.dtype:
 def epsilon(dtype: Any) -> float:
     """Machine epsilon of a floating dtype, by name (bfloat16 and float8 included)."""
     name = np.dtype(dtype).name
-    if name not in _EPSILON:
+    if name not in EPSILON:
         raise ValueError(f"no epsilon known for dtype {name}; pass rtol= and atol= explicitly")
-    return _EPSILON[name]
+    return EPSILON[name]

@@ -1,6 +1,6 @@
 """Flash attention forward on the TPU: online softmax over key/value blocks.
 
-Contract ops (CONTRACT.md section 2), all ``softmax(q @ k.T) @ v`` with no
+Contract ops (docs/contract.md section 2), all ``softmax(q @ k.T) @ v`` with no
 scaling and no mask:
 
 * ``attention(q, k, v)``: q ``(s, d)``, k and v ``(t, d)``; ``s != t`` allowed.

@@ -1,13 +1,13 @@
 """Collectives written by hand: remote DMAs between the devices of a mesh.
 
-Contract op (CONTRACT.md section 2):
+Contract op (docs/contract.md section 2):
 
 * ``ppermute(x, *, axis_name, shift)``: called inside ``jax.shard_map`` over a
   1-D mesh axis ``axis_name`` of n devices; device i returns the block that
   device ``(i - shift) mod n`` held (``lax.ppermute`` with the pairs
   ``(j, (j + shift) mod n)``).
 
-Version 0.2 ops (CONTRACT.md section 2):
+Version 0.2 ops (docs/contract.md section 2):
 
 * ``all_gather(x, *, axis_name)``: every device returns the blocks of all
   devices, concatenated along the rows (``lax.all_gather(x, axis_name,

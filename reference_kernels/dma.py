@@ -1,6 +1,6 @@
 """Moving data by hand: DMAs, semaphores, scalar prefetch, aliasing and refs.
 
-Contract op (CONTRACT.md section 2):
+Contract op (docs/contract.md section 2):
 
 * ``copy(x)``: ``x`` bit for bit, rank 2, float32, bfloat16 or int32, any sizes.
 

@@ -1,6 +1,6 @@
 """Elementwise addition on the TPU: whole arrays in VMEM, then pipelined blocks.
 
-Contract op (CONTRACT.md section 2):
+Contract op (docs/contract.md section 2):
 
 * ``add(x, y)``: ``x + y`` for same-shape, same-dtype arrays of rank 1 to 3 and
   any sizes, float32, bfloat16 or int32 (int32 wraps around as ``jnp`` does).

@@ -1,6 +1,6 @@
 """Flash attention with a causal mask, a softmax scale and grouped key/value heads.
 
-Contract op (CONTRACT.md section 2, version 0.2):
+Contract op (docs/contract.md section 2, version 0.2):
 
 * ``flash_attention(q, k, v, *, causal, sm_scale)``: ``softmax(sm_scale * q @ k.T
   + mask) @ v`` per (batch, head). q is ``(b, h, s, d)``, k and v ``(b, g, t, d)``

@@ -1,6 +1,6 @@
 """Grouped matrix multiplication (mixture of experts) with scalar-prefetched group offsets.
 
-Contract op (CONTRACT.md section 2, version 0.2):
+Contract op (docs/contract.md section 2, version 0.2):
 
 * ``grouped_matmul(lhs, rhs, group_sizes)``: the rows of lhs ``(m, k)`` fall in
   consecutive groups of ``group_sizes`` ``(g,)`` int32 rows (summing to m, zeros

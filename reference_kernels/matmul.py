@@ -1,6 +1,6 @@
 """Matrix multiplication on the TPU: blocked, pipelined, with an activation epilogue.
 
-Contract ops (CONTRACT.md section 2):
+Contract ops (docs/contract.md section 2):
 
 * ``matmul(x, y)``: ``(m, k) @ (k, n)``, output dtype = input dtype.
 * ``matmul_activation(x, y, *, activation)``: ``activation(x @ y)``, the activation

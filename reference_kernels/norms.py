@@ -1,6 +1,6 @@
 """RMS normalisation on the TPU: a row reduction fused with an elementwise scale.
 
-Contract op (CONTRACT.md section 2, version 0.2):
+Contract op (docs/contract.md section 2, version 0.2):
 
 * ``rms_norm(x, w, *, eps)``: ``x / sqrt(mean(x**2, -1) + eps) * w`` for x
   ``(rows, cols)`` and w ``(cols,)``, computed in float32, output dtype = x's.

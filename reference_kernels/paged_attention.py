@@ -1,6 +1,6 @@
 """Paged attention for decoding: page tables in SMEM driving double-buffered page DMAs.
 
-Contract op (CONTRACT.md section 2, version 0.2):
+Contract op (docs/contract.md section 2, version 0.2):
 
 * ``paged_attention(q, k_pages, v_pages, lengths, page_indices)``: one query
   token per sequence, q ``(b, h, d)``, attends (no scaling) over the first

@@ -1,6 +1,6 @@
 """Weight-only int8 matrix multiplication: int8 weights dequantised inside the MXU loop.
 
-Contract op (CONTRACT.md section 2, version 0.2):
+Contract op (docs/contract.md section 2, version 0.2):
 
 * ``quantized_matmul(x, w, scale)``: ``x @ (w * scale)`` for x ``(m, k)`` float32
   or bfloat16, w ``(k, n)`` int8 and scale ``(n,)`` float32 (one per output

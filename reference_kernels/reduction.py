@@ -1,6 +1,6 @@
 """Reduction over the leading axis on the TPU: the revisit rule and a float32 accumulator.
 
-Contract op (CONTRACT.md section 2):
+Contract op (docs/contract.md section 2):
 
 * ``sum_leading_axis(x)``: ``x.sum(axis=0)``, ``(n, r, c)`` in, ``(r, c)`` out,
   same dtype; float32 or bfloat16, bfloat16 accumulated in float32.

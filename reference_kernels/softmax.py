@@ -1,6 +1,6 @@
 """Row softmax on the TPU: blocks of whole rows, reductions inside VMEM.
 
-Contract op (CONTRACT.md section 2):
+Contract op (docs/contract.md section 2):
 
 * ``softmax(x)``: softmax over the last axis of a ``(rows, cols)`` array,
   float32 or bfloat16, output in the input dtype.

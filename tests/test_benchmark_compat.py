@@ -27,3 +27,20 @@ def test_the_session_object_is_found(pytestconfig):
     assert session is not None
     assert hasattr(session, "save") and hasattr(session, "autosave")
     assert compat.benchmark_session(object()) is None
+
+
+def test_the_round_budget_is_read_from_the_fixture(pytester):
+    pytester.makepyfile("""
+        from pytest_pallas._compat.benchmark_internals import round_budget
+
+        def test_budget(benchmark):
+            assert round_budget(benchmark) == (0.25, 3)
+            benchmark(lambda: None)
+        """)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--benchmark-max-time=0.25",
+                                "--benchmark-min-rounds=3")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_fixture_without_the_budget_gets_pytest_benchmarks_defaults():
+    assert compat.round_budget(object()) == (1.0, 5)

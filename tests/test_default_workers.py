@@ -125,7 +125,7 @@ def _item(nodeid, name):
 
 
 def test_workers_take_the_longest_tests_of_the_last_run_first():
-    from pytest_pallas.plugin.test_order import longest_first
+    from pytest_pallas.plugin.conformance_order import longest_first
 
     items = [_item("a::test_value[add]", "test_value"), _item("a::test_vmap[add]", "test_vmap"),
              _item("a::test_value[sum]", "test_value"), _item("user::test_mine", "test_mine"),

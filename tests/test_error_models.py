@@ -17,6 +17,7 @@ from seeded_bugs import kernels as wrong
 from pytest_pallas import assert_allclose, error_models, operations
 from pytest_pallas.ops import registry
 from pytest_pallas.ops.domains import Domain
+from pytest_pallas.ops.error_models import error_model_hint
 from pytest_pallas.ops.inputs import sweep, sweep_case
 from pytest_pallas.suite.properties import expected_output, judge_value
 
@@ -130,6 +131,44 @@ def test_a_wrong_kernel_gets_no_error_model_hint():
     with pytest.raises(AssertionError) as failure:
         assert_allclose(wrong_out, expected)
     assert "error model" not in str(failure.value)
+
+
+@pytest.mark.parametrize("title, keywords", [
+    ("'paged_attention at reference_kernels/paged_attention.py:240'",
+     'op="paged_attention", inputs=(q, k_pages, v_pages, lengths, page_indices)'),
+    ("'paged_flash_attention_kernel at paged_attention_kernel.py:40'",
+     'op="paged_attention", inputs=(q, k_pages, v_pages, lengths, page_indices)'),
+    ("'ragged_paged_attention_kernel at kernel.py:290'",
+     'op="ragged_paged_attention", inputs=(q, kv_pages, kv_lens, page_indices, cu_q_lens, '
+     'num_seqs), op_params={"sm_scale": sm_scale}'),
+    ("'RPAm-p_16-bq_16_16-bkv_128_64 at kernel.py:278'",
+     'op="ragged_paged_attention", inputs=(queries, keys, values, kv_cache, kv_lens, '
+     'page_indices, cu_q_lens, distribution), op_params={"sm_scale": sm_scale}'),
+])
+def test_the_hint_of_a_traced_paged_kernel_is_its_model_on_one_line(title, keywords):
+    hint = error_model_hint([("float32", 3.5)], reduction_length_given=True,
+                            kernels=["'matmul at k.py:1'", title], shapes=[(70, 4, 128)])
+    assert "\n" not in hint and hint.endswith(keywords)
+    assert 'op="attention"' not in hint
+    # An output of another rank (a matmul's, in the same test) is not that kernel's.
+    other = error_model_hint([("float32", 3.5)], reduction_length_given=True,
+                             kernels=[title], shapes=[(64, 128)])
+    assert 'op="attention", inputs=(q, k, v)' in other and "\n" in other
+
+
+def test_a_bare_comparison_outside_a_pallas_test_lists_every_model_one_a_line():
+    rng = np.random.default_rng(2)
+    q = (rng.standard_normal((128, 64)) * 30).astype(np.float32)
+    k, v = (rng.standard_normal((256, 64)).astype(np.float32) for _ in range(2))
+    with pytest.raises(AssertionError) as failure:
+        assert_allclose(_float32_attention(q, k, v),
+                        _float32_attention(*(x.astype(np.float64) for x in (q, k, v))))
+    lines = str(failure.value).splitlines()
+    for keywords in ('op="attention", inputs=(q, k, v)',
+                     'op="paged_attention", inputs=(q, k_pages, v_pages, lengths, page_indices)',
+                     'op="ragged_paged_attention", inputs=(q, kv_pages, kv_lens, page_indices, '
+                     'cu_q_lens, num_seqs)'):
+        assert sum(keywords in line for line in lines) == 1, keywords
 
 
 # --- rms_norm: rsqrt and two products in float32 ------------------------------------------

@@ -345,3 +345,16 @@ def test_skips_for_the_simulated_device_count_are_counted_in_the_summary(pyteste
         "pallas: 1 test(s) skipped because they need 16 device(s) and the run simulates 8 CPU "
         "devices; run them with --pallas-devices=16",
     ])
+
+
+def test_the_fixtures_that_opt_a_test_in_are_the_plugins_fixtures():
+    """A test that requests one of the plugin's fixtures uses Pallas (session.FIXTURE_NAMES):
+    a fixture added to the plugin without joining that list would run outside the backend.
+    (``conformance`` is the suite's own: its tests opt in as conformance tests.)"""
+    from pytest_pallas.plugin import fixtures
+    from pytest_pallas.plugin.session import FIXTURE_NAMES
+
+    defined = {name for name, value in vars(fixtures).items()
+               if type(value).__name__ == "FixtureFunctionDefinition"
+               or hasattr(value, "_fixture_function_marker")}
+    assert set(FIXTURE_NAMES) == defined - {"conformance"}

@@ -262,7 +262,7 @@ def test_a_registry_that_changed_type_is_a_clear_error(monkeypatch):
 def test_a_missing_module_is_a_clear_error():
     with pytest.raises(JaxInternalsChanged, match=r"pytest-pallas needs jax\._src\.no_such_module, "
                                                   r"which this JAX does not have"):
-        jax_internals._private("jax._src.no_such_module", "anything")
+        jax_internals.private_attribute("jax._src.no_such_module", "anything")
 
 
 def test_running_interpreted_kernels_names_a_kernel_only_while_it_runs(clean_interpreter):
@@ -303,7 +303,7 @@ def test_a_run_on_a_jax_that_moved_internals_turns_those_features_off_and_goes_o
     pytester.makeconftest('''
         from pytest_pallas._compat import jax_internals
 
-        real = jax_internals._private
+        real = jax_internals.private_attribute
         MOVED = {
             ("jax._src.interpreters.partial_eval", None),
             ("jax._src.pallas.mosaic.interpret.interpret_pallas_call", "_validate"),
@@ -314,7 +314,7 @@ def test_a_run_on_a_jax_that_moved_internals_turns_those_features_off_and_goes_o
                 raise jax_internals.JaxInternalsChanged(f"{module}.{attribute} moved")
             return real(module, attribute)
 
-        jax_internals._private = moved
+        jax_internals.private_attribute = moved
     ''')
     pytester.makepyfile('''
         import jax, jax.numpy as jnp, numpy as np, pytest

@@ -160,3 +160,88 @@ def test_no_module_is_over_700_lines(folder):
     long = {str(path.relative_to(ROOT)): lines for path in (ROOT / folder).rglob("*.py")
             if (lines := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
+
+
+# Imports run one way: down this list (docs/design.md). A module may import its own layer
+# and those below it, never one above, function-level imports counted. The plugin is pytest
+# glue over the wings; the wings share the settings and the compatibility layer below them.
+LAYERS = (
+    ("entry points", ("pytest_pallas.benchmark_gate", "pytest_pallas.roofline_plot")),
+    ("plugin", ("pytest_pallas.plugin", "pytest_pallas.conformance")),
+    ("suite and benchmarks", ("pytest_pallas.suite", "pytest_pallas.bench")),
+    ("backend and comparator", ("pytest_pallas.backend", "pytest_pallas.compare")),
+    ("checks", ("pytest_pallas.checks",)),
+    ("ops and kernels", ("pytest_pallas.ops", "pytest_pallas.reference_kernels",
+                         "pytest_pallas.strategies", "pytest_pallas.tpu")),
+    ("settings and compatibility", ("pytest_pallas.settings", "pytest_pallas.hosts",
+                                    "pytest_pallas.dtypes", "pytest_pallas.tiling",
+                                    "pytest_pallas._compat")),
+)
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of a module (0 is the top), None for the package's own __init__."""
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            return index
+    return None
+
+
+def imports_running_up(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = layer_of(module)
+        for target in sorted(targets):
+            there = layer_of(target)
+            if here is not None and there is not None and there < here:
+                found.append(f"{module} ({LAYERS[here][0]}) -> {target} ({LAYERS[there][0]})")
+    return found
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(module for module in import_graph(ROOT)
+                      if module != "pytest_pallas" and layer_of(module) is None)
+    assert not unplaced, f"modules in no layer of LAYERS: {unplaced}"
+
+
+def test_imports_run_down_the_layers():
+    found = imports_running_up(import_graph(ROOT))
+    assert not found, "imports running up (function-level ones counted): " + "; ".join(found)
+
+
+def test_an_import_running_up_inside_a_function_is_found(tmp_path):
+    package = tmp_path / "pytest_pallas"
+    for folder in ("checks", "plugin"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    for folder in _INSTALLED_AS:
+        (tmp_path / folder).mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "plugin" / "options.py").write_text("LIBTPU = None\n")
+    (package / "checks" / "compile_check.py").write_text(
+        "def version():\n    from ..plugin.options import LIBTPU\n    return LIBTPU\n")
+    assert imports_running_up(import_graph(tmp_path)) == [
+        "pytest_pallas.checks.compile_check (checks) -> pytest_pallas.plugin.options (plugin)"]
+
+
+def private_names_imported_across_modules(root: Path) -> list[str]:
+    """``from <a project module> import _name``: a module's private name used by another."""
+    modules = _modules(root)
+    found = []
+    for module, (path, is_package) in sorted(modules.items()):
+        if module.startswith("pytest_pallas.reference_kernels"):
+            continue  # TEMPORARY-35: the kernels' shared checks are moving to one module
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _absolute(module, is_package, node)
+            if not base.startswith("pytest_pallas"):
+                continue
+            found += [f"{module}: from {base} import {alias.name}" for alias in node.names
+                      if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def test_no_private_name_is_imported_from_another_module():
+    found = private_names_imported_across_modules(ROOT)
+    assert not found, "private names used across modules (make them public): " + "; ".join(found)

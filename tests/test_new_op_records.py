@@ -1,4 +1,4 @@
-"""The version 0.2 ops' records (CONTRACT.md section 2) and the two ``Operation`` fields they
+"""The version 0.2 ops' records (docs/contract.md section 2) and the two ``Operation`` fields they
 need: ``constrain`` (facts tying dimensions and parameters together) and a ``reduction`` over
 several dimensions."""
 
@@ -12,7 +12,7 @@ from pytest_pallas.ops.domains import Domain
 from pytest_pallas.ops.inputs import make_case, sweep_case
 from pytest_pallas.ops.operation import OperationError
 
-# The dimension names of CONTRACT.md section 2, "Operations added in version 0.2", in its order.
+# The dimension names of docs/contract.md section 2, "Operations added in version 0.2", in order.
 CONTRACT_DIMENSIONS = {
     "flash_attention": ("b", "h", "g", "s", "t", "d"),
     "rms_norm": ("rows", "cols"),

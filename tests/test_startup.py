@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+from pytest_pallas import hosts
+
 # What libtpu reads at start (set by the plugin, or by importing libtpu, to keep its warnings
 # away): only when a Pallas test is going to run.
 LIBTPU_VARIABLES = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_WORKER_HOSTNAMES", "TPU_HOST_BOUNDS",
@@ -16,7 +18,8 @@ LIBTPU_VARIABLES = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_WORKER_HOSTNAMES", "TPU_H
 
 @pytest.fixture
 def environment_without_jax_settings(monkeypatch):
-    for name in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS", "CI", *LIBTPU_VARIABLES):
+    for name in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS", hosts.SET_BY_PLUGIN, "CI",
+                 *LIBTPU_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -51,7 +54,7 @@ def test_a_suite_that_does_not_use_pallas_does_not_see_the_plugin(
 
         def test_then_jax_has_its_own_defaults():
             import jax
-            assert jax.device_count() == 1, "the plugin must not change the device count"
+            assert jax.device_count("cpu") == 1, "the plugin must not change the device count"
         """))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(passed=2)
@@ -103,3 +106,36 @@ def test_a_run_without_pallas_loads_only_what_its_hooks_need(
     # this one adds counts.
     loaded -= modules_loaded("-p", "no:pallas")
     assert sorted(loaded.intersection(_HEAVY_FOR_A_RUN_WITHOUT_PALLAS)) == []
+
+
+def test_a_run_without_pallas_leaves_jax_libtpu_and_cuda_as_without_the_plugin(
+        pytester, environment_without_jax_settings):
+    """On a TPU VM too: libtpu (installed here, for the compile check) is not loaded at
+    start-up, so JAX's own import of it sets up its environment as it would without us."""
+    pytest.importorskip("libtpu")
+    pytester.makeconftest(textwrap.dedent("""
+        import os, sys
+
+        def pytest_unconfigure(config):
+            prefixes = ("JAX_", "XLA_", "TPU_", "LIBTPU", "ALLOW_MULTIPLE", "CUDA_", "NVIDIA_")
+            seen = sorted(f"{name}={value}" for name, value in os.environ.items()
+                          if name.startswith(prefixes))
+            seen += sorted(name for name in sys.modules if name.split(".")[0] in (
+                "libtpu", "jax_plugins", "jax_cuda12_plugin", "jax_cuda13_plugin"))
+            with open("seen.txt", "w") as handle:
+                handle.write("\\n".join(seen))
+        """))
+    pytester.makepyfile(test_plain=textwrap.dedent("""
+        import jax
+
+        def test_jax_starts_as_it_would():
+            assert jax.numpy.ones(2).sum() == 2
+        """))
+
+    def seen(*args):
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=120)
+        result.assert_outcomes(passed=1)
+        return (pytester.path / "seen.txt").read_text().splitlines()
+
+    with_plugin = seen()
+    assert with_plugin == seen("-p", "no:pallas")

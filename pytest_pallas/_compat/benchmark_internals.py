@@ -5,6 +5,8 @@ tests/test_benchmark_compat.py checks each against the installed pytest-benchmar
   reads it to time a kernel's first call with the same clock, and swaps in
   ``time.process_time`` for interpreted kernels when the user chose no timer
   (``--benchmark-timer`` sets it for the whole session, not for one fixture).
+* A ``BenchmarkFixture``'s round budget is ``_max_time`` and ``_min_rounds``: a kernel
+  too slow for pytest-benchmark's calibration is timed over the rounds that budget allows.
 * The plugin's session object is ``config._benchmarksession``: its ``save`` and
   ``autosave`` are cleared when a run is interrupted, so that a partial run never
   becomes the newest saved baseline.
@@ -20,6 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 _TIMER = "_timer"
+_MAX_TIME = "_max_time"
+_MIN_ROUNDS = "_min_rounds"
 _SESSION = "_benchmarksession"
 
 
@@ -27,6 +31,13 @@ def timer_of(benchmark: Any) -> Callable[[], float]:
     """The clock ``benchmark`` times rounds with (``time.perf_counter`` if it cannot be read)."""
     timer = getattr(benchmark, _TIMER, None)
     return timer if callable(timer) else time.perf_counter
+
+
+def round_budget(benchmark: Any) -> tuple[float, int]:
+    """``(max_time, min_rounds)`` of ``benchmark`` (``--benchmark-max-time`` and
+    ``--benchmark-min-rounds``), pytest-benchmark's defaults (1.0 s, 5) if they cannot be
+    read."""
+    return (float(getattr(benchmark, _MAX_TIME, 1.0)), int(getattr(benchmark, _MIN_ROUNDS, 5)))
 
 
 def use_timer(benchmark: Any, timer: Callable[[], float]) -> bool:

@@ -24,7 +24,7 @@ def chip_versions() -> dict[str, Any]:
 
 def chip_version_of_device_kind(device_kind: str) -> Any | None:
     """The ``ChipVersion`` of a device kind string such as ``"TPU v5 lite"``, or None."""
-    return jax_internals._private(_TPU_INFO, "chip_version_from_device_kind")(device_kind)
+    return jax_internals.private_attribute(_TPU_INFO, "chip_version_from_device_kind")(device_kind)
 
 
 @contextlib.contextmanager
@@ -35,7 +35,7 @@ def device_kind_answers_as(device_kind: str, tpu_info_factory: Callable[[], Any]
     is how a CPU run stands in for a chip so that ``pltpu.emit_pipeline`` and
     ``pl.kernel`` (which ask for the chip's tiling) work on the CPU.
     """
-    registry = jax_internals._private(_TPU_INFO, "registry")
+    registry = jax_internals.private_attribute(_TPU_INFO, "registry")
     if not isinstance(registry, dict):
         raise JaxInternalsChanged(
             f"{_TPU_INFO}.registry is no longer a dict; pytest-pallas cannot stand in for a chip "
@@ -58,7 +58,7 @@ def device_kind_answers_as(device_kind: str, tpu_info_factory: Callable[[], Any]
 def _clear_tpu_info_caches() -> None:
     # get_tpu_info_for_chip is cached; get_tpu_info is not, but guard both so
     # a release that adds a cache does not serve the previous chip's facts.
-    module = jax_internals._private(_TPU_INFO)
+    module = jax_internals.private_attribute(_TPU_INFO)
     for name in ("get_tpu_info", "get_tpu_info_for_chip"):
         function = getattr(module, name, None)
         clear = getattr(function, "cache_clear", None)

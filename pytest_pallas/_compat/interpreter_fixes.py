@@ -1,7 +1,7 @@
 """Fixes to JAX's TPU interpreter that the plugin applies while a Pallas test runs.
 
 Part of the compatibility layer (see ``_compat.jax_internals``): every private JAX
-internal used here is reached through ``_compat.jax_internals._private`` and each fix
+internal used here is reached through ``_compat.jax_internals.private_attribute`` and each fix
 is a context manager that puts JAX back as it was on exit. Each is tested at
 both ends of the supported range in ``tests/test_interpreter_compat.py``.
 """
@@ -13,7 +13,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from .jax_internals import JaxInternalsChanged, _private
+from .jax_internals import JaxInternalsChanged, private_attribute
 
 _CALLBACK = "jax._src.callback"
 _INTERPRETER_PACKAGE = "jax._src.pallas.mosaic.interpret"
@@ -44,7 +44,7 @@ def interpreter_callbacks_on_host_arrays() -> Iterator[bool]:
     io_callback cannot be wrapped (JAX's behaviour then).
     """
     try:
-        module = _private(_CALLBACK)
+        module = private_attribute(_CALLBACK)
         original = module.io_callback_impl
     except (JaxInternalsChanged, AttributeError):
         yield False
@@ -86,8 +86,8 @@ def own_interpret_params_kept_on_meshes(
     the merge changed. Yields False when JAX's builders cannot be wrapped.
     """
     try:
-        pallas = _private("jax.experimental.pallas")
-        context = _private("jax._src.config", "pallas_tpu_interpret_mode_context_manager")
+        pallas = private_attribute("jax.experimental.pallas")
+        context = private_attribute("jax._src.config", "pallas_tpu_interpret_mode_context_manager")
         from jax.experimental.pallas import tpu as pltpu
     except (JaxInternalsChanged, AttributeError, ImportError):
         yield False
@@ -132,7 +132,8 @@ def own_interpret_params_kept_on_meshes(
 
 
 @contextlib.contextmanager
-def chip_as_abstract_device(device_kind: str, num_cores: int) -> Iterator[bool]:
+def chip_as_abstract_device(device_kind: str, num_cores: int, *,
+                            replace_stand_in: bool = False) -> Iterator[bool]:
     """Inside the block, JAX's "current device" for Pallas is the chip the run stands in for.
 
     ``pltpu.create_tensorcore_mesh`` and ``pltpu.TensorCoreMesh`` count the
@@ -143,13 +144,19 @@ def chip_as_abstract_device(device_kind: str, num_cores: int) -> Iterator[bool]:
     ``AbstractDevice`` has ``device_kind`` (the CPU device's kind, which the
     backend registers as answering for the chip), the chip's ``num_cores`` and
     platform "cpu" (an explicit ``.lower()`` keeps lowering for the CPU). A mesh
-    the test already entered is left alone. Works the same from jax 0.10 to 0.12;
-    yields False where this JAX has no abstract device.
+    the test already entered is left alone; with ``replace_stand_in`` an empty one
+    that stands in for another chip (platform "cpu", as this enters) is replaced,
+    so that ``estimate(chip="v5p")`` inside a test standing in for v5e sees v5p's
+    cores. Works the same from jax 0.10 to 0.12; yields False where this JAX has
+    no abstract device.
     """
     try:
-        mesh_lib = _private("jax._src.mesh")
+        mesh_lib = private_attribute("jax._src.mesh")
         current = mesh_lib.get_abstract_mesh()
-        if getattr(current, "abstract_device", None) is not None or not current.empty:
+        present = getattr(current, "abstract_device", None)
+        ours = (replace_stand_in and current.empty and present is not None
+                and getattr(present, "platform", None) == "cpu")
+        if (present is not None and not ours) or not current.empty:
             yield False
             return
         device = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
@@ -190,7 +197,7 @@ def empty_slices_in_bounds() -> Iterator[bool]:
     buffers cannot be wrapped.
     """
     try:
-        buffer_class = _private(f"{_INTERPRETER_PACKAGE}.shared_memory", "Buffer")
+        buffer_class = private_attribute(f"{_INTERPRETER_PACKAGE}.shared_memory", "Buffer")
         original_get, original_set = buffer_class.__getitem__, buffer_class.__setitem__
         normalize = buffer_class._normalize_range
     except (JaxInternalsChanged, AttributeError):
@@ -226,7 +233,7 @@ def zero_byte_waits_return() -> Iterator[bool]:
     False where the interpreter's semaphores cannot be wrapped.
     """
     try:
-        semaphore_class = _private(f"{_INTERPRETER_PACKAGE}.shared_memory", "Semaphore")
+        semaphore_class = private_attribute(f"{_INTERPRETER_PACKAGE}.shared_memory", "Semaphore")
         original_wait = semaphore_class.wait
     except (JaxInternalsChanged, AttributeError):
         yield False
@@ -260,9 +267,9 @@ def memory_space_constraints_accepted() -> Iterator[bool]:
     is stripped the same way. Yields False where the primitive cannot be reached.
     """
     try:
-        primitive = _private(f"{_INTERPRETER_PACKAGE}.interpret_pallas_call",
+        primitive = private_attribute(f"{_INTERPRETER_PACKAGE}.interpret_pallas_call",
                              "remove_memory_space_p")
-        core = _private("jax._src.core")
+        core = private_attribute("jax._src.core")
         original = primitive.abstract_eval
         memory_space_class = core.MemorySpace
     except (JaxInternalsChanged, AttributeError):
@@ -301,7 +308,7 @@ def empty_accesses_race_with_nothing() -> Iterator[bool]:
     import inspect
 
     try:
-        state_class = _private(f"{_INTERPRETER_PACKAGE}.race_detection_state",
+        state_class = private_attribute(f"{_INTERPRETER_PACKAGE}.race_detection_state",
                                "RaceDetectionState")
         originals = {name: getattr(state_class, name) for name in ("check_read", "check_write")}
         signatures = {name: inspect.signature(method) for name, method in originals.items()}

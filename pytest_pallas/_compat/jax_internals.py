@@ -72,7 +72,7 @@ def optional_feature(name: str, make_context: Callable[[], Any]) -> Iterator[Any
         yield value
 
 
-def _private(module_name: str, attribute: str | None = None) -> Any:
+def private_attribute(module_name: str, attribute: str | None = None) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
@@ -91,10 +91,10 @@ def _private(module_name: str, attribute: str | None = None) -> Any:
         ) from error
 
 
-_INTERPRETER = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
+INTERPRETER_MODULE = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
 
 
-_PALLAS_CALL = "jax._src.pallas.pallas_call"
+PALLAS_CALL_MODULE = "jax._src.pallas.pallas_call"
 
 
 _XLA_BRIDGE = "jax._src.xla_bridge"
@@ -157,18 +157,48 @@ def with_tile_padded_bounds(params: Any) -> Any:
 
 def backends_are_initialized() -> bool:
     """Whether JAX has created its device clients (after which the CPU device count is fixed)."""
-    return bool(_private(_XLA_BRIDGE, "backends_are_initialized")())
+    return bool(private_attribute(_XLA_BRIDGE, "backends_are_initialized")())
+
+
+def restrict_imported_jax_to_cpu() -> str | None:
+    """Keep a JAX that was imported before the plugin acted on the CPU, if still possible.
+
+    JAX reads ``JAX_PLATFORMS`` into its config when it is imported and uses it when it
+    creates its backends: an imported JAX is told through ``jax.config`` instead. Returns
+    the platform JAX already started on when that is not the CPU (too late to change: its
+    backends exist), else None. A JAX that is not imported reads the environment itself.
+    """
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None or not hasattr(jax, "config"):
+        return None
+    if backends_are_initialized():
+        platform = jax.default_backend()
+        return None if platform == "cpu" else platform
+    jax.config.update("jax_platforms", "cpu")
+    return None
 
 
 def pallas_call_primitive() -> Any:
     """The ``pallas_call`` primitive, whose equations carry grid mappings and compiler params."""
-    return _private(_PALLAS_CALL, "pallas_call_p")
+    return private_attribute(PALLAS_CALL_MODULE, "pallas_call_p")
 
 
-_CORE = "jax._src.core"
+CORE_MODULE = "jax._src.core"
 
 
-_SOURCE_INFO = "jax._src.source_info_util"
+def mesh_kernel_primitive_names() -> tuple[str, ...]:
+    """Names of the primitives ``pl.kernel`` and ``pl.core_map`` bind.
+
+    jax 0.10 binds ``mpmd_map`` for ``pl.kernel`` and ``core_map`` for
+    ``pl.core_map``; a name a later JAX renames is simply not found (the kernel is
+    then not estimated, never an error).
+    """
+    return ("mpmd_map", "core_map")
+
+
+SOURCE_INFO_MODULE = "jax._src.source_info_util"
 
 
 def short_source(kernel: str) -> str:
@@ -264,7 +294,7 @@ def as_compiled_for_the_chip(closed: Any) -> Callable[..., Any]:
     kernel as plain XLA with no Mosaic check at all. Takes the arguments flat, as
     ``jax.make_jaxpr`` traced them.
     """
-    as_function = _private(_CORE, "jaxpr_as_fun")
+    as_function = private_attribute(CORE_MODULE, "jaxpr_as_fun")
     primitive = pallas_call_primitive()
 
     # The interpreter's host callbacks gave the call (and every jaxpr around it) I/O effects
@@ -345,12 +375,12 @@ def outside_current_trace() -> Iterator[None]:
     """
     import jax
 
-    core = _private(_CORE)
+    core = private_attribute(CORE_MODULE)
     context = getattr(core, "trace_ctx", None)
     top_axis_env = getattr(core, "top_axis_env", None)
     if context is None or top_axis_env is None or not hasattr(core, "eval_context"):
         raise JaxInternalsChanged(
-            f"{_CORE} no longer has trace_ctx/top_axis_env/eval_context; the TPU compile "
+            f"{CORE_MODULE} no longer has trace_ctx/top_axis_env/eval_context; the TPU compile "
             "check cannot step out of a trace on this JAX.")
     saved_axis_env = context.axis_env
     with core.eval_context(), jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):

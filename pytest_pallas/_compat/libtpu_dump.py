@@ -12,6 +12,12 @@ compiler writes, per compiled ``tpu_custom_call`` (the kernel's HLO name, e.g.
     prologue and epilogue iterations). A forward ``sbr.rel ... target = $regionN``
     skips a predicated region (a ``pl.when`` body, a copy the pipeline does only
     when a block index changes) up to the bundle that opens ``regionN``.
+    Every loop (Pallas' grid loop, an ``emit_pipeline``, a ``fori_loop`` the
+    compiler kept) runs from its ``LB:`` bundle, which opens ``regionN``, to the
+    backward ``sbr.rel ... target = $regionN``; its exit test compares an
+    induction variable (``sadd.s32 STEP, %phi``, the ``sphi`` of an ``smov``
+    constant and itself) against the limit. The grid loop is the one whose
+    ``sphi`` copies say ``iteration index, stage`` (the pipeliner's own).
 ``*-<name>-NN-critical-path.txt``
     per basic block, ``Length to end:`` of each instruction on its critical path,
     in cycles: the MXU's result pops stall, so a matmul block's critical path
@@ -35,7 +41,7 @@ import re
 #: Bytes of one DMA granule (``size_in_granules=``): a (128, 128) bfloat16 block is 1024.
 DMA_GRANULE_BYTES = 32
 
-_BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(LB:|LH:|LE:|PB:|PF:|CT:)?\s*:?\s*(>?)\s*\{(.*)$")
+_BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(LB:|LH:|LE:|PB:|PF:|CT:)?\s*:?\s*(>*)\s*\{(.*)$")
 _BRANCH = re.compile(r"sbr\.rel\s*(\([^)]*\))?\s*target = \$region(\d+)")
 _EXIT_TEST = re.compile(r"scmp\.ge\.s32\.totalorder %\w+, (\d+) /\* loop exit test \*/")
 _DMA_SIZE = re.compile(r"dma\.(hbm_to_vmem|vmem_to_hbm)\b.*?/\*size_in_granules=\*/(\d+)")
@@ -45,6 +51,12 @@ _CP_BLOCK = re.compile(r"^New basic block in region: region(\d+) \{[^}]*parent=(
 _CP_LENGTH = re.compile(r"^\s*Length to end: (\d+), %([a-z]?)(\d+)")
 _TOTAL = re.compile(r"total scheduled bundles:\s*(\d+)")
 _VMEM_ALLOC = re.compile(r"space=vmem, size = (0x[0-9a-f]+)[^\n]*\bscoped\b")
+
+_BACKWARD = re.compile(r"sbr\.rel\s*\((!?)%(\w+)\)\s*target = \$region(\d+)")
+_COMPARE = re.compile(r"^scmp\.(ge|gt|lt|le|ne)\.s32\.totalorder %(\w+), (%\w+|-?\d+)")
+_INSTRUCTION = re.compile(r"^\s*(?:\([^)]*\)\s*)?%(\w+) = (.*)$", re.S)
+_GRID_LOOP_PHI = "iteration index, stage"
+_SPILL_STORE = re.compile(r"= sst \[smem:\[#(allocation\d+_spill)\]\] %(\w+)")
 
 _NOT_KERNELS = ("TLP", "<late-")  # the program around the kernels, libtpu's own code
 
@@ -66,6 +78,26 @@ class Block:
     cycles: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """A loop of the kernel: bundles ``[start, end)`` (delay slots included) run ``trips`` times.
+
+    ``trips`` is None where the dump does not give it as constants (a trip count
+    read from data: scalar prefetch, ragged group sizes); ``grid`` marks Pallas'
+    grid loop, whose trips are the steps this TensorCore runs + 2.
+    """
+
+    start: int
+    end: int
+    trips: int | None
+    grid: bool
+    dma_bytes: int  # copies the body's bundles issue, predicated ones included
+    # dma_bytes replaced by the copies an emit_pipeline's index maps imply
+    copies_from_index_maps: bool = False
+    # per pl.when region of the body (outside its inner loops), the share of trips that run it
+    region_shares: tuple[float | None, ...] | None = None
+
+
 @dataclasses.dataclass
 class Schedule:
     """What the dump of one kernel says; None where it could not be read (see ``notes``)."""
@@ -80,6 +112,9 @@ class Schedule:
     spills: int | None = None  # spill stores and fill loads in the loop body
     vmem_bytes: int | None = None
     custom_call: bool = False  # a Pallas kernel (its entry bundle names a custom-call)
+    loops: list[Loop] = dataclasses.field(default_factory=list)  # every loop, outer first
+    dma_in_bytes_outside_loops: int = 0  # copies into VMEM before or between the loops
+    dma_out_bytes_outside_loops: int = 0  # copies out of VMEM after or between them
     notes: list[str] = dataclasses.field(default_factory=list)
     # Each instruction's bundle, for placing the critical-path file's blocks.
     addresses: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
@@ -151,27 +186,26 @@ def _read_bundles(text: str, schedule: Schedule, delay_slots: int) -> None:
         schedule.notes.append("final-bundles: no bundle lines recognised")
         return
     schedule.custom_call = "custom-call(" in bundles[0][2]
-    starts = [address for address, marker, _ in bundles if marker == "LB:"]
-    exits = [(address, int(m.group(1))) for address, _, body in bundles
-             for m in [_EXIT_TEST.search(body)] if m]
-    backward = [(address, int(m.group(2))) for address, _, body in bundles
-                for m in [_BRANCH.search(body)] if m
-                and address > (starts[0] if starts else address)]
-    if not starts or not exits or not backward:
-        schedule.notes.append("final-bundles: no grid loop found (no 'LB:' bundle, loop exit "
-                              "test or backward branch); one step is the whole kernel")
+    schedule.loops = _read_loops(bundles, delay_slots, schedule.notes)
+    grid = next((loop for loop in schedule.loops if loop.grid), None)
+    if grid is None:
+        # No grid loop (a grid of one step per core: pl.kernel and pl.core_map on a
+        # TensorCore mesh, emit_pipeline in a grid-less pallas_call): one step is
+        # the whole kernel, its own loops weighed by their trips.
         schedule.loop_steps = 1
         schedule.loop_start, schedule.loop_end = 0, bundles[-1][0] + 1
     else:
-        # Loops nest: the grid loop opens first and closes (its backward branch,
-        # its exit test) last.
-        schedule.loop_start = starts[0]
-        if len(starts) > 1:
-            schedule.notes.append(f"{len(starts) - 1} loop(s) inside the grid step are counted "
-                                  "once per step, not once per trip: the estimate is low")
-        last_branch = backward[-1][0]
-        schedule.loop_end = last_branch + 1 + delay_slots
-        schedule.loop_steps = max(exits[-1][1] - 2, 1)
+        schedule.loop_start, schedule.loop_end = grid.start, grid.end
+        schedule.loop_steps = None if grid.trips is None else max(grid.trips - 2, 1)
+        if grid.trips is None:
+            schedule.notes.append("final-bundles: the grid loop's trip count is not a constant")
+    outside = [a for a, _, _ in bundles if not any(
+        loop.start <= a < loop.end for loop in schedule.loops)]
+    outside_set = set(outside)
+    for address, _, body in bundles:
+        if address in outside_set:
+            schedule.dma_in_bytes_outside_loops += _dma_bytes(body, "hbm_to_vmem")
+            schedule.dma_out_bytes_outside_loops += _dma_bytes(body, "vmem_to_hbm")
     loop_start, loop_end = schedule.loop_start, schedule.loop_end
     in_loop = [(a, m, b) for a, m, b in bundles if loop_start <= a < loop_end]
     # Forward branches inside the loop: the region up to the bundle opening the target.
@@ -187,7 +221,10 @@ def _read_bundles(text: str, schedule: Schedule, delay_slots: int) -> None:
         start = address + 1 + delay_slots
         if target <= start:
             continue
-        has_dma = any("dma." in later for a, _, later in in_loop if start <= a < target)
+        # A copy region: a DMA, or (7x, operands XLA placed in VMEM) vector loads and
+        # stores that signal the copy's semaphore with vsyncadd.
+        has_dma = any("dma." in later or "vsyncadd" in later
+                      for a, _, later in in_loop if start <= a < target)
         schedule.regions.append(Region(start, target, has_dma))
     granules = 0
     for _, _, body in in_loop:
@@ -200,6 +237,125 @@ def _read_bundles(text: str, schedule: Schedule, delay_slots: int) -> None:
     for address, _, body in bundles:
         for m in _DEFINED.finditer(body):
             schedule.addresses.setdefault(m.group(2), address)
+
+
+def _dma_bytes(body: str, direction: str | None = None) -> int:
+    """Bytes the DMAs of one bundle move (a bounds check quoting a copy is no copy)."""
+    granules = 0
+    for instruction in body.split(";;"):
+        if "shalt" in instruction:
+            continue
+        granules += sum(int(m.group(2)) for m in _DMA_SIZE.finditer(instruction)
+                        if direction is None or m.group(1) == direction)
+    return granules * DMA_GRANULE_BYTES
+
+
+def _read_loops(bundles: list[tuple[int, str, str]], delay_slots: int,
+                notes: list[str]) -> list[Loop]:
+    """Every loop of the bundles: its extent, trips (None when data decides) and copies."""
+    definitions: dict[str, str] = {}
+    for _, _, body in bundles:
+        for instruction in body.split(";;"):
+            text = instruction.strip().lstrip(">").lstrip("{").strip()
+            match = _INSTRUCTION.match(text)
+            if match:
+                definitions.setdefault(match.group(1), match.group(2))
+            # A spill store, for following a reload back to the value spilled (the only
+            # store to a spill slot of a loop counter, as libtpu 0.0.42.1 writes them).
+            spill = _SPILL_STORE.search(text)
+            if spill:
+                definitions.setdefault(spill.group(1), spill.group(2))
+    opened: dict[str, int] = {}
+    for address, marker, body in bundles:
+        if marker == "LB:":
+            for region in re.findall(r"Start region (\d+)", body):
+                opened.setdefault(region, address)
+    loops = []
+    for index, (address, _, body) in enumerate(bundles):
+        branch = _BACKWARD.search(body)
+        if not branch or branch.group(3) not in opened or opened[branch.group(3)] > address:
+            continue
+        start = opened[branch.group(3)]
+        end = address + 1 + delay_slots
+        in_loop = [(a, b) for a, _, b in bundles if start <= a < end]
+        trips = _trip_count(branch.group(2), branch.group(1) == "!", definitions)
+        is_grid = _GRID_LOOP_PHI in bundles[next(
+            i for i, (a, _, _) in enumerate(bundles) if a == start)][2]
+        loops.append(Loop(start, end, trips, is_grid, sum(_dma_bytes(b) for _, b in in_loop)))
+    loops.sort(key=lambda loop: (loop.start, -loop.end))
+    # A loop's copies are its own bundles' (those of loops inside it are theirs).
+    own = []
+    for loop in loops:
+        inner = [other for other in loops if other is not loop
+                 and loop.start <= other.start and other.end <= loop.end]
+        nested = sum(other.dma_bytes for other in inner if not any(
+            o is not other and o.start <= other.start and other.end <= o.end for o in inner))
+        own.append(dataclasses.replace(loop, dma_bytes=loop.dma_bytes - nested))
+    unknown = sum(1 for loop in own if loop.trips is None)
+    if unknown:
+        notes.append(f"{unknown} loop(s) whose trip count is read from data (scalar prefetch, "
+                     "group sizes): each counted as running once")
+    return own
+
+
+@dataclasses.dataclass(frozen=True)
+class _Test:
+    counter: str  # the incremented induction variable
+    limit: str  # a constant, or a register (read from data)
+    inclusive: bool  # the loop runs at the limit too (i > n exits, i <= n goes on)
+
+
+def _trip_count(predicate: str, negated: bool, definitions: dict[str, str]) -> int | None:
+    """How many times the loop body runs, from its exit test; None unless all constants.
+
+    The backward branch is taken while the counter has not reached the limit:
+    ``!(i >= n)`` (libtpu marks that test ``loop exit test``) or ``i < n``.
+    """
+    compare = _COMPARE.match(definitions.get(predicate, ""))
+    if compare is None:
+        return None
+    kind = compare.group(1)
+    if (negated and kind not in ("ge", "gt")) or (not negated and kind not in ("lt", "le", "ne")):
+        return None
+    test = _Test(compare.group(2), compare.group(3), kind in ("gt", "le"))
+    limit = test.limit
+    if not re.fullmatch(r"-?\d+", limit):
+        return None  # a limit held in a register: read from data
+    def resolved(name: str) -> str:
+        """The value behind register copies ("smov %x") and spill reloads of it."""
+        for _ in range(8):
+            definition = definitions.get(name, "")
+            copy = re.match(r"smov %(\w+)", definition)
+            reload = re.match(r"sld \[smem:\[#(allocation\d+_spill)\]\]", definition)
+            if copy:
+                name = copy.group(1)
+            elif reload and reload.group(1) in definitions:
+                name = definitions[reload.group(1)]
+            else:
+                break
+        return name
+
+    step_def = definitions.get(test.counter, "")
+    step = re.match(r"sadd\.s32 (-?\d+), %(\w+)|sadd\.s32 %(\w+), (-?\d+)", step_def)
+    if not step:
+        return None
+    increment = int(step.group(1) or step.group(4))
+    phi = resolved(step.group(2) or step.group(3))
+    phi_def = re.match(r"sphi %(\w+), %(\w+)", definitions.get(phi, ""))
+    if not phi_def or increment <= 0:
+        return None
+    if resolved(phi_def.group(2)) == test.counter:
+        initial = phi_def.group(1)
+    elif resolved(phi_def.group(1)) == test.counter:
+        initial = phi_def.group(2)
+    else:
+        return None
+    constant = re.match(r"smov (-?\d+)\b", definitions.get(resolved(initial), "")) or \
+        re.match(r"smov (-?\d+)\b", definitions.get(initial, ""))
+    if not constant:
+        return None
+    span = int(limit) - int(constant.group(1)) + (1 if test.inclusive else 0)
+    return max(1, -(-span // increment))
 
 
 def _read_critical_path(text: str, schedule: Schedule, delay_slots: int) -> None:

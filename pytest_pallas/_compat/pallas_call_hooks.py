@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import device_kinds, jax_internals
-from .jax_internals import _PALLAS_CALL, JaxInternalsChanged
+from .jax_internals import PALLAS_CALL_MODULE, JaxInternalsChanged
 
 _PARTIAL_EVAL = "jax._src.interpreters.partial_eval"
 
@@ -23,7 +23,7 @@ _PARTIAL_EVAL = "jax._src.interpreters.partial_eval"
 _observers: list[tuple[Callable[..., None], bool]] = []
 
 
-_observer_lock = threading.RLock()
+observer_lock = threading.RLock()
 
 
 _live_observations = 0
@@ -55,7 +55,7 @@ def observe_pallas_calls(observer: Callable[..., None], *,
             my_kernel(x)
     """
     global _live_observations, _unobserve
-    with _observer_lock:
+    with observer_lock:
         if _live_observations == 0:
             _unobserve = _install_observation()
         _live_observations += 1
@@ -64,7 +64,7 @@ def observe_pallas_calls(observer: Callable[..., None], *,
     try:
         yield
     finally:
-        with _observer_lock:
+        with observer_lock:
             _observers[:] = [o for o in _observers if o is not entry]
             _live_observations -= 1
             if _live_observations == 0 and _unobserve is not None:
@@ -82,7 +82,7 @@ def _notify_observers(params: dict[str, Any], avals: tuple[Any, ...]) -> None:
 
 def _install_observation() -> Callable[[], None]:
     primitive = jax_internals.pallas_call_primitive()
-    staging = jax_internals._private(_PARTIAL_EVAL)
+    staging = jax_internals.private_attribute(_PARTIAL_EVAL)
     cached = getattr(staging, "_cached_abstract_eval", None)
     if callable(cached):
         # DynamicJaxprTrace looks this up on every bind it stages.
@@ -97,7 +97,7 @@ def _install_observation() -> Callable[[], None]:
     original = getattr(primitive, "abstract_eval", None)
     if not callable(original):
         raise JaxInternalsChanged(
-            f"{_PALLAS_CALL}.pallas_call_p has no abstract_eval rule to observe; "
+            f"{PALLAS_CALL_MODULE}.pallas_call_p has no abstract_eval rule to observe; "
             "pytest-pallas cannot check kernels as they are traced on this JAX."
         )
 
@@ -118,14 +118,14 @@ def suspend_pallas_call_observers() -> Iterator[None]:
     what the interpreter does with it, and for the compile check, which binds
     a traced call again on its own (every output of it then counts as used).
     """
-    with _observer_lock:
+    with observer_lock:
         saved, saved_uses = list(_observers), list(_use_observers)
         _observers.clear()
         _use_observers.clear()
     try:
         yield
     finally:
-        with _observer_lock:
+        with observer_lock:
             _observers[:0] = saved
             _use_observers[:0] = saved_uses
 
@@ -150,12 +150,12 @@ def observe_pallas_call_uses(
     """
     global _unobserve_uses
     try:
-        rules = jax_internals._private(_PARTIAL_EVAL, "dce_rules")
+        rules = jax_internals.private_attribute(_PARTIAL_EVAL, "dce_rules")
         primitive = jax_internals.pallas_call_primitive()
     except JaxInternalsChanged:
         yield False
         return
-    with _observer_lock:
+    with observer_lock:
         if not _use_observers:
             original = rules.get(primitive)
 
@@ -181,7 +181,7 @@ def observe_pallas_call_uses(
     try:
         yield True
     finally:
-        with _observer_lock:
+        with observer_lock:
             _use_observers[:] = [o for o in _use_observers if o is not observer]
             if not _use_observers and _unobserve_uses is not None:
                 _unobserve_uses()
@@ -200,9 +200,9 @@ def own_interpret_params_kept(
     from jax.experimental.pallas import tpu as pltpu
 
     try:
-        module = jax_internals._private(_PALLAS_CALL)
+        module = jax_internals.private_attribute(PALLAS_CALL_MODULE)
         original = module._pallas_call
-        context = jax_internals._private(
+        context = jax_internals.private_attribute(
             "jax._src.config", "pallas_tpu_interpret_mode_context_manager"
         )
     except (JaxInternalsChanged, AttributeError):
@@ -244,7 +244,7 @@ def forced_interpreter_when_called() -> Iterator[bool]:
     """
     try:
         primitive = jax_internals.pallas_call_primitive()
-        context = jax_internals._private(
+        context = jax_internals.private_attribute(
             "jax._src.config", "pallas_tpu_interpret_mode_context_manager"
         )
     except JaxInternalsChanged:
@@ -292,3 +292,133 @@ def exported_pallas_call(params: dict[str, Any], avals: Sequence[Any], tpu_info:
     if dataclasses.is_dataclass(exported) and hasattr(exported, "_get_vjp"):
         exported = dataclasses.replace(exported, _get_vjp=None)
     return exported
+
+
+def exported_equation(equation: Any, tpu_info: Any) -> Any:
+    """One traced equation of arrays holding a kernel (``pl.kernel``'s, or the ``run_state``
+    around a ``pl.core_map``), lowered for the TPU with ``jax.export``, ready to pickle.
+
+    The chip answers ``pltpu.get_tpu_info()`` and stands as JAX's abstract device
+    meanwhile: a TensorCore mesh's lowering reads both.
+    """
+    import jax
+    from jax import export
+    from jax.experimental.pallas import tpu as pltpu
+
+    from . import interpreter_fixes
+
+    def call(*args: Any) -> Any:
+        return equation.primitive.bind(*args, **equation.params)
+
+    shapes = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in equation.invars]
+    host_kind = jax.devices()[0].device_kind
+    with (jax_internals.outside_current_trace(), suspend_pallas_call_observers(),
+          pltpu.force_tpu_interpret_mode(None),
+          device_kinds.device_kind_answers_as(host_kind, lambda: tpu_info),
+          jax_internals.optional_feature(
+              "the stand-in chip as JAX's abstract device",
+              lambda: interpreter_fixes.chip_as_abstract_device(
+                  host_kind, tpu_info.num_cores, replace_stand_in=True))):
+        exported = export.export(jax.jit(call), platforms=["tpu"])(*shapes)
+    if dataclasses.is_dataclass(exported) and hasattr(exported, "_get_vjp"):
+        exported = dataclasses.replace(exported, _get_vjp=None)
+    return exported
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSeen:
+    """One ``pltpu.emit_pipeline`` a kernel ran while traced: its grid, blocks and operands."""
+
+    grid: tuple[Any, ...]  # an entry may be traced (a trip count read from data)
+    in_specs: tuple[Any, ...]
+    out_specs: tuple[Any, ...]
+    in_shapes: tuple[tuple[tuple[int, ...], Any], ...]  # (shape, dtype) of each operand
+    out_shapes: tuple[tuple[tuple[int, ...], Any], ...]
+    # The body traced once more with the grid indices as its jaxpr's inputs (what its
+    # pl.program_id calls return), for evaluating its pl.when predicates; None if it failed.
+    body_over_indices: Any = None
+
+
+@contextlib.contextmanager
+def observe_emit_pipelines(observer: Callable[[PipelineSeen], None]) -> Iterator[bool]:
+    """Inside the block, every ``pltpu.emit_pipeline`` a kernel calls is also handed to
+    ``observer`` (its grid, BlockSpecs, operand shapes) when the pipeline runs.
+
+    Wraps ``pltpu.emit_pipeline`` and the name in JAX's pipeline module; a kernel
+    that bound the function to a name of its own before is not seen. Yields False
+    where this JAX has no such function.
+    """
+    from jax.experimental.pallas import tpu as pltpu
+
+    try:
+        module = jax_internals.private_attribute("jax._src.pallas.mosaic.pipeline")
+        original = module.emit_pipeline
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+    public = getattr(pltpu, "emit_pipeline", None)
+
+    @functools.wraps(original)
+    def observed(body: Any, *args: Any, **kwargs: Any) -> Any:
+        traced: dict[str, Any] = {}
+
+        @functools.wraps(body)
+        def analysed_body(*refs: Any, **body_kwargs: Any) -> Any:
+            if "jaxpr" not in traced:
+                traced["jaxpr"] = _body_over_indices(body, refs, body_kwargs,
+                                                     tuple(kwargs.get("grid", ())))
+            return body(*refs, **body_kwargs)
+
+        pipeline = original(analysed_body, *args, **kwargs)
+        in_specs, out_specs = kwargs.get("in_specs", ()), kwargs.get("out_specs", ())
+
+        def flat(specs: Any) -> tuple[Any, ...]:
+            return tuple(specs) if isinstance(specs, (list, tuple)) else (specs,)
+
+        @functools.wraps(pipeline)
+        def run(*refs: Any, **run_kwargs: Any) -> Any:
+            try:
+                ins, outs = flat(in_specs), flat(out_specs)
+                shapes = [(tuple(r.shape), r.dtype) for r in refs]
+                seen = PipelineSeen(tuple(kwargs.get("grid", ())), ins, outs,
+                                    tuple(shapes[:len(ins)]),
+                                    tuple(shapes[len(ins):len(ins) + len(outs)]))
+            except Exception:  # noqa: BLE001  # a pipeline it cannot read is not counted
+                return pipeline(*refs, **run_kwargs)
+            result = pipeline(*refs, **run_kwargs)  # traces the body
+            observer(dataclasses.replace(seen, body_over_indices=traced.get("jaxpr")))
+            return result
+
+        return run
+
+    module.emit_pipeline = observed
+    if public is original:
+        pltpu.emit_pipeline = observed
+    try:
+        yield True
+    finally:
+        module.emit_pipeline = original
+        if public is original:
+            pltpu.emit_pipeline = original
+
+
+def _body_over_indices(body: Any, refs: Any, kwargs: dict[str, Any],
+                       grid: tuple[Any, ...]) -> Any:
+    """``body``'s jaxpr whose inputs are the pipeline's grid indices, or None."""
+    import jax
+    import numpy as np
+
+    if not all(isinstance(size, (int, np.integer)) for size in grid):
+        return None
+    try:
+        pallas_core = jax_internals.private_attribute("jax._src.pallas.core")
+
+        def over(*indices: Any) -> tuple[()]:
+            axes = [pallas_core.GridAxis(i, int(size)) for i, size in zip(indices, grid)]
+            with pallas_core.grid_env(axes):
+                body(*refs, **kwargs)
+            return ()
+
+        return jax.make_jaxpr(over)(*[np.int32(0)] * len(grid))
+    except Exception:  # noqa: BLE001  # a body it cannot trace again is weighed as taken
+        return None

@@ -1,7 +1,7 @@
 """Reshaped and bitcast refs (``ref.reshape(...)``, ``ref.bitcast(...)``) in JAX's TPU interpreter.
 
 Part of the compatibility layer (see ``_compat.jax_internals``): every private JAX
-internal used here is reached through ``_compat.jax_internals._private``, and the
+internal used here is reached through ``_compat.jax_internals.private_attribute``, and the
 fix is a context manager that puts JAX back as it was on exit. Tested at both
 ends of the supported range in ``tests/test_interpreter_compat.py``.
 
@@ -29,9 +29,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from .jax_internals import JaxInternalsChanged, _private
+from .jax_internals import JaxInternalsChanged, private_attribute
 
-_INTERPRETER = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
+INTERPRETER_MODULE = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
 _UTILS = "jax._src.pallas.mosaic.interpret.utils"
 _INDEXING = "jax._src.state.indexing"
 
@@ -115,7 +115,7 @@ def _all_bits(shape: tuple[int, ...], dtype: Any) -> Any:
     return np.full(shape, np.iinfo(unsigned).max, unsigned).view(dtype)
 
 
-def _bits(array: Any) -> Any:
+def dtype_bits(array: Any) -> Any:
     import numpy as np
 
     return array.view(np.dtype(f"u{array.dtype.itemsize}"))
@@ -153,7 +153,7 @@ class _ViewWrite:
         view_shape, view_dtype = np.shape(value), np.asarray(value).dtype
         # Which block elements the write addresses, found by writing all-ones bits into
         # zeros: an element with some but not all of its bits set is part of a packed word.
-        addressed = _bits(_write_through_views(views, zeros, _all_bits(view_shape, view_dtype),
+        addressed = dtype_bits(_write_through_views(views, zeros, _all_bits(view_shape, view_dtype),
                                                to_range))
         full = np.iinfo(addressed.dtype).max
         if ((addressed != 0) & (addressed != full)).any():
@@ -167,7 +167,7 @@ class _ViewWrite:
             unsigned = np.dtype(f"u{view_dtype.itemsize}")
             ones = np.where(np.asarray(mask, bool), np.iinfo(unsigned).max, 0).astype(
                 unsigned).view(view_dtype)
-            self.mask = _bits(_write_through_views(views, zeros, ones, to_range)) == full
+            self.mask = dtype_bits(_write_through_views(views, zeros, ones, to_range)) == full
         self.views, self.to_range = views, to_range
 
 
@@ -178,7 +178,7 @@ def _addressed_by_read(views: tuple[Any, ...], block: Any, to_range: Any) -> Any
     seen = _apply_views(views, block, to_range)
     marked = _write_through_views(views, np.zeros_like(block),
                                   _all_bits(seen.shape, seen.dtype), to_range)
-    return _bits(marked) != 0
+    return dtype_bits(marked) != 0
 
 
 def _block_shape(buffer_shape: tuple[int, ...], rnge: tuple[Any, ...]) -> tuple[int, ...]:
@@ -233,15 +233,15 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
     (JAX's behaviour then: it raises, and the plugin's fallback names the limitation).
     """
     try:
-        module = _private(_INTERPRETER)
+        module = private_attribute(INTERPRETER_MODULE)
         originals = {name: getattr(module, name) for name in ("get", "store", "swap")}
         raws = {name: function.__wrapped__ for name, function in originals.items()}
         wrap = module.fail_on_exception
         shared_memory = module._get_shared_memory
         space_names = module.TPU_MEMORY_SPACE_NAMES
         core_for_buffer = module._local_core_id_or_zero_if_hbm
-        to_range = _private(_UTILS).to_range
-        indexing = _private(_INDEXING)
+        to_range = private_attribute(_UTILS).to_range
+        indexing = private_attribute(_INDEXING)
         make_indexer, make_slice = indexing.NDIndexer.from_indices_shape, indexing.Slice
     except (JaxInternalsChanged, AttributeError):
         yield False

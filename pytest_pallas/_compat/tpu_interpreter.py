@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import jax_internals
-from .jax_internals import _INTERPRETER, JaxInternalsChanged
-from .pallas_call_hooks import _observer_lock
+from .jax_internals import INTERPRETER_MODULE, JaxInternalsChanged
+from .pallas_call_hooks import observer_lock
 
 
 def races_found() -> bool:
     """Whether the TPU interpreter's race detector flagged a race since the last reset."""
-    state = jax_internals._private(_INTERPRETER, "races")
+    state = jax_internals.private_attribute(INTERPRETER_MODULE, "races")
     return bool(state is not None and getattr(state, "races_found", False))
 
 
@@ -33,7 +33,7 @@ def reset_interpreter_state() -> None:
     from jax.experimental.pallas import tpu as pltpu
 
     pltpu.reset_tpu_interpret_mode_state()
-    with _observer_lock:
+    with observer_lock:
         _running_kernels.clear()
         _kernel_entered.clear()
     _drop_failed_effect_tokens()
@@ -45,7 +45,7 @@ def _drop_failed_effect_tokens() -> None:
     # interpreter re-raises its error from every later kernel (a crash in one test
     # showed up as the same crash in the next). Start the next test from no token.
     try:
-        tokens = jax_internals._private("jax._src.dispatch", "runtime_tokens")
+        tokens = jax_internals.private_attribute("jax._src.dispatch", "runtime_tokens")
         tokens.clear()
     except (JaxInternalsChanged, AttributeError):
         pass
@@ -63,7 +63,7 @@ def vmapped_grid_semantics_fixed() -> Iterator[None]:
     as the compiler does. A no-op for JAX releases where the semantics
     already cover the grid.
     """
-    module = jax_internals._private(_INTERPRETER)
+    module = jax_internals.private_attribute(INTERPRETER_MODULE)
     original = getattr(module, "_get_parallel_dim_semantics", None)
     if original is None:
         yield
@@ -90,7 +90,7 @@ def abort_interpreted_kernels(error: Exception) -> bool:
     0.1 s; filling it (as the interpreter does when one device fails) ends a
     wait that nobody will ever signal. Returns False when no kernel is running.
     """
-    module = jax_internals._private(_INTERPRETER)
+    module = jax_internals.private_attribute(INTERPRETER_MODULE)
     shared_memory = getattr(module, "_shared_memory", None)
     if shared_memory is None:
         return False
@@ -161,7 +161,7 @@ def running_interpreted_kernel_ages() -> dict[str, float] | None:
     if not _kernel_entries_observed:
         return None
     now = time.monotonic()
-    with _observer_lock:
+    with observer_lock:
         return {kernel: now - _kernel_entered.get(kernel, now)
                 for kernel, devices in _running_kernels.items() if devices > 0}
 
@@ -181,12 +181,12 @@ def record_kernel_exits() -> Iterator[list[KernelExitState]]:
     global _exit_hook_error
     install_kernel_exit_hook()
     found: list[KernelExitState] = []
-    with _observer_lock:
+    with observer_lock:
         _exit_recorders.append(found)
     try:
         yield found
     finally:
-        with _observer_lock:
+        with observer_lock:
             # By identity: recorders are lists, and equal lists are not the same recorder.
             _exit_recorders[:] = [r for r in _exit_recorders if r is not found]
     if _exit_hook_error is not None:
@@ -201,21 +201,21 @@ def suspend_kernel_exit_recording() -> Iterator[None]:
     For tests that run a kernel known to leave a semaphore unbalanced, to see
     what the interpreter does with it, under a harness that records exits.
     """
-    with _observer_lock:
+    with observer_lock:
         saved = list(_exit_recorders)
         _exit_recorders.clear()
     try:
         yield
     finally:
-        with _observer_lock:
+        with observer_lock:
             _exit_recorders[:0] = saved
 
 
 def install_kernel_exit_hook() -> None:
     """Install (once) the wrapper behind :func:`record_kernel_exits`; idle when nobody records."""
-    module = jax_internals._private(_INTERPRETER)
-    current = jax_internals._private(_INTERPRETER, "interpret_pallas_call")
-    original_validate = jax_internals._private(_INTERPRETER, "_validate")
+    module = jax_internals.private_attribute(INTERPRETER_MODULE)
+    current = jax_internals.private_attribute(INTERPRETER_MODULE, "interpret_pallas_call")
+    original_validate = jax_internals.private_attribute(INTERPRETER_MODULE, "_validate")
     if getattr(current, "_pytest_pallas_exit_hook", False):
         return
     # Called as each kernel starts on each device. Only names what is running, for
@@ -252,7 +252,7 @@ def install_kernel_exit_hook() -> None:
 
 
 def _enter_kernel(original: Callable[..., Any], kernel: str, *args: Any, **kwargs: Any) -> Any:
-    with _observer_lock:
+    with observer_lock:
         _running_kernels[kernel] += 1
         _kernel_entered[kernel] = time.monotonic()  # a later call of the kernel restarts its clock
     return original(*args, **kwargs)
@@ -261,11 +261,11 @@ def _enter_kernel(original: Callable[..., Any], kernel: str, *args: Any, **kwarg
 def _validate_and_record(
     original: Callable[..., Any], kernel: str, token: Any, device_id: Any
 ) -> Any:
-    with _observer_lock:
+    with observer_lock:
         if _running_kernels[kernel] > 0:
             _running_kernels[kernel] -= 1
     if _exit_recorders:
-        module = jax_internals._private(_INTERPRETER)
+        module = jax_internals.private_attribute(INTERPRETER_MODULE)
         device = int(device_id)
         unbalanced: list[tuple[int, int, int]] = []
         pending: list[tuple[int, int, int]] = []
@@ -294,7 +294,7 @@ def _validate_and_record(
             )
             return original(token, device_id)
         state = KernelExitState(kernel, device, tuple(unbalanced), tuple(pending), race_found)
-        with _observer_lock:
+        with observer_lock:
             for found in _exit_recorders:
                 found.append(state)
     return original(token, device_id)

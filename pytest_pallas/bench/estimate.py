@@ -95,7 +95,6 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
             f"estimate(chip={chip!r}): the TPU compiler compiles for "
             f"{', '.join(compile_check.COMPILER_CHIPS)}; pick one of those ({INSTALL}).")
     compile_check.quiet_libtpu_environment()
-    import jax
 
     from .._compat import jax_internals, pallas_call_hooks
     from ..backend import chip_info, chip_timing
@@ -103,9 +102,12 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
     from . import kernel_grid as _kernel_grid
 
     timing = chip_timing(chip)
+    info = chip_info(chip)
     # From the traced program, not from observing binds: a kernel inside a jit whose
     # trace JAX cached binds nothing when traced again.
-    jaxpr = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
+    pipelines: list[Any] = []
+    jaxpr = _traced_for_chip(fn, args, kwargs, info, pipelines)
+    pipeline_loops = [_kernel_grid.pipeline_loop(seen) for seen in pipelines]
     calls = []
     for params, avals, mesh_axes in jaxpr_analysis.pallas_call_equations_in(jaxpr):
         if not kernel_model.describe_pallas_call(params).for_tensor_core:
@@ -116,18 +118,22 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
                 f"kernel {title} copies between devices inside shard_map; estimate() reads "
                 "single-device schedules only: estimate it without the remote copies")
         calls.append((params, avals))
-    info = chip_info(chip)
+    mesh_kernels = [(kernel, container) for kernel, container
+                    in jaxpr_analysis.mesh_kernel_equations_in(jaxpr)
+                    if jaxpr_analysis.mesh_kernel_on_tensor_cores(kernel)]
     exported = []
     for params, avals in calls:
-        try:
-            exported.append(pallas_call_hooks.exported_pallas_call(params, avals, info))
-        except jax_internals.JaxInternalsChanged:
-            raise
-        except Exception as error:  # noqa: BLE001  # Mosaic's lowering rejects the kernel
-            title = kernel_model.describe_pallas_call(params).title
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-            raise KernelRejected(f"kernel {title}: Mosaic cannot lower it for {chip}: "
-                                 f"{first}") from None
+        title = kernel_model.describe_pallas_call(params).title
+        exported.append(_lowered(title, chip, lambda: pallas_call_hooks.exported_pallas_call(
+            params, avals, info), jax_internals))
+    for kernel, container in mesh_kernels:
+        title = f"'{jaxpr_analysis.mesh_kernel_name(kernel)}'"
+        if container is None:
+            raise EstimateUnavailable(
+                f"kernel {title}: its pl.core_map reads refs that no jitted function of arrays "
+                "holds; estimate the function that calls pl.run_state around it")
+        exported.append(_lowered(title, chip, lambda: pallas_call_hooks.exported_equation(
+            container, info), jax_internals))
     libtpu_seen, schedules = _compile_in_child(exported, chip, timing.branch_delay_slots)
     kernels = []
     for (params, _), schedule in zip(calls, schedules):
@@ -135,9 +141,93 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
         grid = tuple(g or 1 for g in described.grid)
         if isinstance(schedule, str):
             raise KernelRejected(f"kernel {described.title}: {schedule}")
+        schedule = _with_pipeline_copies(schedule, pipeline_loops, timing)
         kernels.append(_kernel_estimate(described.name, grid, schedule, params, timing,
                                         _kernel_grid))
+    for (kernel, _), schedule in zip(mesh_kernels, schedules[len(calls):]):
+        name = jaxpr_analysis.mesh_kernel_name(kernel)
+        if isinstance(schedule, str):
+            raise KernelRejected(f"kernel '{name}': {schedule}")
+        schedule = _with_pipeline_copies(schedule, pipeline_loops, timing)
+        kernels.append(_kernel_estimate(name, (), schedule, None, timing, _kernel_grid))
     return Estimate(chip, libtpu_seen or libtpu, tuple(kernels))
+
+
+def _with_pipeline_copies(schedule: Any, pipeline_loops: list[Any], timing: Any) -> Any:
+    """The schedule with each emit_pipeline loop's copies from its BlockSpecs, not its DMAs.
+
+    The dump shows every copy a pipeline step may issue; which ones it does
+    (a block whose index did not change is not copied again) follows from the
+    pipeline's index maps. The kernels' pipelines, in the order they were traced,
+    are matched to the schedule's loops, outer first, by trip count: the whole
+    grid, or one TensorCore's share of it. ``pipeline_loops`` is consumed.
+    """
+    loops = list(schedule.loops)
+    for index, loop in enumerate(loops):
+        if loop.grid or not pipeline_loops:
+            continue
+        seen = pipeline_loops[0]
+        steps = seen.steps
+        shares = set() if steps is None else {-(-steps // cores)
+                                                for cores in range(1, timing.tensorcores + 1)}
+        if loop.trips not in shares and not (steps is None and loop.trips is None):
+            continue
+        pipeline_loops.pop(0)
+        schedule.notes.extend(seen.notes)
+        loop = loops[index] = dataclasses.replace(loop, region_shares=seen.when_shares)
+        if seen.copied is not None and steps:
+            loops[index] = dataclasses.replace(loop, dma_bytes=int(round(seen.copied / steps)),
+                                               copies_from_index_maps=True)
+    return dataclasses.replace(schedule, loops=loops, notes=list(schedule.notes))
+
+
+def _lowered(title: str, chip: str, export: Callable[[], Any], jax_internals: Any) -> Any:
+    """``export()``, Mosaic's rejection of the kernel turned into :class:`KernelRejected`."""
+    try:
+        return export()
+    except jax_internals.JaxInternalsChanged:
+        raise
+    except Exception as error:  # noqa: BLE001  # Mosaic's lowering rejects the kernel
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        raise KernelRejected(f"kernel {title}: Mosaic cannot lower it for {chip}: "
+                             f"{first}") from None
+
+
+def _traced_for_chip(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                     info: Any, pipelines: list[Any]) -> Any:
+    """``fn``'s jaxpr as traced for the chip: the code that traces a kernel asks JAX about it.
+
+    ``pltpu.emit_pipeline`` asks ``pltpu.get_tpu_info()`` for the chip's tiling, and
+    ``pl.kernel`` / ``pl.core_map`` on a TensorCore mesh count its TensorCores; on a
+    CPU both would find the CPU ("Unsupported TPU device kind: cpu"). The chip
+    answers for this device meanwhile, as in the plugin's tests (``Backend.activate``),
+    and kernels trace for Mosaic, not for an interpreter a surrounding test forces.
+    Each ``pltpu.emit_pipeline`` the kernels run is appended to ``pipelines``.
+    """
+    import jax
+    from jax.experimental.pallas import tpu as pltpu
+
+    from .._compat import device_kinds, interpreter_fixes, jax_internals, pallas_call_hooks
+
+    global _TRACES
+    _TRACES += 1
+    # A device kind of this trace's own: JAX keys its trace caches on the abstract
+    # device, so a jitted kernel is traced again and its emit_pipelines are seen.
+    device_kind = f"{jax.devices()[0].device_kind} (estimate {_TRACES})"
+    with (
+        pltpu.force_tpu_interpret_mode(None),
+        device_kinds.device_kind_answers_as(device_kind, lambda: info),
+        jax_internals.optional_feature(
+            "the stand-in chip as JAX's abstract device",
+            lambda: interpreter_fixes.chip_as_abstract_device(
+                device_kind, info.num_cores, replace_stand_in=True)),
+        pallas_call_hooks.suspend_pallas_call_observers(),
+        pallas_call_hooks.observe_emit_pipelines(pipelines.append),
+    ):
+        return jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
+
+
+_TRACES = 0
 
 
 def _compile_in_child(exported: list[Any], chip: str, delay_slots: int) -> tuple[str, list[Any]]:
@@ -165,34 +255,58 @@ def _compile_in_child(exported: list[Any], chip: str, delay_slots: int) -> tuple
     return version, results
 
 
-def _kernel_estimate(name: str, grid: tuple[int, ...], schedule: Any, params: dict[str, Any],
-                     timing: Any, kernel_grid: Any) -> KernelEstimate:
+def _kernel_estimate(name: str, grid: tuple[int, ...], schedule: Any,
+                     params: dict[str, Any] | None, timing: Any,
+                     kernel_grid: Any) -> KernelEstimate:
+    """One kernel's estimate from its schedule.
+
+    ``params`` are a ``pallas_call``'s (its grid and BlockSpecs give the pipeline's
+    copies); None for a kernel on a mesh, whose copies are its own DMAs in the dump.
+    """
     import numpy as np
 
     notes = list(schedule.notes)
     grid_steps = int(np.prod(grid)) if grid else 1
-    copied = kernel_grid.copied_bytes(params)
-    notes += copied.notes
-    first_in, last_out = copied.first_in, copied.last_out
-    dma_per_step = None if copied.total is None else copied.total / grid_steps
-    serial_per_step = copied.serial / grid_steps
+    grid_loop = any(loop.grid for loop in schedule.loops)
+    if params is not None:
+        copied = kernel_grid.copied_bytes(params)
+        first_in, last_out = copied.first_in, copied.last_out
+        if grid_loop:
+            notes += copied.notes
+        else:
+            # One step, no grid loop: the DMAs the kernel issues itself (operands left
+            # in HBM, copied by an emit_pipeline or by hand) are read from the schedule,
+            # which also holds Pallas' own copies of its blocks: the larger, not both.
+            notes += [n for n in copied.notes if "stays in HBM" not in n]
+            first_in = max(first_in, schedule.dma_in_bytes_outside_loops)
+            last_out = max(last_out, schedule.dma_out_bytes_outside_loops)
+        dma_per_step = None if copied.total is None else copied.total / grid_steps
+        serial_per_step = copied.serial / grid_steps
+    else:
+        # A mesh kernel's grid is its cores: one step each, whose copies are the
+        # DMAs it issues itself (those of its loops are weighed inside them).
+        first_in = schedule.dma_in_bytes_outside_loops
+        last_out = schedule.dma_out_bytes_outside_loops
+        dma_per_step, serial_per_step = 0.0, 0.0
     steps = schedule.loop_steps
-    bundles = cp = None
+    bundles = cp = compute = None
     if schedule.loop_bundles is not None:
-        bundles, cp, weight_notes = _weighted_step(schedule, params, grid, kernel_grid)
+        bundles, cp, compute, weight_notes = _weighted_step(
+            schedule, params, grid, kernel_grid, timing)
         notes += weight_notes
     seconds = bound = None
-    if cp is not None and steps is not None:
-        compute = cp / timing.clock_hz
+    if compute is not None and steps is not None:
         overlapped = (dma_per_step or 0.0) - serial_per_step
         copies = 0.0 if not overlapped else (
             timing.dma_latency_seconds + overlapped / timing.hbm_bytes_per_second)
         # Single-buffered blocks are copied between steps, not while one computes.
         serial = 0.0 if not serial_per_step else (
             timing.dma_latency_seconds + serial_per_step / timing.hbm_bytes_per_second)
-        step = max(compute, copies) + serial
-        if compute >= copies + serial:
-            bound = "compute"
+        step = max(compute.seconds, copies) + serial
+        if params is None:
+            bound = compute.bound
+        elif compute.seconds >= copies + serial:
+            bound = compute.bound
         elif (dma_per_step or 0) / timing.hbm_bytes_per_second >= timing.dma_latency_seconds:
             bound = "memory"
         else:
@@ -202,20 +316,45 @@ def _kernel_estimate(name: str, grid: tuple[int, ...], schedule: Any, params: di
         drain = (timing.dma_latency_seconds + last_out / timing.hbm_bytes_per_second
                  if last_out else 0.0)
         seconds = steps * step + fill + drain
+        if not grid_loop:  # the one step's copies: its loops' and its own
+            dma_per_step = max(dma_per_step or 0.0, first_in + last_out) + compute.loop_dma_bytes
     return KernelEstimate(name, grid_steps, bundles, cp, dma_per_step, schedule.spills,
                           schedule.vmem_bytes, bound, seconds, tuple(dict.fromkeys(notes)))
 
 
-def _weighted_step(schedule: Any, params: dict[str, Any], grid: tuple[int, ...],
-                   kernel_grid: Any) -> tuple[float, float, list[str]]:
-    """One step's bundles and critical path in cycles, pl.when regions weighted by use."""
+@dataclasses.dataclass
+class _StepTime:
+    """One grid step's schedule: its seconds, what bounds them, the copies its loops issue."""
+
+    seconds: float
+    bound: str
+    loop_dma_bytes: float
+
+
+def _weighted_step(schedule: Any, params: dict[str, Any] | None, grid: tuple[int, ...],
+                   kernel_grid: Any, timing: Any) -> tuple[float, float, _StepTime, list[str]]:
+    """One step's bundles and critical path in cycles, and its time on the chip.
+
+    ``pl.when`` regions of the step are weighted by the share of grid steps that
+    run them; every loop inside the step (``emit_pipeline``, ``fori_loop``, nested
+    pipelines) by its trip count, each of its iterations taking the longer of its
+    own schedule and the copies it issues.
+    """
     import numpy as np
 
     notes = []
     start, end = schedule.loop_start, schedule.loop_end
     weight = np.ones(end - start)
-    kernel_regions = [r for r in schedule.regions if not r.has_dma]
-    frequencies = kernel_grid.when_frequencies(params, grid)
+    inner = [loop for loop in schedule.loops
+             if not loop.grid and start <= loop.start and loop.end <= end]
+
+    def in_a_loop(region: Any) -> bool:
+        return any(loop.start <= region.start < loop.end for loop in inner)
+
+    kernel_regions = [r for r in schedule.regions if not r.has_dma and not in_a_loop(r)]
+    looped_regions = [r for r in schedule.regions if not r.has_dma and in_a_loop(r)]
+    frequencies = (kernel_grid.when_frequencies(params, grid) if params is not None
+                   else [])
     if len(frequencies) != len(kernel_regions):
         if kernel_regions:
             notes.append(f"{len(kernel_regions)} predicated regions for {len(frequencies)} "
@@ -223,17 +362,77 @@ def _weighted_step(schedule: Any, params: dict[str, Any], grid: tuple[int, ...],
         frequencies = [None] * len(kernel_regions)
     for region, share in zip(kernel_regions, frequencies):
         if share is None:
-            notes.append("a pl.when whose predicate reads data: counted as run every step")
+            if params is not None:
+                notes.append("a pl.when whose predicate reads data: counted as run every step")
             continue
         weight[region.start - start:region.end - start] *= share
-    bundles = float(weight.sum())
+    unweighted = 0
+    for loop in inner:
+        children = [other for other in inner if other is not loop
+                    and loop.start <= other.start and other.end <= loop.end]
+        # A region around an inner loop is the compiler's guard of that loop, no pl.when.
+        own = [r for r in looped_regions if loop.start <= r.start < loop.end and not any(
+            other.start <= r.start < other.end or r.start <= other.start < r.end
+            for other in children)]
+        shares = loop.region_shares
+        if shares is None or len(shares) != len(own):
+            unweighted += len(own)
+            continue
+        for region, share in zip(own, shares):
+            if share is None:
+                unweighted += 1
+            else:
+                weight[region.start - start:region.end - start] *= share
+    if unweighted:
+        notes.append(f"{unweighted} predicated region(s) inside loops (pl.when in an "
+                     "emit_pipeline or fori_loop body): counted as run every iteration")
+    stalls = np.zeros(end - start)
     placed = sorted((b for b in schedule.blocks if b.address is not None
                      and start <= b.address < end), key=lambda b: b.address)
     addresses = [b.address for b in placed] + [end]
-    stall = 0.0
     for block, following in zip(placed, addresses[1:]):
-        stall += max(0, block.cycles - (following - block.address)) * weight[block.address - start]
-    return bundles, float(bundles + stall), notes
+        stalls[block.address - start] = max(0, block.cycles - (following - block.address))
+    cycles = weight + stalls * weight
+    trips = np.ones(end - start)
+    for loop in inner:
+        trips[loop.start - start:loop.end - start] *= loop.trips or 1
+    bundles = float((weight * trips).sum())
+    critical = float((cycles * trips).sum())
+
+    def parent(loop: Any) -> Any:
+        enclosing = [o for o in inner if o is not loop and o.start <= loop.start
+                     and loop.end <= o.end]
+        return min(enclosing, key=lambda o: o.end - o.start) if enclosing else None
+
+    parents = [parent(loop) for loop in inner]
+
+    def span(lo: int, hi: int, of: Any = None) -> tuple[float, str, float]:
+        """Seconds of bundles [lo, hi) run once, what bounds them, the bytes their loops copy."""
+        children = [loop for loop, up in zip(inner, parents) if up is of]
+        own = np.ones(hi - lo, dtype=bool)
+        seconds, copied, bounds = 0.0, 0.0, []
+        for child in children:
+            own[child.start - lo:child.end - lo] = False
+            body, bound, below = span(child.start, child.end, child)
+            dma = child.dma_bytes
+            copy = (timing.dma_latency_seconds + dma / timing.hbm_bytes_per_second
+                    if dma else 0.0)
+            times = child.trips or 1
+            seconds += times * max(body, copy)
+            copied += times * (dma + below)
+            bounds.append(bound if body >= copy else "memory" if
+                          dma / timing.hbm_bytes_per_second >= timing.dma_latency_seconds
+                          else "overhead")
+        seconds += float(cycles[lo - start:hi - start][own].sum()) / timing.clock_hz
+        bound = "compute" if not bounds or all(b == "compute" for b in bounds) else (
+            "memory" if "memory" in bounds else "overhead")
+        return seconds, bound, copied
+
+    seconds, bound, copied = span(start, end)
+    if any(loop.dma_bytes and not loop.copies_from_index_maps for loop in inner):
+        notes.append("copies inside a loop are counted every iteration, those a predicate "
+                     "skips (a block whose index did not change) included: an upper bound")
+    return bundles, critical, _StepTime(seconds, bound, copied), notes
 
 
 # --- Ranking block sizes ------------------------------------------------------------------

@@ -51,6 +51,10 @@ def _compile_and_read(exported: object, chip: str, delay_slots: int, dump: str) 
     except Exception as error:  # noqa: BLE001  # the compiler's rejection, reported
         return f"the TPU compiler rejects it for {chip}: {str(error).splitlines()[0][:300]}"
     schedules = libtpu_dump.read_kernel_schedules(dump, delay_slots)
+    kept = os.environ.get("PYTEST_PALLAS_KEEP_DUMP")
+    if kept:  # a copy of the dump, for reading what the schedule reader read
+        count = len(os.listdir(kept)) if os.path.isdir(kept) else 0
+        shutil.copytree(dump, os.path.join(kept, f"kernel-{count}"), dirs_exist_ok=True)
     if len(schedules) > 1:  # XLA's own code around it (a copy for an aliased operand, ...)
         schedules = {name: s for name, s in schedules.items() if s.custom_call}
     if len(schedules) != 1:

@@ -79,7 +79,7 @@ from typing import Any
 import pytest
 
 from .._compat import jax_internals
-from .._compat.benchmark_internals import timer_of, use_timer
+from .._compat.benchmark_internals import round_budget, timer_of, use_timer
 from ..checks.honesty import faster_than_roofline
 from ..ops import registry as _ops
 from ..ops.operation import Operation
@@ -335,8 +335,7 @@ class PallasBenchmark:
             # side, see the same share of a busy machine, so their ratio keeps still.
             xla_calls = max(1, min(_MAX_XLA_CALLS, round(kernel_seconds / xla_seconds)))
             per_round += xla_calls * xla_seconds
-        max_time = float(getattr(self.benchmark, "_max_time", 1.0))
-        min_rounds = int(getattr(self.benchmark, "_min_rounds", 5))
+        max_time, min_rounds = round_budget(self.benchmark)
         return max(min_rounds, math.ceil(max_time / max(per_round, 1e-9))), xla_calls
 
     def _timing_facts(self, cost: Any, devices: int, xla_times: list[float]) -> dict[str, Any]:

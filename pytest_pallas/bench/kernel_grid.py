@@ -47,8 +47,24 @@ def when_frequencies(params: dict[str, Any], grid: tuple[int, ...]) -> list[floa
         equations = list(jaxpr.eqns)
     except (KeyError, AttributeError):
         return []
+    return _when_shares(equations, grid_points(grid), grid, {})
+
+
+def pipeline_when_frequencies(body_over_indices: Any,
+                              grid: tuple[int, ...]) -> list[float | None] | None:
+    """As :func:`when_frequencies`, for an ``emit_pipeline`` body traced with its grid
+    indices as inputs (``_compat.pallas_call_hooks.PipelineSeen.body_over_indices``)."""
+    jaxpr = getattr(body_over_indices, "jaxpr", body_over_indices)
+    if jaxpr is None or not hasattr(jaxpr, "eqns"):
+        return None
     points = grid_points(grid)
-    values: dict[Any, np.ndarray] = {}
+    seeds = {var: points[:, axis] for axis, var in enumerate(jaxpr.invars)}
+    return _when_shares(list(jaxpr.eqns), points, grid, seeds)
+
+
+def _when_shares(equations: list[Any], points: np.ndarray, grid: tuple[int, ...],
+                 seeds: dict[Any, np.ndarray]) -> list[float | None]:
+    values: dict[Any, np.ndarray] = dict(seeds)
 
     def read(atom: Any) -> np.ndarray | None:
         if type(atom).__name__ == "Literal":
@@ -137,3 +153,62 @@ def copied_bytes(params: dict[str, Any]) -> Copies:
         else:
             copies.last_out += block
     return copies
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineLoop:
+    """What an ``emit_pipeline``'s loop does over its grid (None where it cannot be followed)."""
+
+    steps: int | None
+    copied: int | None  # bytes its loop copies (the first input blocks come before it)
+    when_shares: tuple[float | None, ...] | None  # per pl.when of its body, the share run
+    notes: tuple[str, ...] = ()
+
+
+def pipeline_loop(seen: Any) -> PipelineLoop:
+    """The :class:`PipelineLoop` of an ``emit_pipeline`` seen while its kernel was traced."""
+    steps, copied, notes = pipeline_copies(seen)
+    shares = None
+    if steps is not None:
+        grid = tuple(int(g) for g in seen.grid)
+        found = pipeline_when_frequencies(seen.body_over_indices, grid)
+        shares = None if found is None else tuple(found)
+    return PipelineLoop(steps, copied, shares, tuple(notes))
+
+
+def pipeline_copies(seen: Any) -> tuple[int | None, int | None, list[str]]:
+    """An ``emit_pipeline``'s steps and the bytes its loop copies, from its BlockSpecs.
+
+    As Pallas' grid pipeline, it copies a block when its index changes between
+    consecutive steps; the first input blocks are copied before the loop, and
+    every output block's last write-back happens inside it. Returns ``(steps,
+    bytes, notes)``, None where the grid or an index map cannot be followed.
+    """
+    if not all(isinstance(g, (int, np.integer)) for g in seen.grid):
+        return None, None, ["an emit_pipeline whose grid is read from data"]
+    grid = tuple(int(g) for g in seen.grid)
+    steps = int(np.prod(grid)) if grid else 1
+    points = grid_points(grid)
+    scale = (steps / len(points)) if len(points) > 1 else 1.0
+    total = 0.0
+    operands = [(spec, shape, True) for spec, shape in zip(seen.in_specs, seen.in_shapes)]
+    operands += [(spec, shape, False) for spec, shape in zip(seen.out_specs, seen.out_shapes)]
+    for spec, (shape, dtype), is_input in operands:
+        block_shape = getattr(spec, "block_shape", None)
+        index_map = getattr(spec, "index_map", None)
+        if block_shape is None or index_map is None:
+            return steps, None, ["an emit_pipeline operand without a block shape or index map"]
+        elements = 1
+        for dim in block_shape:
+            size = dim if isinstance(dim, (int, np.integer)) else getattr(dim, "block_size", 1)
+            elements *= int(size) if isinstance(size, (int, np.integer)) else 1
+        block = elements * np.dtype(dtype).itemsize
+        try:
+            indices = np.stack([np.broadcast_to(np.asarray(i), (len(points),)) for i in
+                                index_map(*(points[:, a] for a in range(len(grid))))], axis=1)
+        except Exception as error:  # noqa: BLE001  # an index map it cannot evaluate
+            return steps, None, [f"an emit_pipeline index map not followed "
+                                 f"({type(error).__name__})"]
+        changes = int(np.any(indices[1:] != indices[:-1], axis=1).sum()) * scale
+        total += block * (changes if is_input else changes + 1)
+    return steps, int(round(total)), []

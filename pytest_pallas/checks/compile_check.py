@@ -69,8 +69,8 @@ _TOPOLOGY_SHAPES = {
 
 def libtpu_version() -> str | None:
     """The installed libtpu's version, or None when libtpu is not installed (not imported:
-    see ``plugin.options.installed_libtpu``)."""
-    from ..plugin.options import installed_libtpu
+    see ``hosts.installed_libtpu``)."""
+    from ..hosts import installed_libtpu
 
     return installed_libtpu()
 
@@ -132,8 +132,8 @@ class CompileVerdict:
     def violation(self) -> Violation:
         problem = f"the TPU compiler (libtpu {libtpu_version()}) rejects it for {self.chip}: "
         if self.rule == VMEM and self.vmem_bytes and self.vmem_limit_bytes:
-            problem += (f"it needs {_mib(self.vmem_bytes)} of scoped VMEM, the limit is "
-                        f"{_mib(self.vmem_limit_bytes)}. ")
+            problem += (f"it needs {mib_text(self.vmem_bytes)} of scoped VMEM, the limit is "
+                        f"{mib_text(self.vmem_limit_bytes)}. ")
         problem += f"Compiler: {self.message}"
         return Violation(self.rule or OTHER, self.kernel, None, problem, _FIXES[self.rule or OTHER])
 
@@ -179,7 +179,7 @@ def classify_rejection(message: str) -> tuple[str, int | None, int | None]:
     return OTHER, None, None
 
 
-def _mib(n: float) -> str:
+def mib_text(n: float) -> str:
     return f"{n / MIB:.2f} MiB"
 
 

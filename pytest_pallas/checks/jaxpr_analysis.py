@@ -27,7 +27,7 @@ def pallas_call_params_in(jaxpr: Any) -> Iterator[dict[str, Any]]:
             yield equation.params
             continue
         for value in equation.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 yield from pallas_call_params_in(sub)
 
 
@@ -50,18 +50,18 @@ def pallas_call_uses_in(jaxpr: Any) -> Iterator[tuple[dict[str, Any], tuple[bool
             yield equation.params, tuple(id(v) in read for v in equation.outvars)
             continue
         for value in equation.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 yield from pallas_call_uses_in(sub)
 
 
-def _sub_jaxprs(value: Any) -> Iterator[Any]:
+def sub_jaxprs(value: Any) -> Iterator[Any]:
     if hasattr(value, "eqns"):
         yield value
     elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
         yield value.jaxpr
     elif isinstance(value, (tuple, list)):
         for item in value:
-            yield from _sub_jaxprs(item)
+            yield from sub_jaxprs(item)
 
 
 def pallas_call_fingerprint(params: dict[str, Any]) -> str:
@@ -110,5 +110,46 @@ def pallas_call_equations_in(
         if mesh is not None and hasattr(mesh, "axis_names"):
             axes = tuple((str(n), int(s)) for n, s in zip(mesh.axis_names, mesh.axis_sizes))
         for value in equation.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 yield from pallas_call_equations_in(sub, axes)
+
+
+def mesh_kernel_equations_in(jaxpr: Any, container: Any = None) -> Iterator[tuple[Any, Any]]:
+    """Each kernel of a (closed) jaxpr written on a mesh (``pl.kernel``, ``pl.core_map``).
+
+    Yields ``(kernel equation, equation to compile)``: ``pl.kernel`` binds a
+    primitive of arrays, compiled as it is; ``pl.core_map`` reads and writes refs,
+    so the nearest enclosing equation of arrays (``pl.run_state``, a ``jit``) is
+    compiled in its place. ``pallas_call`` equations are left to
+    :func:`pallas_call_equations_in`.
+    """
+    names = jax_internals.mesh_kernel_primitive_names()
+    inner = getattr(jaxpr, "jaxpr", None)
+    if inner is not None and hasattr(inner, "eqns"):
+        jaxpr = inner
+    for equation in getattr(jaxpr, "eqns", ()):
+        of_arrays = not any(_is_ref(v) for v in equation.invars)
+        if equation.primitive.name in names:
+            yield equation, (equation if of_arrays else container)
+            continue
+        if equation.primitive is jax_internals.pallas_call_primitive():
+            continue
+        for value in equation.params.values():
+            for sub in sub_jaxprs(value):
+                yield from mesh_kernel_equations_in(sub, equation if of_arrays else container)
+
+
+def _is_ref(var: Any) -> bool:
+    return type(getattr(var, "aval", None)).__name__ == "AbstractRef"
+
+
+def mesh_kernel_name(equation: Any) -> str:
+    """The name a ``pl.kernel`` / ``pl.core_map`` equation was given, else its primitive's."""
+    name = equation.params.get("name")
+    return str(name) if name else equation.primitive.name
+
+
+def mesh_kernel_on_tensor_cores(equation: Any) -> bool:
+    """Whether a mesh kernel runs on TensorCores (not a SparseCore or GPU mesh)."""
+    meshes = list(equation.params.get("meshes") or ()) or [equation.params.get("mesh")]
+    return all(type(mesh).__name__ == "TensorCoreMesh" for mesh in meshes)

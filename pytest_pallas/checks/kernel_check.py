@@ -484,7 +484,7 @@ def run_on_fresh_memory(call: Callable[[], Any], memory: str,
     (NaN, the integer maximum, True) or "zero"; race detection off."""
     from jax.experimental.pallas import tpu as pltpu
 
-    from ..backend import active_backend
+    from .running import active_backend
 
     backend = active_backend()
     if not isinstance(interpret_params, pltpu.InterpretParams):
@@ -572,7 +572,7 @@ def first_difference(one: Any, other: Any) -> tuple[str, Any, Any, Any] | None:
     import jax
     import numpy as np
 
-    from ..compare import bitwise_differences
+    from .mismatch import bitwise_differences
 
     one_leaves = jax.tree_util.tree_flatten_with_path(one)[0]
     other_leaves = jax.tree.leaves(other)
@@ -601,7 +601,7 @@ def _chip_or_the_tests(chip: Any) -> Any:
     """``chip``, or the chip the running Pallas test stands in for (v5e outside one)."""
     if chip is not None:
         return chip
-    from ..backend import active_backend
+    from .running import active_backend
 
     backend = active_backend()
     return backend.tpu_info if backend is not None else "v5e"

@@ -12,8 +12,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._compat import jax_internals
-from .._compat.jax_internals import _CORE, _SOURCE_INFO, JaxInternalsChanged
-from .jaxpr_analysis import _sub_jaxprs
+from .._compat.jax_internals import CORE_MODULE, SOURCE_INFO_MODULE, JaxInternalsChanged
+from .jaxpr_analysis import sub_jaxprs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -290,7 +290,7 @@ def _evaluate_index_map_in_jax(index_map: Any, num_grid_axes: int, points: np.nd
     import jax.numpy as jnp
     import numpy as np
 
-    evaluate = jax_internals._private(_CORE, "eval_jaxpr")
+    evaluate = jax_internals.private_attribute(CORE_MODULE, "eval_jaxpr")
     extra = [
         np.zeros(getattr(aval, "shape", ()), getattr(aval, "dtype", np.int32))
         for aval in index_map.in_avals[num_grid_axes:]
@@ -302,7 +302,7 @@ def _evaluate_index_map_in_jax(index_map: Any, num_grid_axes: int, points: np.nd
     # Index maps are evaluated while the kernel is being traced (an observer
     # runs inside the trace). jax >= 0.11 stages even jnp.asarray under
     # ensure_compile_time_eval there, so evaluate in JAX's eager context.
-    eager = getattr(importlib.import_module(_CORE), "eval_context", None)
+    eager = getattr(importlib.import_module(CORE_MODULE), "eval_context", None)
     with (eager() if eager is not None else contextlib.nullcontext()), \
             jax.ensure_compile_time_eval():
         if num_grid_axes == 0:
@@ -332,7 +332,7 @@ def _scoped_regions(jaxpr: Any) -> tuple[ScopedRegion, ...]:
             continue
         nested: list[ScopedRegion] = []
         for value in eqn.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 nested.extend(_scoped_regions(sub))
         if nested:
             regions.append(ScopedRegion((), tuple(nested)))
@@ -342,7 +342,7 @@ def _scoped_regions(jaxpr: Any) -> tuple[ScopedRegion, ...]:
 def _summarize_source(eqn: Any) -> str:
     try:
         return "pl.run_scoped at " + str(
-            jax_internals._private(_SOURCE_INFO, "summarize")(eqn.source_info)
+            jax_internals.private_attribute(SOURCE_INFO_MODULE, "summarize")(eqn.source_info)
         )
     except Exception:  # noqa: BLE001  # a description only: never fail a check over it
         return "pl.run_scoped"

@@ -23,6 +23,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -393,3 +394,10 @@ def reduction_steps_left_out(
         changed[argument] = zeroed
         steps[f"the {which} {name} block"] = np.asarray(function(*changed), np.float64)
     return steps
+
+
+def bitwise_differences(first: Any, second: Any) -> np.ndarray:
+    """Where two arrays of one dtype and shape differ bit for bit (NaN payloads, signed zeros)."""
+    a, b = np.asarray(first), np.asarray(second)
+    view = np.dtype(f"u{a.dtype.itemsize}")
+    return a.view(view) != b.view(view)

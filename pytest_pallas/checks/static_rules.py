@@ -63,10 +63,10 @@ from .violations import (
     VMEM,
     KernelReport,
     Violation,
-    _bits,
-    _block_text,
-    _dtype_name,
+    block_text,
     describe_operand,
+    dtype_bits,
+    name_of_dtype,
 )
 from .vmem_footprint import check_vmem_footprint, tpu_info_for
 
@@ -100,7 +100,7 @@ def _tiling_violation(
     space = op.memory_space
     if space == "semaphore" or (space == "smem" and op.trivial_window):
         return None
-    bits = _bits(op.dtype)
+    bits = dtype_bits(op.dtype)
     if bits is None:  # extended dtypes (PRNG keys, ...): Mosaic checks their physical shape
         return None
     where = describe_operand(op)
@@ -120,7 +120,7 @@ def _tiling_violation(
             call.title,
             where,
             f"it lives in memory space {space} (no automatic copy to VMEM) but its "
-            f"{_block_text(op)} is not the whole array with an index map of zeros, which "
+            f"{block_text(op)} is not the whole array with an index map of zeros, which "
             "is all Mosaic accepts there.",
             "drop block_shape and index_map for pl.ANY operands "
             "(pl.BlockSpec(memory_space=pl.ANY)) and copy the part you need with "
@@ -144,7 +144,7 @@ def _tiling_violation(
         second, full_second = sizes[-2], shape[-2]
         if not tiling.second_minor_ok(second, full_second, rows):
             reason = f"a multiple of {rows}" + (
-                f" ({32 // bits} rows of {_dtype_name(op.dtype)} pack into each 32-bit sublane)"
+                f" ({32 // bits} rows of {name_of_dtype(op.dtype)} pack into each 32-bit sublane)"
                 if rows != info.num_sublanes
                 else ""
             )
@@ -161,7 +161,7 @@ def _tiling_violation(
         )
         if rows != info.num_sublanes:
             rule_text = (
-                f"the TPU compiler tiles {_dtype_name(op.dtype)} in ({rows}, {info.num_lanes}): "
+                f"the TPU compiler tiles {name_of_dtype(op.dtype)} in ({rows}, {info.num_lanes}): "
                 if narrow else "with packed sublanes (packed_sublanes=True) "
             ) + (
                 f"the last two block dimensions "
@@ -171,7 +171,7 @@ def _tiling_violation(
             TILING,
             call.title,
             where,
-            f"{_block_text(op)}: {'; '.join(problems)} ({rule_text}).",
+            f"{block_text(op)}: {'; '.join(problems)} ({rule_text}).",
             "; ".join(fixes) + ".",
         )
     # Rank 1.
@@ -185,7 +185,7 @@ def _tiling_violation(
         TILING,
         call.title,
         where,
-        f"{_block_text(op)}: Mosaic lowers a rank-1 block only if it is the full "
+        f"{block_text(op)}: Mosaic lowers a rank-1 block only if it is the full "
         f"dimension ({full}), a multiple of {chunk} ({info.num_sublanes} x {info.num_lanes}), "
         f"or a power of two of at least {min_tiling} (128 x 32 / {bits} bits); "
         f"it is {size}.",
@@ -329,8 +329,8 @@ def _out_of_bounds(call, op, blocks, points) -> Violation | None:
         call.title,
         describe_operand(op),
         f"at grid point {_point(points[row])} its index map returns block {_point(blocks[row])}, "
-        f"but dimension {axis} of the {_dtype_name(op.dtype)}{list(op.array_shape)} array has only "
-        f"{count} {unit} (valid indices 0..{count - 1}); on the TPU the block's DMA reads or "
+        f"but dimension {axis} of the {name_of_dtype(op.dtype)}{list(op.array_shape)} array has "
+        f"only {count} {unit} (valid indices 0..{count - 1}); on the TPU the block's DMA reads or "
         "writes outside the array.",
         "return block indices, not element offsets, from the index map, and size the grid as "
         "pl.cdiv(array dimension, block dimension).",

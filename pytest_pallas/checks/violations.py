@@ -128,22 +128,22 @@ def describe_operand(op: BlockOperand) -> str:
     return f"{op.role} {op.index} ({', '.join(names)})"
 
 
-def _block_text(op: BlockOperand) -> str:
+def block_text(op: BlockOperand) -> str:
     dims = ", ".join("None" if kind == "squeezed" else str(size) for kind, size in op.block_dims)
     array = ", ".join(str(d) for d in op.array_shape)
     comma = "," if len(op.block_dims) == 1 else ""
-    return f"block shape ({dims}{comma}) over a {_dtype_name(op.dtype)}[{array}] array"
+    return f"block shape ({dims}{comma}) over a {name_of_dtype(op.dtype)}[{array}] array"
 
 
-def _dtype_name(dtype: Any) -> str:
+def name_of_dtype(dtype: Any) -> str:
     return str(getattr(dtype, "name", dtype))
 
 
-def _bits(dtype: Any) -> int | None:
+def dtype_bits(dtype: Any) -> int | None:
     return tiling.bits_of(dtype)
 
 
-def _mib(n: float) -> str:
+def mib_text(n: float) -> str:
     return f"{n / MIB:.1f} MiB" if n >= MIB / 10 else f"{n / 1024:.1f} KiB"
 
 

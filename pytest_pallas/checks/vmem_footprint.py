@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import tiling
-from .violations import MIB, VMEM, Violation, _bits, _dtype_name, _mib, describe_operand
+from .violations import MIB, VMEM, Violation, describe_operand, dtype_bits, mib_text, name_of_dtype
 
 if TYPE_CHECKING:
     from pytest_pallas.checks.kernel_model import PallasCallInfo
@@ -74,7 +74,7 @@ def padded_vmem_bytes(shape: Sequence[int], dtype: Any, info: Any) -> int:
 
     A lower bound: Mosaic may pick larger tiles for narrow dtypes.
     """
-    bits = _bits(dtype) or 32
+    bits = dtype_bits(dtype) or 32
     shape = tuple(int(d) for d in shape)
     if not shape:
         elements = info.num_sublanes * info.num_lanes
@@ -108,7 +108,7 @@ def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
         if op.memory_space == "vmem":
             items.append(
                 VmemItem(
-                    f"{describe_operand(op)} block {op.ref_shape} {_dtype_name(op.dtype)}",
+                    f"{describe_operand(op)} block {op.ref_shape} {name_of_dtype(op.dtype)}",
                     op.buffer_count or default_buffers,
                     padded_vmem_bytes(op.ref_shape, op.dtype, info),
                 )
@@ -120,7 +120,7 @@ def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
             )
             items.append(
                 VmemItem(
-                    f"{name} {s.shape} {_dtype_name(s.dtype)}",
+                    f"{name} {s.shape} {name_of_dtype(s.dtype)}",
                     1,
                     padded_vmem_bytes(s.shape, s.dtype, info),
                 )
@@ -176,9 +176,9 @@ def check_vmem_footprint(
                     VMEM,
                     call.title,
                     None,
-                    f"it asks for vmem_limit_bytes={limit} ({_mib(limit)}) but a {chip} "
-                    f"TensorCore has {_mib(capacity)} of VMEM.",
-                    f"set vmem_limit_bytes to at most {capacity} ({_mib(capacity)}).",
+                    f"it asks for vmem_limit_bytes={limit} ({mib_text(limit)}) but a {chip} "
+                    f"TensorCore has {mib_text(capacity)} of VMEM.",
+                    f"set vmem_limit_bytes to at most {capacity} ({mib_text(capacity)}).",
                 )
             )
             limit = capacity
@@ -189,23 +189,23 @@ def check_vmem_footprint(
     if total > limit:
         biggest = sorted(items, key=lambda i: -i.total)[:4]
         breakdown = "; ".join(
-            f"{item.what}: {item.buffers} x {_mib(item.bytes_each)}"
+            f"{item.what}: {item.buffers} x {mib_text(item.bytes_each)}"
             if item.buffers > 1
-            else f"{item.what}: {_mib(item.bytes_each)}"
+            else f"{item.what}: {mib_text(item.bytes_each)}"
             for item in biggest
         )
         if total <= capacity:
             suggestion = min(capacity, _round_up(int(total * 1.25), MIB))
             fix = (
                 f"raise the limit with compiler_params=pltpu.CompilerParams(vmem_limit_bytes="
-                f"{suggestion}) (the chip has {_mib(capacity)}), or shrink the blocks, or "
+                f"{suggestion}) (the chip has {mib_text(capacity)}), or shrink the blocks, or "
                 "single-buffer blocks whose index map is constant with "
                 "pipeline_mode=pl.Buffered(1)."
             )
         else:
             fix = (
-                f"shrink the blocks (the footprint is over the chip's whole {_mib(capacity)}), or "
-                "single-buffer blocks whose index map is constant with "
+                f"shrink the blocks (the footprint is over the chip's whole "
+                f"{mib_text(capacity)}), or single-buffer blocks whose index map is constant with "
                 "pipeline_mode=pl.Buffered(1)."
             )
         violations.append(
@@ -213,9 +213,9 @@ def check_vmem_footprint(
                 VMEM,
                 call.title,
                 None,
-                f"it needs at least {_mib(total)} of VMEM ({_buffering_text(call)}, tiles "
+                f"it needs at least {mib_text(total)} of VMEM ({_buffering_text(call)}, tiles "
                 f"padded to ({info.num_sublanes}, {info.num_lanes})) but compiles under {source}, "
-                f"{_mib(limit)}, so "
+                f"{mib_text(limit)}, so "
                 f"Mosaic rejects it on the chip; largest: {breakdown}.",
                 fix,
             )

@@ -1,4 +1,4 @@
-"""The built-in ops of the conformance contract (CONTRACT.md §2), one ``Operation`` each.
+"""The built-in ops of the conformance contract (docs/contract.md §2), one ``Operation`` each.
 
 ``pytest_pallas.operations.matmul`` and its siblings are public::
 
@@ -314,7 +314,7 @@ ppermute = _builtin("ppermute", "(rows,cols)->(rows,cols)", "collectives",
                     exact=True, collective="axis_name", params={"shift": (1, -1)}, vmap=False,
                     needs_tpu_interpreter=True)
 
-# --- the ops added in version 0.2 (CONTRACT.md section 2) -------------------------------------
+# --- the ops added in version 0.2 (docs/contract.md section 2) -------------------------------
 #
 # Their kernel modules state the oracles, cost models, input structure and derived allowances;
 # the adapters above put them in a record's terms. Sizes are small (each distinct

@@ -106,8 +106,8 @@ def resolve_params(params: Mapping[str, Any]) -> dict[str, Any]:
 # --- signatures --------------------------------------------------------------------------
 
 _NAME = r"[A-Za-z_][A-Za-z_0-9]*"
-_CORE = rf"\((?:\s*{_NAME}\s*(?:,\s*{_NAME}\s*)*)?,?\s*\)"
-_SIGNATURE = re.compile(rf"^\s*{_CORE}(?:\s*,\s*{_CORE})*\s*->\s*{_CORE}\s*$")
+CORE_MODULE = rf"\((?:\s*{_NAME}\s*(?:,\s*{_NAME}\s*)*)?,?\s*\)"
+_SIGNATURE = re.compile(rf"^\s*{CORE_MODULE}(?:\s*,\s*{CORE_MODULE})*\s*->\s*{CORE_MODULE}\s*$")
 
 
 def parse_signature(signature: str) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]:

@@ -75,8 +75,8 @@ def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
 def conformance(request: pytest.FixtureRequest):
     """The conformance harness: draws inputs for an op and checks the chosen implementation."""
     from ..strategies import PROFILE_MOST_DEVICES
-    from ..suite.generated import class_binding
     from ..suite.harness import Conformance
+    from ..suite.membership import class_binding
 
     pallas = _session(request.config)
     # The door: the implementation comes from the class (``conformance_tests``) or, for a

@@ -11,8 +11,14 @@ from typing import Any
 
 import pytest
 
+from ..suite.membership import (
+    CONFORMANCE_DIRECTORY,
+    conformance_op_name,
+    is_conformance_item,
+    is_packaged_conformance_item,
+)
 from . import options as options_module
-from . import versions
+from . import run_records, versions
 from .fixtures import (  # noqa: F401  (pytest finds the plugin's fixtures here)
     conformance,
     device_mesh,
@@ -21,26 +27,14 @@ from .fixtures import (  # noqa: F401  (pytest finds the plugin's fixtures here)
     pallas_key,
 )
 from .hypothesis_settings import (
-    _load_hypothesis_profile,
-    _restate_hypothesis_notes,
-    _restore_hypothesis_attributes,
-    _seed_hypothesis,
+    load_hypothesis_profile,
+    restate_hypothesis_notes,
+    restore_hypothesis_attributes,
+    seed_hypothesis,
 )
 from .options import WORKER_SEED_KEY
-from .session import (
-    CONFORMANCE_DIRECTORY,
-    FIXTURE_NAMES,
-    MARKERS,
-    SESSION_KEY,
-    PallasSession,
-    conformance_op,
-    is_conformance_item,
-    is_packaged_conformance_item,
-    session_of,
-)
-
-# The directory --pallas-report creates because it did not exist, for the summary to say so.
-_REPORT_DIRECTORY_CREATED = pytest.StashKey[str | None]()
+from .run_records import imported_attribute
+from .session import MARKERS, SESSION_KEY, PallasSession, session_of
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,7 +63,11 @@ _session = session_of
 @pytest.hookimpl(wrapper=True)
 def pytest_cmdline_main(config: pytest.Config):
     option = config.option
-    if option.pallas_conformance or option.pallas_impl or option.pallas_ops:
+    if option.pallas_tpu or getattr(option, "pallas_gpu", False):
+        from .workers import one_device_per_worker
+
+        one_device_per_worker(config)
+    elif option.pallas_conformance or option.pallas_impl or option.pallas_ops:
         from .workers import set_default_workers
 
         set_default_workers(config)
@@ -82,6 +80,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # The ops of conftests first: --pallas-impl and --pallas-ops may name them.
     _register_operations(config)
     parsed = options_module.parse_options(config)
+    one_device_worker = False
+    if hasattr(config, "workerinput") and (parsed.tpu or getattr(parsed, "gpu", False)):
+        from .workers import take_this_workers_device
+
+        take_this_workers_device(config)  # before JAX starts: one device per worker
+        one_device_worker = True
     scope = config.getini("pallas_scope") or "marked"
     if scope not in ("marked", "all"):
         raise pytest.UsageError(f"ini option pallas_scope={scope!r} must be 'marked' or 'all'.")
@@ -89,13 +93,10 @@ def pytest_configure(config: pytest.Config) -> None:
         options=parsed,
         scope_all=scope == "all",
         invocation=tuple(config.invocation_params.args),
+        one_device_worker=one_device_worker,
     )
     config.stash[SESSION_KEY] = session
-    # The compile summary counts this session's compiles (an in-process run shares STATS;
-    # a process that never imported the compile check has compiled nothing).
-    stats = _loaded("checks.compile_check", "STATS")
-    _COMPILES_BEFORE[id(session)] = ((stats.compiles, stats.cached, stats.seconds)
-                                     if stats is not None else (0, 0, 0.0))
+    run_records.remember_compiles_before(session)  # the compile summary counts this session's
     if not parsed.tpu and (parsed.session_opted_in or parsed.devices_requested):
         # The device count must be fixed before JAX creates its CPU client (and before
         # the user's modules below are imported: they may make arrays at import).
@@ -134,8 +135,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # conformance test that needs it (``PallasSession.recorder``).
     if parsed.session_opted_in or parsed.report_path:
         session.recorder  # noqa: B018
-    if _is_controller(config):
-        config.pluginmanager.register(_WorkerRecordsMerger(session), "pallas-worker-records")
+    if run_records.is_controller(config):
+        config.pluginmanager.register(run_records.WorkerRecordsMerger(session),
+                                      "pallas-worker-records")
     if parsed.conformance:
         _configure_conformance(config, session, user_callables, distributed)
 
@@ -165,13 +167,13 @@ def _configure_conformance(config: pytest.Config, session: PallasSession,
     session.conformance_ops = selected_ops(session.options.ops, tuple(user_targets))
     session.implementations = bind_implementations(user_targets, user_callables,
                                                    session.conformance_ops)
-    if session.options.report_path and _is_controller(config):
-        config.stash[_REPORT_DIRECTORY_CREATED] = report_directory_to_create(
+    if session.options.report_path and run_records.is_controller(config):
+        config.stash[run_records.REPORT_DIRECTORY_CREATED] = report_directory_to_create(
             session.options.report_path)
     if not distributed:
         # Before the suite is imported: its secondary properties size themselves on the
         # profile (pytest-xdist's workers each load it; their controller draws nothing).
-        _load_hypothesis_profile(session, config)
+        load_hypothesis_profile(session, config)
     # The suite is part of the install, so it runs from any directory. Given
     # no paths, pytest would also collect the current directory: only paths
     # the user named are collected beside the suite.
@@ -207,19 +209,37 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = _session(config)
     if session.options.session_opted_in or session.scope_all or session.options.compile_given:
         untested = versions.untested_jax_note()
-        workers = _loaded("plugin.workers", "header_note")
-        workers_line = workers(config) if workers is not None else None
-        return ([session.header()] + ([workers_line] if workers_line else [])
-                + ([untested] if untested else []))
+        workers = imported_attribute("plugin.workers", "header_note")
+        device_split = imported_attribute("plugin.workers", "device_split_note")
+        workers_line = ((workers(config) if workers is not None else None)
+                        or (device_split(config) if device_split is not None else None))
+        return ([session.header()] + session.platform_lines()
+                + ([workers_line] if workers_line else []) + ([untested] if untested else []))
     return None
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    pallas = _session(item.config)
+    if pallas.platform_decision is None and not pallas.options.tpu and pallas.uses_pallas(item):
+        # The first Pallas test: before anything starts JAX's backends (a later module may
+        # make arrays when imported), keep JAX on the CPU.
+        pallas.keep_jax_on_cpu()
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
+    """Where JAX runs, for a run whose header said nothing (no Pallas flag, Pallas tests)."""
+    pallas = _session(config)
+    if pallas.options.session_opted_in or pallas.scope_all or pallas.options.compile_given:
+        return None  # the header said it
+    return pallas.platform_lines() or None
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     pallas = _session(config)
     _deselect_conformance_ops(pallas, config, items)
-    if not _is_controller(config) and any(is_conformance_item(item) for item in items):
-        from .test_order import longest_first, stored
+    if not run_records.is_controller(config) and any(is_conformance_item(item) for item in items):
+        from .conformance_order import longest_first, stored
 
         items[:] = longest_first(items, stored(config), is_conformance_item)
     ours = [item for item in items if pallas.uses_pallas(item)]
@@ -236,16 +256,18 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         from ..bench.fixture import request_single_threaded_xla
 
         request_single_threaded_xla(config)
-    _load_hypothesis_profile(pallas, config)
+    load_hypothesis_profile(pallas, config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    unregister_all = _loaded(
+    unregister_all = imported_attribute(
         "ops.registry", "unregister_all"
     )  # nothing registered if never imported
     if unregister_all is not None:
         unregister_all()
     pallas = config.stash.get(SESSION_KEY, None)
+    if pallas is not None:
+        pallas.undo_keep_jax_on_cpu()
     if pallas is not None and pallas.hypothesis_profile_before is not None:
         from hypothesis import settings
 
@@ -264,7 +286,7 @@ def _deselect_conformance_ops(pallas: PallasSession, config: pytest.Config,
         )
     keep, drop = [], []
     for item in items:
-        op = conformance_op(item) if is_packaged_conformance_item(item) else None
+        op = conformance_op_name(item) if is_packaged_conformance_item(item) else None
         (drop if op is not None and op not in pallas.conformance_ops else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -281,7 +303,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if reason:
             pytest.skip(reason)
         pallas.activate(item)
-        _seed_hypothesis(pallas, item)
+        seed_hypothesis(pallas, item)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -297,7 +319,7 @@ def pytest_runtest_call(item: pytest.Item):
         try:
             result = yield
         except BaseException as error:
-            _restate_hypothesis_notes(item, error)
+            restate_hypothesis_notes(item, error)
             if watchdog.fired and not isinstance(error, KernelTimeout):
                 raise KernelTimeout(watchdog.message) from error
             _raise_as_tpu_rule(error)
@@ -374,33 +396,15 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
     try:
         return (yield)
     finally:
-        _restore_hypothesis_attributes(item)
+        restore_hypothesis_attributes(item)
         _session(item.config).deactivate(item)
-
-
-# The key, in a test report's user_properties, of what a pytest-xdist worker recorded during
-# the test. Sent with every report rather than once when the worker finishes, so a worker that
-# crashes loses only the verdict of the test it crashed in.
-_WORKER_RECORDS = "pallas_conformance_records"
-_WORKER_COMPILES = "pallas_compile_stats"
-_WORKER_SECONDS = "pallas_conformance_seconds"  # how long a conformance test's call took
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
     report = yield
     pallas = _session(item.config)
-    if call.when == "teardown" and pallas.recording and not _is_controller(item.config):
-        records = pallas.recorder.take()
-        if records:
-            report.user_properties.append((_WORKER_RECORDS, records))
-        compiles = _session_compiles(pallas)
-        if any(compiles):  # this worker's totals so far, for the controller's summary line
-            report.user_properties.append(
-                (_WORKER_COMPILES, (item.config.workerinput.get("workerid"), compiles)))
-    if (call.when == "call" and not _is_controller(item.config)
-            and is_conformance_item(item)):
-        report.user_properties.append((_WORKER_SECONDS, report.duration))
+    run_records.send_worker_records(item, call, report)
     if report.failed and call.when == "call" and pallas.uses_pallas(item):
         command = pallas.reproduce_command(_rerunnable_nodeid(item),
                                            sweep_case=_failed_sweep_case(item, report))
@@ -439,8 +443,8 @@ def _failed_sweep_case(item: pytest.Item, report: pytest.TestReport) -> int | No
 def pytest_sessionstart(session: pytest.Session):
     pallas = _session(session.config)
     if (pallas.recording and pallas.options.report_path
-            and _is_controller(session.config)):
-        _write_report(session.config, complete=False)
+            and run_records.is_controller(session.config)):
+        run_records.write_report(session.config, complete=False)
     result = yield  # pytest-xdist's own (trylast) sessionstart launches the workers here
     if pallas.options.session_opted_in and "hypothesis" not in sys.modules:
         from .workers import hands_tests_to_workers, import_hypothesis_while_workers_start
@@ -480,10 +484,10 @@ def pytest_handlecrashitem(crashitem, report, sched) -> None:
 # terminal summary, which says why the conformance report is incomplete.
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus):
-    withhold_interrupted_run = _loaded("bench.table", "withhold_interrupted_run")
+    withhold_interrupted_run = imported_attribute("bench.table", "withhold_interrupted_run")
     if withhold_interrupted_run is not None:
         withhold_interrupted_run(session.config, exitstatus)
-    _finish_conformance_report(session, exitstatus)
+    run_records.finish_conformance_report(session, exitstatus)
     return (yield)
 
 
@@ -494,77 +498,8 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json)
     mark_completeness(config, output_json)
 
 
-def _finish_conformance_report(session: pytest.Session, exitstatus) -> None:
-    pallas = _session(session.config)
-    if not pallas.recording:
-        return
-    if not _is_controller(session.config):
-        return  # a worker's results went to the controller with each test's report
-    pallas.recorder.order_ops(pallas.conformance_ops)
-    if exitstatus == pytest.ExitCode.INTERRUPTED:
-        pallas.incomplete_reasons.append("the run was interrupted")
-    elif exitstatus == pytest.ExitCode.INTERNAL_ERROR:
-        pallas.incomplete_reasons.append("pytest stopped on an internal error")
-    elif session.shouldstop:
-        pallas.incomplete_reasons.append(f"the run stopped early: {session.shouldstop}")
-    if pallas.options.report_path:
-        _write_report(session.config, complete=not pallas.incomplete_reasons)
-
-
-class _WorkerRecordsMerger:
-    """On the pytest-xdist controller: merges what each worker recorded, report by report."""
-
-    def __init__(self, session: PallasSession) -> None:
-        self.session = session  # its recorder made when the first records arrive
-        self.compiles: dict[str, tuple[int, int, float]] = {}  # per worker: its totals so far
-        self.seconds: dict[str, float] = {}  # per conformance test: how long its call took
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # First, so that junitxml and other reporters never see the records as a property.
-        kept = []
-        for name, value in report.user_properties:
-            if name == _WORKER_RECORDS:
-                self.session.recorder.merge(value)
-            elif name == _WORKER_COMPILES:
-                worker, totals = value
-                self.compiles[worker] = tuple(totals)
-            elif name == _WORKER_SECONDS:
-                self.seconds[report.nodeid] = float(value)
-            else:
-                kept.append((name, value))
-        report.user_properties[:] = kept
-
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if not self.seconds:
-            return  # no worker ran a conformance test
-        from .test_order import store
-
-        store(session.config, self.seconds)  # the next run's workers take the longest first
-
-
-def _is_controller(config: pytest.Config) -> bool:
-    return not hasattr(config, "workerinput")
-
-
-def _write_report(config: pytest.Config, *, complete: bool) -> None:
-    from ..suite.report import environment_facts, write_json_atomically
-
-    pallas = _session(config)
-    backend = pallas.backend if pallas.options.session_opted_in else pallas._backend
-    reasons = pallas.incomplete_reasons if not complete else []
-    if not complete and not reasons:
-        reasons = ["the run has not finished: it is still running, or was killed"]
-    document = pallas.recorder.document(complete=complete, incomplete_reasons=reasons,
-                                        environment=environment_facts(backend))
-    document["seed"] = pallas.options.seed
-    document["ops_selected"] = list(pallas.conformance_ops) + [
-        op for op in pallas.recorder.ops if op not in pallas.conformance_ops]
-    write_json_atomically(pallas.options.report_path, document)
-
-
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    benchmark_summary = _loaded("bench.table", "terminal_summary")
+    benchmark_summary = imported_attribute("bench.table", "terminal_summary")
     if benchmark_summary is not None:
         benchmark_summary(terminalreporter, config)
     pallas = _session(config)
@@ -574,7 +509,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
         for line in summary_lines(terminalreporter.stats.get("skipped", ()), simulated):
             terminalreporter.write_line(line, yellow=True)
-    compile_line = _compile_summary(pallas, config)
+    compile_line = run_records.compile_summary(pallas, config)
     if compile_line:
         terminalreporter.write_line(compile_line)
     if not pallas.recording or not pallas.recorder.ops:
@@ -598,7 +533,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     for reason in pallas.incomplete_reasons:
         terminalreporter.write_line(f"incomplete: {reason}", yellow=True)
     if pallas.options.report_path:
-        created = config.stash.get(_REPORT_DIRECTORY_CREATED, None)
+        created = config.stash.get(run_records.REPORT_DIRECTORY_CREATED, None)
         terminalreporter.write_line(f"report written to {pallas.options.report_path}" + (
             f" (directory {created} created)" if created else ""))
 
@@ -612,49 +547,3 @@ _SUMMARY_LEGEND = (
 )
 _JUDGE_LEGEND = ("judge: the least share of the op's FLOPs that ran inside Pallas kernels, and "
                  "the judge's findings (contract §8)")
-
-
-_COMPILES_BEFORE: dict[int, tuple[int, int, float]] = {}
-
-
-def _loaded(module: str, name: str) -> Any:
-    """``name`` of the plugin's ``module`` if something in this process imported it, else None.
-
-    A run that never benchmarked or compiled for a TPU never imported those modules, and
-    its closing hooks need not import them (with JAX's compatibility layer) to find out.
-    """
-    found = sys.modules.get(f"pytest_pallas.{module}")
-    return getattr(found, name, None) if found is not None else None
-
-
-def _session_compiles(pallas: PallasSession) -> tuple[int, int, float]:
-    """This session's TPU compiles, verdicts from the cache and compile seconds, in this
-    process (an in-process run shares STATS with the one around it)."""
-    STATS = _loaded("checks.compile_check", "STATS")  # noqa: N806
-    if STATS is None:
-        return (0, 0, 0.0)
-    compiles, cached, seconds = _COMPILES_BEFORE.get(id(pallas), (0, 0, 0.0))
-    return (STATS.compiles - compiles, STATS.cached - cached, STATS.seconds - seconds)
-
-
-def _compile_summary(pallas: PallasSession, config: pytest.Config) -> str | None:
-    """What the TPU compiler check cost in this session, its pytest-xdist workers' included."""
-    if not pallas.options.compile_chips:
-        return None
-    compiles, cached, seconds = _session_compiles(pallas)
-    merger = config.pluginmanager.get_plugin("pallas-worker-records")
-    for worker_compiles, worker_cached, worker_seconds in (
-            merger.compiles.values() if merger is not None else ()):
-        compiles, cached = compiles + worker_compiles, cached + worker_cached
-        seconds += worker_seconds
-    if not compiles and not cached:
-        return None
-    return (f"pallas: TPU compiler check: {compiles} kernel compiles in "
-            f"{seconds:.1f} s, {cached} verdicts from the cache")
-
-
-assert set(FIXTURE_NAMES) == {"pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark"}, (
-    "fixtures drifted")
-
-
-_ = sys  # the module must stay importable without JAX; see tests/test_startup.py

@@ -9,10 +9,11 @@ from collections.abc import Callable
 
 import pytest
 
-from .session import PallasSession, is_conformance_item
+from ..suite.membership import is_conformance_item
+from .session import PallasSession
 
 
-def _load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> None:
+def load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> None:
     from hypothesis import Verbosity, settings
 
     from .._compat.hypothesis_internals import current_profile_name
@@ -37,7 +38,7 @@ def _load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> No
     settings.load_profile(profile)
 
 
-def _seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
+def seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
     """The same --pallas-seed and test id give the same examples, on any worker.
 
     Seeded just before the item runs: parametrized items share one function, so a seed
@@ -61,14 +62,14 @@ def _seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
 _HYPOTHESIS_RESTORE = pytest.StashKey[Callable[[], None]]()
 
 
-def _restore_hypothesis_attributes(item: pytest.Item) -> None:
+def restore_hypothesis_attributes(item: pytest.Item) -> None:
     restore = item.stash.get(_HYPOTHESIS_RESTORE, None)
     if restore is not None:
         restore()
         del item.stash[_HYPOTHESIS_RESTORE]
 
 
-def _restate_hypothesis_notes(item: pytest.Item, error: BaseException) -> None:
+def restate_hypothesis_notes(item: pytest.Item, error: BaseException) -> None:
     """Hypothesis's advice, in terms a user of the plugin can act on."""
     from .._compat.hypothesis_internals import restate_notes
 

@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .options import PallasOptions
+from ..settings import PallasOptions
+from ..suite.membership import (
+    conformance_op_name,
+    is_conformance_item,
+)
 
 if TYPE_CHECKING:  # imported where used: a run without Pallas tests loads none of them
     from ..backend import Backend
@@ -62,6 +66,14 @@ class PallasSession:
     incomplete_reasons: list[str] = dataclasses.field(default_factory=list)
     # The Hypothesis profile that was active before the plugin loaded its own.
     hypothesis_profile_before: str | None = None
+    # Where this run's JAX runs (hosts.PlatformDecision), once keep_jax_on_cpu decided.
+    platform_decision: Any = None
+    # The platform JAX had started on before the plugin could keep it on the CPU, if not it.
+    jax_started_on: str | None = None
+    # A pytest-xdist worker of an accelerator run, which sees one device of the host's.
+    one_device_worker: bool = False
+    # The TPU compiler check's totals when the session started (plugin.run_records).
+    compiles_before: tuple[int, int, float] = (0, 0, 0.0)
     _backend: Backend | None = None
 
     # --- the conformance report ----------------------------------------------
@@ -94,11 +106,46 @@ class PallasSession:
 
     # --- the backend ------------------------------------------------------------
 
+    def keep_jax_on_cpu(self) -> None:
+        """Before JAX starts, in a run that interprets its kernels: JAX on the CPU only, on
+        every host (see ``hosts``); the user's JAX_PLATFORMS wins."""
+        if self.platform_decision is not None or self.options.tpu:
+            return
+        from .. import hosts
+
+        self.platform_decision = hosts.keep_jax_on_cpu(os.environ, hosts.host_accelerators())
+        if not self.platform_decision.by_user:
+            from .._compat import jax_internals
+
+            self.jax_started_on = jax_internals.restrict_imported_jax_to_cpu()
+
+    def platform_lines(self) -> list[str]:
+        """What the header says of where JAX runs (nothing on a CPU-only host)."""
+        lines = []
+        decision = self.platform_decision
+        if decision is not None and decision.note:
+            lines.append(f"pallas: {decision.note}")
+        if self.jax_started_on is not None:
+            lines.append(
+                f"pallas: JAX had started on the {self.jax_started_on.upper()} before "
+                "pytest-pallas could keep it on the CPU (a conftest or plugin made arrays "
+                "when it was imported): Pallas tests run with CPU arrays, but the "
+                f"{self.jax_started_on.upper()} is in use; set JAX_PLATFORMS=cpu before "
+                "pytest to interpret on the CPU alone")
+        return lines
+
+    def undo_keep_jax_on_cpu(self) -> None:
+        if self.platform_decision is not None:
+            from .. import hosts
+
+            hosts.undo_keep_jax_on_cpu(os.environ, self.platform_decision)
+
     def ensure_devices(self) -> None:
         from ..backend import request_cpu_devices
         from ..checks.compile_check import quiet_libtpu_environment
 
         if self.devices_note is None:
+            self.keep_jax_on_cpu()
             # Before JAX starts: libtpu, when installed, loads with JAX's backends.
             quiet_libtpu_environment(os.environ)
             self.devices_requested_count, self.devices_note = request_cpu_devices(
@@ -111,6 +158,11 @@ class PallasSession:
         if self._backend is not None:
             return None if self._backend.is_tpu else self._backend.device_count
         return None if self.options.tpu else self.devices_requested_count
+
+    @property
+    def backend_if_made(self) -> Backend | None:
+        """The backend, if a test of this process needed it (never starts JAX)."""
+        return self._backend
 
     @property
     def backend(self) -> Backend:
@@ -156,7 +208,8 @@ class PallasSession:
         if marker is not None:
             needed = int(marker.args[0]) if marker.args else int(marker.kwargs.get("n", 1))
             if needed > backend.device_count:
-                return device_shortfall(needed, backend)
+                return device_shortfall(needed, backend,
+                                        one_device_worker=self.one_device_worker)
         return None
 
     def activate(self, item: pytest.Item) -> None:
@@ -164,7 +217,7 @@ class PallasSession:
         from .._compat import jax_internals, tpu_interpreter
         from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
         from ..checks.mismatch import TracedOutput, traced_output_blocks
-        from ..compare import backend_matmul_precision, interpreted_kernels
+        from ..compare import backend_matmul_precision, interpreted_kernels, traced_kernels
 
         backend = self.backend_for(item)
         stack = contextlib.ExitStack()
@@ -190,6 +243,9 @@ class PallasSession:
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
             stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports]))
+        # A bare comparison's failure then names the error model of a traced paged or
+        # ragged attention kernel.
+        stack.enter_context(traced_kernels(lambda: [r.kernel for r in reports]))
         # A value failure then locates its mismatches in the traced kernels' output blocks.
         stack.enter_context(traced_output_blocks(lambda: [
             TracedOutput(report.kernel, array_shape, block_shape)
@@ -202,7 +258,7 @@ class PallasSession:
 
     def _compile_recorder(self, item: pytest.Item):
         """For a conformance test: records in the report whether its op's kernels compiled."""
-        op = conformance_op(item) if is_conformance_item(item) else None
+        op = conformance_op_name(item) if is_conformance_item(item) else None
         if op is None:
             return None
         recorder = self.recorder
@@ -424,51 +480,18 @@ def session_of(config: pytest.Config) -> PallasSession:
     return config.stash[SESSION_KEY]
 
 
-def _conformance_directory() -> str:
-    # The packaged suite: site-packages/pytest_pallas/conformance, or the checkout's
-    # conformance/ in an editable install (found without importing it).
-    import importlib.util
-
-    spec = importlib.util.find_spec("pytest_pallas.conformance")
-    if spec is not None and spec.submodule_search_locations:
-        return os.path.abspath(list(spec.submodule_search_locations)[0])
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "conformance")
-
-
-CONFORMANCE_DIRECTORY = _conformance_directory()
-
-
 def _list_or_empty(recorded: list | None) -> list:
     # The recorder's own list (empty now, filled as kernels run), or a fresh
     # one when the feature is off: `recorded or []` would drop the former.
     return recorded if recorded is not None else []
 
 
-def is_packaged_conformance_item(item: pytest.Item) -> bool:
-    return os.path.dirname(str(item.path)) == CONFORMANCE_DIRECTORY
-
-
-def is_conformance_item(item: pytest.Item) -> bool:
-    """A test of the packaged suite or of a ``conformance_tests`` class."""
-    return is_packaged_conformance_item(item) or _class_binding(item) is not None
-
-
-def _class_binding(item: pytest.Item) -> Any:
-    cls = getattr(item, "cls", None)
-    return getattr(cls, "__pallas_conformance__", None) if cls is not None else None
-
-
-def conformance_op(item: pytest.Item) -> str | None:
-    binding = _class_binding(item)
-    if binding is not None:
-        return binding.op
-    callspec = getattr(item, "callspec", None)
-    op = callspec.params.get("op") if callspec is not None else None
-    return getattr(op, "name", op)  # a packaged test is parametrized by the op's record
-
-
-def device_shortfall(needed: int, backend: Backend) -> str:
+def device_shortfall(needed: int, backend: Backend, *, one_device_worker: bool = False) -> str:
     if backend.is_tpu:
+        if one_device_worker:
+            return (f"needs {needed} TPU devices, this pytest-xdist worker holds "
+                    f"{backend.device_count} (one chip per worker); run it with -n 0 "
+                    "--pallas-tpu, which gives one process every chip")
         return f"needs {needed} TPU devices, this host has {backend.device_count}"
     return (
         f"needs {needed} devices, JAX sees {backend.device_count} CPU devices; run with "

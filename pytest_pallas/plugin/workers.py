@@ -16,10 +16,13 @@ import os
 
 import pytest
 
-# Each worker is a process of its own, with its own JAX, 8 simulated devices and kernel
-# compilations (about 1 GB at its peak in the main job): more than a few cost memory and
-# start-up that a suite of 18 ops does not pay back.
-MAX_DEFAULT_WORKERS = 4
+# How many workers the work pays for. Each worker is a process of its own, with its own JAX
+# import (2 to 3 s), 8 simulated devices and kernel compilations (about 1 GB at its peak in
+# the main job). The main job (18 ops, 46 tests) on a 16-core host: 19.8 s on 4 workers,
+# 16.1 s on 8, 17.5 s on 16 (docs/hardware.md): past one worker per two ops, the longest
+# tests set the floor and more workers only add start-up and memory.
+OPS_PER_WORKER = 2
+WORKER_PEAK_BYTES = 2**30
 # A run of fewer ops (the fast loop on one kernel) is over before a worker has imported JAX.
 MIN_OPS_FOR_WORKERS = 4
 
@@ -37,7 +40,7 @@ def set_default_workers(config: pytest.Config) -> int | None:
     # xdist's count for -n auto: the cores, or PYTEST_XDIST_AUTO_NUM_WORKERS (then uncapped).
     count = config.hook.pytest_xdist_auto_num_workers(config=config)
     if not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        count = min(count, MAX_DEFAULT_WORKERS)
+        count = workers_for_the_work(count, _ops_checked(config), _memory_bytes())
     if count < 2:
         return None  # one worker is one process more for nothing
     config.option.numprocesses = count
@@ -45,13 +48,30 @@ def set_default_workers(config: pytest.Config) -> int | None:
     return count
 
 
+def workers_for_the_work(cores: int, ops: int, memory_bytes: int | None) -> int:
+    """Workers for a suite of ``ops`` ops: one per core, one per two ops, and no more than
+    the memory holds (at about 1 GB each)."""
+    count = min(cores, -(-ops // OPS_PER_WORKER))
+    if memory_bytes is not None:
+        count = min(count, max(1, memory_bytes // WORKER_PEAK_BYTES))
+    return count
+
+
+def _memory_bytes() -> int | None:
+    """The memory available now (Linux), or None where it cannot be read."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def header_note(config: pytest.Config) -> str | None:
     """The header's line saying the plugin started workers, and how to run in one process."""
     count = config.stash.get(_CHOSEN, None)
     if count is None:
         return None
-    return (f"pallas: the conformance suite runs on {count} pytest-xdist workers (one per core); "
-            "-n 0 runs it in one process")
+    return (f"pallas: the conformance suite runs on {count} pytest-xdist workers (one per core, at "
+            "most one per two ops); -n 0 runs it in one process")
 
 
 def hands_tests_to_workers(config: pytest.Config) -> bool:
@@ -87,8 +107,10 @@ def _wanted(config: pytest.Config) -> bool:
     if (option.collectonly or getattr(option, "usepdb", False)
             or getattr(option, "trace", False)):
         return False
-    if option.pallas_tpu or getattr(option, "benchmark_only", False):
-        return False  # one TPU per host; benchmarks want the machine to themselves
+    if accelerator_platform(config) is not None or getattr(option, "benchmark_only", False):
+        # On the accelerator, workers follow the devices (one_device_per_worker);
+        # benchmarks want the machine to themselves.
+        return False
     return _ops_checked(config) >= MIN_OPS_FOR_WORKERS
 
 
@@ -101,4 +123,67 @@ def _ops_checked(config: pytest.Config) -> int:
         return len(impls & ops if ops else impls)
     if ops:
         return len(ops)
-    return MIN_OPS_FOR_WORKERS if config.getoption("--pallas-conformance") else 0
+    if not config.getoption("--pallas-conformance"):
+        return 0
+    from ..ops.registry import OP_NAMES  # no JAX; the run's configure imports it anyway
+
+    return len(OP_NAMES)
+
+
+# --- one device per worker, on an accelerator ------------------------------------------
+
+_DEVICE_SPLIT = pytest.StashKey[str]()
+
+
+def accelerator_platform(config: pytest.Config) -> str | None:
+    """``"tpu"`` or ``"gpu"`` for a run on the accelerator, None for an interpreted run."""
+    option = config.option
+    if getattr(option, "pallas_tpu", False):
+        return "tpu"
+    if getattr(option, "pallas_gpu", False):
+        return "gpu"
+    return None
+
+
+def one_device_per_worker(config: pytest.Config, host=None) -> int | None:
+    """On the controller of an accelerator run with ``-n N``: never more workers than the
+    host's devices. Returns the worker count it set, or None when it changed nothing.
+
+    Called from ``pytest_cmdline_main``, before pytest-xdist's own reads ``-n``.
+    """
+    platform = accelerator_platform(config)
+    option = config.option
+    requested = getattr(option, "numprocesses", None)
+    if platform is None or hasattr(config, "workerinput") or not requested:
+        return None
+    from .. import hosts
+
+    host = host if host is not None else hosts.host_accelerators()
+    if host.platform != platform:
+        return None  # the backend's own check says JAX sees none, before collection
+    if requested in ("auto", "logical"):
+        requested = host.count
+    count, note = hosts.workers_for_devices(int(requested), host)
+    option.numprocesses = count
+    variable = next(iter(hosts.worker_device_environment(host, 0)))
+    config.stash[_DEVICE_SPLIT] = note or (
+        f"{count} pytest-xdist workers, one {platform.upper()} each ({variable})")
+    return count
+
+
+def take_this_workers_device(config: pytest.Config, host=None, environ=os.environ) -> None:
+    """On a pytest-xdist worker of an accelerator run, before JAX starts: see only the
+    worker's own device (its number among the host's devices)."""
+    from .. import hosts
+
+    index = hosts.worker_index(environ)
+    if accelerator_platform(config) is None or index is None:
+        return
+    host = host if host is not None else hosts.host_accelerators(environ)
+    environ.update(hosts.worker_device_environment(host, index))
+
+
+def device_split_note(config: pytest.Config) -> str | None:
+    """The header's line saying how the workers split the devices."""
+    note = config.stash.get(_DEVICE_SPLIT, None)
+    return f"pallas: {note}" if note else None

@@ -34,14 +34,13 @@ from hypothesis import strategies as st
 
 from ..ops.inputs import VALUES_PER_SIGNATURE, SweepSlot, sweep_slots
 from ..ops.operation import Operation
+from .membership import CLASS_ATTRIBUTE, CONFORMANCE_DIRECTORY
 
 __all__ = ["conformance_tests", "packaged_tests"]
 
 # The attribute of a test function that the plugin turns into its Hypothesis settings when
 # the test runs (the profile is only known then): ``f(settings.default) -> settings``.
 SETTINGS_ATTRIBUTE = "_pallas_settings"
-# The attribute of a ``conformance_tests`` class that holds its op and implementation.
-CLASS_ATTRIBUTE = "__pallas_conformance__"
 
 
 def _examples_setting(examples: int | None, count: Callable[[int], int]) -> Callable:
@@ -146,7 +145,7 @@ def _packaged_ops(kernel_module: str) -> list[Operation]:
     in that kernel module; ``test_operations`` has every op no other packaged module has."""
     from ..ops.registry import OPERATIONS
 
-    own = {name[len("test_"):-len(".py")] for name in os.listdir(_conformance_directory())
+    own = {name[len("test_"):-len(".py")] for name in os.listdir(CONFORMANCE_DIRECTORY)
            if name.startswith("test_") and name.endswith(".py")}
     chosen = []
     for op in OPERATIONS.values():
@@ -163,12 +162,6 @@ def _kernel_module(op: Operation) -> str | None:
         if module.startswith(prefix):
             return module[len(prefix):]
     return None
-
-
-def _conformance_directory() -> str:
-    from ..plugin.session import CONFORMANCE_DIRECTORY
-
-    return CONFORMANCE_DIRECTORY
 
 
 def conformance_tests(op: Operation, implementation: Callable, **settings: Any) -> type:
@@ -236,6 +229,3 @@ def conformance_tests(op: Operation, implementation: Callable, **settings: Any) 
     return type(f"Test_{op.name}", (), namespace)
 
 
-def class_binding(cls: type | None) -> Any:
-    """The implementation a ``conformance_tests`` class checks, or None for another class."""
-    return getattr(cls, CLASS_ATTRIBUTE, None) if cls is not None else None

@@ -7,6 +7,6 @@
   reference kernels with other block sizes, the kernels JAX ships in
   ``jax.experimental.pallas.ops.tpu``); the suite must pass every one.
 
-Each is a contract-signature callable (CONTRACT.md section 2), given to the
+Each is a contract-signature callable (docs/contract.md section 2), given to the
 suite as ``--pallas-impl OP=seeded_bugs.kernels:NAME``.
 """

@@ -1,6 +1,6 @@
 """Correct alternatives to the reference kernels: the conformance suite must pass every one.
 
-Four kinds, each a contract-signature callable (CONTRACT.md section 2):
+Four kinds, each a contract-signature callable (docs/contract.md section 2):
 
 * plain ``jnp`` for every op (the contract: "a plain jnp implementation is
   valid and must pass");

@@ -1,6 +1,6 @@
 """Pallas TPU kernels with one seeded bug each, for proving the conformance suite's power.
 
-Every function here has the signature of a contract op (CONTRACT.md section 2)
+Every function here has the signature of a contract op (docs/contract.md section 2)
 and is a plausible kernel that somebody could write and believe correct: it
 runs, returns the right shape and dtype, and is right on many inputs. Its
 docstring says what is wrong and which real mistake it models.

@@ -1,6 +1,6 @@
 """Pallas TPU kernels of the version 0.2 ops, each with one seeded bug.
 
-Every function has the contract signature of its op (CONTRACT.md section 2,
+Every function has the contract signature of its op (docs/contract.md section 2,
 "Operations added in version 0.2") and is a plausible kernel that runs and
 returns the right shape and dtype; its docstring says what is wrong and which
 real mistake it models. ``tests/reference_kernels/test_<module>.py`` shows that

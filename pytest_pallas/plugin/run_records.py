@@ -1,0 +1,169 @@
+"""What a run records beside its verdicts: the conformance report, pytest-xdist workers'
+records merged on the controller, and the TPU compiler check's statistics.
+
+A worker sends what it recorded with every test's report (in ``user_properties``), so a
+worker that crashes loses only the verdict of the test it crashed in; the controller merges
+them (``WorkerRecordsMerger``), writes ``--pallas-report`` and prints the summary's compile
+line. Imports nothing heavy: the report's modules load only when a run recorded something.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from ..suite.membership import is_conformance_item
+from .session import PallasSession, session_of
+
+# The keys, in a test report's user_properties, of what a worker recorded during the test.
+WORKER_RECORDS = "pallas_conformance_records"
+WORKER_COMPILES = "pallas_compile_stats"
+WORKER_SECONDS = "pallas_conformance_seconds"  # how long a conformance test's call took
+
+# The directory --pallas-report creates because it did not exist, for the summary to say so.
+REPORT_DIRECTORY_CREATED = pytest.StashKey[str | None]()
+
+
+def imported_attribute(module: str, name: str) -> Any:
+    """``name`` of the package's ``module`` if something in this process imported it, else None.
+
+    A run that never benchmarked or compiled for a TPU never imported those modules, and
+    its closing hooks need not import them (with JAX's compatibility layer) to find out.
+    """
+    found = sys.modules.get(f"pytest_pallas.{module}")
+    return getattr(found, name, None) if found is not None else None
+
+
+def is_controller(config: pytest.Config) -> bool:
+    """Whether this process reports the run: one process alone, or pytest-xdist's controller."""
+    return not hasattr(config, "workerinput")
+
+
+# --- the TPU compiler check's statistics ---------------------------------------------------
+
+
+def remember_compiles_before(session: PallasSession) -> None:
+    """The compile totals when this session started: an in-process run shares the compile
+    check's counters with the run around it, and a process that never imported the check has
+    compiled nothing."""
+    stats = imported_attribute("checks.compile_check", "STATS")
+    session.compiles_before = ((stats.compiles, stats.cached, stats.seconds)
+                               if stats is not None else (0, 0, 0.0))
+
+
+def session_compiles(session: PallasSession) -> tuple[int, int, float]:
+    """This session's TPU compiles, verdicts from the cache and compile seconds, in this
+    process."""
+    stats = imported_attribute("checks.compile_check", "STATS")
+    if stats is None:
+        return (0, 0, 0.0)
+    compiles, cached, seconds = session.compiles_before
+    return (stats.compiles - compiles, stats.cached - cached, stats.seconds - seconds)
+
+
+def compile_summary(session: PallasSession, config: pytest.Config) -> str | None:
+    """What the TPU compiler check cost in this session, its pytest-xdist workers' included."""
+    if not session.options.compile_chips:
+        return None
+    compiles, cached, seconds = session_compiles(session)
+    merger = config.pluginmanager.get_plugin("pallas-worker-records")
+    for worker_compiles, worker_cached, worker_seconds in (
+            merger.compiles.values() if merger is not None else ()):
+        compiles, cached = compiles + worker_compiles, cached + worker_cached
+        seconds += worker_seconds
+    if not compiles and not cached:
+        return None
+    return (f"pallas: TPU compiler check: {compiles} kernel compiles in "
+            f"{seconds:.1f} s, {cached} verdicts from the cache")
+
+
+# --- pytest-xdist's workers and their controller -------------------------------------------
+
+
+def send_worker_records(item: pytest.Item, call: Any, report: pytest.TestReport) -> None:
+    """On a worker: attach what this test recorded to its report, for the controller."""
+    config = item.config
+    if is_controller(config):
+        return
+    session = session_of(config)
+    if call.when == "teardown" and session.recording:
+        records = session.recorder.take()
+        if records:
+            report.user_properties.append((WORKER_RECORDS, records))
+        compiles = session_compiles(session)
+        if any(compiles):  # this worker's totals so far, for the controller's summary line
+            report.user_properties.append(
+                (WORKER_COMPILES, (config.workerinput.get("workerid"), compiles)))
+    if call.when == "call" and is_conformance_item(item):
+        report.user_properties.append((WORKER_SECONDS, report.duration))
+
+
+class WorkerRecordsMerger:
+    """On the pytest-xdist controller: merges what each worker recorded, report by report."""
+
+    def __init__(self, session: PallasSession) -> None:
+        self.session = session  # its recorder made when the first records arrive
+        self.compiles: dict[str, tuple[int, int, float]] = {}  # per worker: its totals so far
+        self.seconds: dict[str, float] = {}  # per conformance test: how long its call took
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # First, so that junitxml and other reporters never see the records as a property.
+        kept = []
+        for name, value in report.user_properties:
+            if name == WORKER_RECORDS:
+                self.session.recorder.merge(value)
+            elif name == WORKER_COMPILES:
+                worker, totals = value
+                self.compiles[worker] = tuple(totals)
+            elif name == WORKER_SECONDS:
+                self.seconds[report.nodeid] = float(value)
+            else:
+                kept.append((name, value))
+        report.user_properties[:] = kept
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.seconds:
+            return  # no worker ran a conformance test
+        from .conformance_order import store
+
+        store(session.config, self.seconds)  # the next run's workers take the longest first
+
+
+# --- the conformance report ----------------------------------------------------------------
+
+
+def finish_conformance_report(session: pytest.Session, exitstatus: Any) -> None:
+    """At the session's end, on the controller: say why the report is incomplete, if it is,
+    and write ``--pallas-report``."""
+    pallas = session_of(session.config)
+    if not pallas.recording or not is_controller(session.config):
+        return  # a worker's results went to the controller with each test's report
+    pallas.recorder.order_ops(pallas.conformance_ops)
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        pallas.incomplete_reasons.append("the run was interrupted")
+    elif exitstatus == pytest.ExitCode.INTERNAL_ERROR:
+        pallas.incomplete_reasons.append("pytest stopped on an internal error")
+    elif session.shouldstop:
+        pallas.incomplete_reasons.append(f"the run stopped early: {session.shouldstop}")
+    if pallas.options.report_path:
+        write_report(session.config, complete=not pallas.incomplete_reasons)
+
+
+def write_report(config: pytest.Config, *, complete: bool) -> None:
+    """Write ``--pallas-report``: complete at the end, or as far as the run has got."""
+    from ..suite.report import environment_facts, write_json_atomically
+
+    pallas = session_of(config)
+    backend = pallas.backend if pallas.options.session_opted_in else pallas.backend_if_made
+    reasons = pallas.incomplete_reasons if not complete else []
+    if not complete and not reasons:
+        reasons = ["the run has not finished: it is still running, or was killed"]
+    document = pallas.recorder.document(complete=complete, incomplete_reasons=reasons,
+                                        environment=environment_facts(backend))
+    document["seed"] = pallas.options.seed
+    document["ops_selected"] = list(pallas.conformance_ops) + [
+        op for op in pallas.recorder.ops if op not in pallas.conformance_ops]
+    write_json_atomically(pallas.options.report_path, document)
