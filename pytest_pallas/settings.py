@@ -64,6 +64,8 @@ class PallasOptions:
     compile_chips: tuple[str, ...] = ()
     compile_given: bool = False
     libtpu: str | None = None  # the installed libtpu's version, None when it cannot be imported
+    # --pallas-judge: a finding of the judge's checks fails the implementation's tests.
+    judge: bool = False
 
     @property
     def session_opted_in(self) -> bool:

@@ -259,8 +259,9 @@ def test_table_says_what_it_counts_and_where_each_property_ran(pytester, user_mo
         "pallas: CPU, tpu interpreter (the conformance suite runs its value, deterministic and "
         "vmap examples in the plain one, for speed), *",
         "*pallas conformance*",
-        "op   implementation  properties passed  failed  examples  *  interpreters  restrictions",
-        "add  my_kernels:add  6                  0       *  plain/tpu     none",
+        "op   implementation  properties passed  failed  examples  *  interpreters  judge  *"
+        "restrictions",
+        "add  my_kernels:add  6                  0       *  plain/tpu     in kernels: 0%*none",
         "properties passed/failed: of shape_dtype, finite, value, written, deterministic and "
         "vmap; pytest counts tests *",
         "interpreters: where value, deterministic and vmap ran / where written ran *",
@@ -271,7 +272,7 @@ def test_table_says_what_it_counts_and_where_each_property_ran(pytester, user_mo
 
     chosen = run(pytester, "--pallas-impl", "add=my_kernels:add", "--pallas-interpret=tpu")
     chosen.stdout.fnmatch_lines(["pallas: CPU, tpu interpreter, standing in for TPU *",
-                                 "add  my_kernels:add  6 * tpu           none"])
+                                 "add  my_kernels:add  6 * tpu  *  in kernels: 0%*none"])
 
 
 def test_collectives_skip_in_the_plain_interpreter_with_the_reason(pytester):

@@ -45,6 +45,9 @@ What ``extra_info`` holds (pytest-benchmark saves it in its JSON):
   median over rounds of kernel time over the XLA time of the same round) and
   ``kernel_over_xla_min`` (fastest kernel round over fastest XLA round): the two
   ratios ``benchmark_gate`` judges;
+* the judge (contract §8): ``judge_findings``, a one-line finding when the median time is
+  below the roofline (the timer did not measure the work); under ``--pallas-judge`` it
+  fails the test;
 * the run: ``first_call_seconds`` (compilation and first call, not in the
   statistics), ``rounds``, ``timer``, ``xla_calls_per_round``, ``backend``,
   ``platform``, ``interpreter``, ``chip``, ``device_kind``, ``device_count``,
@@ -77,6 +80,7 @@ import pytest
 
 from .._compat import jax_internals
 from .._compat.benchmark_internals import round_budget, timer_of, use_timer
+from ..checks.honesty import faster_than_roofline
 from ..ops import registry as _ops
 from ..ops.operation import Operation
 from .roofline import performance_facts, roofline_of
@@ -303,6 +307,10 @@ class PallasBenchmark:
             "xla_calls_per_round": xla_calls if baseline is not None else None,
         })
         info.update(self._timing_facts(cost, devices, xla_times))
+        # --pallas-judge (contract §8): a time below the roofline is a finding, not a record.
+        finding = faster_than_roofline(info.get("roofline_seconds"),
+                                       self.benchmark.stats.stats.median)
+        info["judge_findings"] = [finding.line()] if finding is not None else []
         if self.estimate_chips:
             from .benchmark_estimate import tpu_estimates
 
@@ -311,6 +319,9 @@ class PallasBenchmark:
         # extra_info is the dict pytest-benchmark serialises: update it, never replace it.
         self.benchmark.extra_info.update(info)
         self._record(self.benchmark.stats.stats.median, info)
+        if finding is not None and self._config is not None and self._config.getoption(
+                "--pallas-judge", default=False):
+            pytest.fail(f"{operation}: {finding.line()}", pytrace=False)
         return result
 
     def _plan(self, timer, kernel, baseline, args) -> tuple[int, int]:

@@ -67,8 +67,9 @@ def performance_facts(cost: Any, median_seconds: float, roofline: Roofline | Non
             "transcendentals": int(getattr(cost, "transcendentals", 0) or 0),
             "bytes_accessed": bytes_accessed,
             "arithmetic_intensity": flops / bytes_accessed if bytes_accessed else None,
-            "achieved_flops_per_second": flops / median_seconds,
-            "achieved_bytes_per_second": bytes_accessed / median_seconds,
+            "achieved_flops_per_second": flops / median_seconds if median_seconds > 0 else None,
+            "achieved_bytes_per_second": (bytes_accessed / median_seconds if median_seconds > 0
+                                          else None),
         })
         remote = getattr(cost, "remote_bytes_transferred", 0) or 0
         if remote:
@@ -82,13 +83,14 @@ def performance_facts(cost: Any, median_seconds: float, roofline: Roofline | Non
                 "peak_bytes_per_second": roofline.peak_bytes_per_second,
                 "roofline_seconds": bound,
                 "roofline_bound": "compute" if compute_bound else "memory",
-                "fraction_of_roofline": bound / median_seconds,
+                "fraction_of_roofline": bound / median_seconds if median_seconds > 0 else None,
             })
     if xla_median_seconds is not None:
         facts.update({
             "xla_median": xla_median_seconds,
             "kernel_over_xla": (paired_ratio if paired_ratio is not None
                                 else median_seconds / xla_median_seconds),
-            "speedup_vs_xla": xla_median_seconds / median_seconds,
+            "speedup_vs_xla": (xla_median_seconds / median_seconds if median_seconds > 0
+                               else None),
         })
     return facts

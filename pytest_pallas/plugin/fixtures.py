@@ -94,5 +94,5 @@ def conformance(request: pytest.FixtureRequest):
         implementation = pallas.implementations[operation.name]
     return Conformance(implementation, pallas.item_backend(request.node), pallas.recorder,
                        interpreter_chosen=pallas.options.interpreter_chosen,
-                       sweep_first=pallas.options.sweep_first,
+                       sweep_first=pallas.options.sweep_first, judge=pallas.options.judge,
                        most_drawn_devices=PROFILE_MOST_DEVICES[pallas.options.profile])

@@ -522,6 +522,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(line)
     for line in _SUMMARY_LEGEND:
         terminalreporter.write_line(line)
+    if pallas.recorder.judged_any():
+        terminalreporter.write_line(_JUDGE_LEGEND + (
+            "" if pallas.options.judge else "; reported only: --pallas-judge fails them"))
+        for line in pallas.recorder.finding_lines():
+            terminalreporter.write_line(line, yellow=not pallas.options.judge,
+                                        red=pallas.options.judge)
     for line in pallas.recorder.coverage_lines():
         terminalreporter.write_line(f"not exercised: {line}", yellow=True)
     for reason in pallas.incomplete_reasons:
@@ -539,3 +545,5 @@ _SUMMARY_LEGEND = (
     "interpret=True, fast; tpu: JAX's TPU interpreter, NaN-poisoned memory; TPU: compiled)",
     "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)",
 )
+_JUDGE_LEGEND = ("judge: the least share of the op's FLOPs that ran inside Pallas kernels, and "
+                 "the judge's findings (contract §8)")

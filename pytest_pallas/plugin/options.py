@@ -101,6 +101,12 @@ def add_options(parser: pytest.Parser) -> None:
         "'none'. Default: the run's chip when libtpu is installed, else none.",
     )
     group.addoption(
+        "--pallas-judge", action="store_true", default=False,
+        help="judge every conformance implementation as a Pallas kernel: arithmetic outside "
+        "the kernels, host callbacks, state kept across calls or a result that ignores its "
+        "inputs fails its tests (reported, not failed, without it).",
+    )
+    group.addoption(
         "--pallas-report", metavar="PATH", default=None,
         help="write a JSON conformance report to PATH.",
     )
@@ -243,6 +249,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         compile_chips=compile_chips,
         compile_given=compile_value is not None,
         libtpu=libtpu,
+        judge=bool(config.getoption("--pallas-judge")),
     )
 
 

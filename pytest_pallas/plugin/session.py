@@ -40,7 +40,7 @@ MARKER_NAMES = tuple(spec.split("(")[0] for spec in MARKERS)
 FIXTURE_NAMES = ("pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark")
 
 # The plugin's flags that take no value (see options.add_options).
-_SWITCHES = ("--pallas-tpu", "--pallas-detect-races", "--pallas-conformance")
+_SWITCHES = ("--pallas-tpu", "--pallas-detect-races", "--pallas-conformance", "--pallas-judge")
 
 # A feature built on private JAX internals, by the name a run reports when it is off.
 KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"

@@ -31,7 +31,7 @@ from ..checks.kernel_check import (
 from ..compare import bitwise_differences, without_uninitialized_read_hint
 from ..ops import inputs as op_inputs
 from ..ops.domains import Domain
-from . import grid_coverage, properties
+from . import grid_coverage, judge, properties
 from .implementation import Implementation
 from .report import VALUE_PROPERTIES, ConformanceRecorder
 
@@ -50,6 +50,11 @@ def _failure_summary(error: Exception) -> str:
 _GRID_COVERAGE = "grid coverage (which kernel grid axes the examples exercised)"
 
 
+# The implementations whose state probe ran in this process (once each: it traces dozens
+# of times).
+_STATE_PROBED: set = set()
+
+
 class PlainInterpreterCannotRun(UserWarning):
     """JAX's plain interpreter crashed inside JAX on a kernel; the suite used the TPU one."""
 
@@ -59,8 +64,8 @@ class Conformance:
 
     def __init__(self, implementation: Implementation, backend: Backend,
                  recorder: ConformanceRecorder, *, interpreter_chosen: bool = False,
-                 sweep_first: int | None = None, most_drawn_devices: int | None = None
-                 ) -> None:
+                 sweep_first: int | None = None, most_drawn_devices: int | None = None,
+                 judge: bool = False) -> None:
         self.implementation = implementation
         self.operation = implementation.operation
         self.backend = backend
@@ -82,6 +87,9 @@ class Conformance:
         self._plain_crash: str | None = None  # why the plain interpreter cannot run the kernel
         # Jitted implementations, for this test only: examples of one signature compile once.
         self._compiled: dict = {}
+        # --pallas-judge: the judge's findings fail the test (else they are only reported).
+        self.judge = judge
+        self._judged_signatures: set = set()  # the program of each signature is read once
 
     @contextlib.contextmanager
     def _failures_unrecorded(self):
@@ -218,6 +226,12 @@ class Conformance:
             if not self._quiet:
                 self.recorder.outcome(self._row, prop, False, message)
             raise AssertionError(f"[{self.operation.name}: {prop}] {message}") from None
+        except jax.errors.UnexpectedTracerError:
+            message = judge.leaked_tracer_finding().line()
+            if not self._quiet:
+                self.recorder.outcome(self._row, prop, False, message)
+                self.recorder.findings(self._row, [judge.leaked_tracer_finding()])
+            raise AssertionError(f"[{self.operation.name}: {prop}] {message}") from None
         except Exception as error:
             summary = _failure_summary(error)
             if not self._quiet:
@@ -230,6 +244,67 @@ class Conformance:
                 pytest.fail(f"[{self.operation.name}: {prop}] {summary}\ninput: {case!r}",
                             pytrace=False)
             raise
+
+    # --- the judge (contract §8) ---------------------------------------------------
+
+    def _judge_program(self, case: op_inputs.Case) -> None:
+        """Read the implementation's traced program on ``case`` (once per signature): where
+        its arithmetic runs and which host callbacks it makes. Recorded always; under
+        --pallas-judge a finding fails the test, and so do checks this JAX turned off."""
+        __tracebackhide__ = True
+        if judge.JUDGE_CHECKS in jax_internals.features_off():
+            if self.judge:  # what cannot be judged is not accepted
+                self._fail("judge", f"{judge.JUDGE_CHECKS} is off on this JAX: "
+                           f"{jax_internals.features_off()[judge.JUDGE_CHECKS]}")
+            return
+        signature = (tuple((np.shape(a), str(np.asarray(a).dtype)) for a in case.args),
+                     repr(sorted(case.kwargs.items())), repr(sorted(case.blocks.items())))
+        if signature in self._judged_signatures:
+            return
+        self._judged_signatures.add(signature)
+        try:
+            with pallas_call_hooks.suspend_pallas_call_observers():
+                verdict = judge.program_verdict(self.implementation.function, case,
+                                                compare_traces=self.judge)
+        except judge.CannotTrace:  # the implementation's own call reports why
+            return
+        except Exception as error:  # the judge cannot read this JAX's programs
+            jax_internals.feature_off(judge.JUDGE_CHECKS, error)
+            if self.judge:
+                self._fail("judge", f"{judge.JUDGE_CHECKS} is off on this JAX: "
+                           f"{type(error).__name__}: {error}")
+            return
+        self.recorder.judged(self._row, verdict)
+        self._judge_findings(verdict.findings)
+        if self.judge:
+            self.recorder.outcome(self._row, "judge", True)
+
+    def _judge_findings(self, findings: Any) -> None:
+        """Record the findings; under --pallas-judge the first fails the test, one line."""
+        __tracebackhide__ = True
+        if not findings:
+            return
+        self.recorder.findings(self._row, findings)
+        if self.judge:
+            more = f" (and {len(findings) - 1} more finding(s))" if len(findings) > 1 else ""
+            self._fail("judge", findings[0].line() + more)
+
+    def _judge_state(self, case: op_inputs.Case, result: Any) -> None:
+        """Under --pallas-judge, once per implementation and process: no state kept across
+        calls (the interleaved traces of ``suite.judge.state_findings``) and a result that
+        depends on every input the oracle says matters."""
+        __tracebackhide__ = True
+        if not self.judge or self.implementation in _STATE_PROBED:
+            return
+        _STATE_PROBED.add(self.implementation)
+        with pallas_call_hooks.suspend_pallas_call_observers():
+            findings = judge.state_findings(self.implementation.function, case)
+        if not findings:
+            findings = judge.input_impact_findings(
+                lambda changed: self._in_breadth(lambda: self._call("value", changed)), case,
+                result, matmul_precision=self.backend.matmul_precision)
+        self._judge_findings(findings)
+        self.recorder.outcome(self._row, "judge", True)
 
     # --- properties --------------------------------------------------------------
 
@@ -255,6 +330,7 @@ class Conformance:
     def _check_value_of(self, case: op_inputs.Case) -> int:
         """The value property on one input; the grid's score for Hypothesis's targeting."""
         __tracebackhide__ = True
+        self._judge_program(case)
         with self._grid_recorded(case) as runs:
             result = self._in_breadth(lambda: self._call("value", case))
         self._ran_in_breadth(*VALUE_PROPERTIES)
@@ -275,6 +351,7 @@ class Conformance:
         if message:
             failed = "finite" if not verdicts["finite"] else "value"
             self._fail(failed, message)
+        self._judge_state(case, result)
         return grid_coverage.example_score(runs)
 
     def check_repeatable(self, data: st.DataObject) -> None:
@@ -286,6 +363,7 @@ class Conformance:
             pytest.skip("written/deterministic: output poisoning needs the TPU interpreter")
 
         case = self.draw(data)
+        self._judge_program(case)
         kernels: list[kernel_model.PallasCallInfo] = []
         with self._grid_recorded(case, kernels):
             zeroed = run_on_fresh_memory(lambda: self._call("written", case), "zero",
@@ -371,6 +449,7 @@ class Conformance:
         import jax
 
         case = self.draw(data)
+        self._judge_program(case)
         batched_args = properties.vmapped_case_args(case)
         function = properties.suite_jit(jax.vmap(functools.partial(
             self.implementation.function, **properties.call_kwargs(case), **case.blocks)),

@@ -136,6 +136,15 @@ AXIS_NAME = "ring"
 
 def _run_collective(implementation: Callable, case: Case) -> Any:
     import jax
+
+    return jax.block_until_ready(suite_jit(collective_function(implementation, case))(
+        *case.args))
+
+
+def collective_function(implementation: Callable, case: Case) -> Callable:
+    """The collective op's implementation inside ``shard_map`` over the case's devices,
+    taking and returning the global arrays."""
+    import jax
     from jax.sharding import Mesh, PartitionSpec
 
     count = case.dims[DEVICES]
@@ -149,9 +158,8 @@ def _run_collective(implementation: Callable, case: Case) -> Any:
     body = functools.partial(implementation, **{case.operation.collective: AXIS_NAME},
                              **call_kwargs(case), **case.blocks)
     specs = tuple(PartitionSpec(AXIS_NAME) for _ in case.args)
-    sharded = jax.shard_map(body, mesh=mesh, in_specs=specs,
-                            out_specs=PartitionSpec(AXIS_NAME), check_vma=False)
-    return jax.block_until_ready(suite_jit(sharded)(*case.args))
+    return jax.shard_map(body, mesh=mesh, in_specs=specs,
+                         out_specs=PartitionSpec(AXIS_NAME), check_vma=False)
 
 
 def describe_output(result: Any) -> str:

@@ -76,6 +76,64 @@ class CompileResult:
 
 
 @dataclasses.dataclass
+class JudgeResult:
+    """What the judge's checks (``suite.judge``) found of one implementation (contract §8)."""
+
+    programs: int = 0                 # traced programs read (one per signature)
+    share_in_kernels: float = 1.0     # the least share of the op's work inside kernels seen
+    least_kernels: int | None = None  # the fewest pallas_calls a program made
+    host_callbacks: list[str] = dataclasses.field(default_factory=list)
+    # One line each, the first of each check ("[judge: no-kernel] ...").
+    findings: list[str] = dataclasses.field(default_factory=list)
+
+    def add_findings(self, lines: Any) -> None:
+        for line in lines:
+            check = line.partition("]")[0]
+            if not any(known.partition("]")[0] == check for known in self.findings):
+                self.findings.append(line)
+
+    def merge(self, values: dict[str, Any]) -> None:
+        if values.get("programs"):
+            self.share_in_kernels = min(self.share_in_kernels if self.programs else 1.0,
+                                        values["share_in_kernels"])
+            kernels = values.get("least_kernels")
+            if kernels is not None:
+                self.least_kernels = (kernels if self.least_kernels is None
+                                      else min(self.least_kernels, kernels))
+            self.programs += values["programs"]
+        for callback in values.get("host_callbacks", ()):
+            if callback not in self.host_callbacks:
+                self.host_callbacks.append(callback)
+        self.add_findings(values.get("findings", ()))
+
+    @property
+    def share_text(self) -> str:
+        """The summary table's cell: "in kernels: 100%", with the count of findings."""
+        if not self.programs and not self.findings:
+            return "-"
+        text = "-"
+        if self.programs:
+            share = 100.0 * self.share_in_kernels
+            shown = f"{share:.0f}"
+            if share < 100 and shown == "100":
+                shown = "99"
+            text = f"in kernels: {shown}%"
+        if self.findings:
+            text += f", {len(self.findings)} finding{'s' if len(self.findings) > 1 else ''}"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "programs_read": self.programs,
+            "share_of_flops_in_kernels": round(self.share_in_kernels, 6) if self.programs
+            else None,
+            "pallas_calls": self.least_kernels,
+            "host_callbacks": list(self.host_callbacks),
+            "findings": list(self.findings),
+        }
+
+
+@dataclasses.dataclass
 class OpRecord:
     implementation: str
     restrictions: dict[str, Any]
@@ -83,6 +141,7 @@ class OpRecord:
     properties: dict[str, PropertyResult] = dataclasses.field(default_factory=dict)
     compile: dict[str, CompileResult] = dataclasses.field(default_factory=dict)
     grid_coverage: GridCoverage = dataclasses.field(default_factory=GridCoverage)
+    judge: JudgeResult = dataclasses.field(default_factory=JudgeResult)
 
     @property
     def interpreters_text(self) -> str:
@@ -173,6 +232,21 @@ class ConformanceRecorder:
             result.vmem_bytes = max(result.vmem_bytes or 0, verdict.vmem_bytes)
             result.vmem_limit_bytes = verdict.vmem_limit_bytes
 
+    def judged(self, op: str, verdict: Any) -> None:
+        """Record a ``checks.honesty.ProgramVerdict`` of one of ``op``'s traced programs."""
+        record = self.ops.get(op)
+        if record is None:
+            return
+        record.judge.merge({"programs": 1, "share_in_kernels": verdict.share_in_kernels,
+                            "least_kernels": verdict.kernels,
+                            "host_callbacks": verdict.host_callbacks})
+
+    def findings(self, op: str, findings: Any) -> None:
+        """Record the judge's ``checks.honesty.Finding``s on ``op``'s implementation."""
+        record = self.ops.get(op)
+        if record is not None:
+            record.judge.add_findings(finding.line() for finding in findings)
+
     def grid_axes(self, op: str, runs: list[AxisRun]) -> None:
         """Record the grid axes one example of ``op`` ran (``suite.grid_coverage.axis_runs``)."""
         record = self.ops.get(op)
@@ -192,6 +266,7 @@ class ConformanceRecorder:
                 "compile": {chip: dataclasses.asdict(result)
                             for chip, result in record.compile.items()},
                 "grid_coverage": record.grid_coverage.to_list(),
+                "judge": dataclasses.asdict(record.judge),
             }
             for op, record in self.ops.items()
         }
@@ -223,14 +298,16 @@ class ConformanceRecorder:
                     mine.vmem_limit_bytes = values["vmem_limit_bytes"]
                 mine.first_rejection = mine.first_rejection or values["first_rejection"]
             self.ops[op].grid_coverage.merge(record.get("grid_coverage", ()))
+            self.ops[op].judge.merge(record.get("judge", {}))
 
     # --- output -----------------------------------------------------------------
 
     def summary_lines(self) -> list[str]:
         compiles = any(record.compile for record in self.ops.values())
+        judged = self.judged_any()
         header = ("op", "implementation", "properties passed", "failed", "examples",
                   "worst/tol", "interpreters", *(("compiled",) if compiles else ()),
-                  "restrictions")
+                  *(("judge",) if judged else ()), "restrictions")
         rows = []
         for op, record in self.ops.items():
             results = record.properties.values()
@@ -246,12 +323,23 @@ class ConformanceRecorder:
                 if compiles else ())
             rows.append((op, record.implementation, str(passed),
                          ",".join(failed) if failed else "0", str(examples), worst,
-                         record.interpreters_text, *compiled, record.restrictions_text))
+                         record.interpreters_text, *compiled,
+                         *((record.judge.share_text,) if judged else ()),
+                         record.restrictions_text))
         widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
         lines = ["  ".join(cell.ljust(width) for cell, width in zip(header, widths)).rstrip()]
         lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
                   for row in rows]
         return lines
+
+    def judged_any(self) -> bool:
+        """Whether the judge read a program or found something of any implementation."""
+        return any(record.judge.programs or record.judge.findings for record in self.ops.values())
+
+    def finding_lines(self) -> list[str]:
+        """One line per finding of the judge: "op (implementation): [judge: ...] ..."."""
+        return [f"{op}: {line}" for op, record in self.ops.items()
+                for line in record.judge.findings]
 
     def coverage_lines(self) -> list[str]:
         """One line per kernel grid axis of an op that no example ran with more than one step
@@ -286,6 +374,9 @@ class ConformanceRecorder:
                     # Per kernel grid axis: whether an example ran it with more than one
                     # step and with a ragged last block (grid_coverage.py).
                     "grid_coverage": record.grid_coverage.to_list(),
+                    # --pallas-judge's checks (contract §8): the share of the op's FLOPs
+                    # inside Pallas kernels, the host callbacks found and each finding.
+                    "judge": record.judge.as_dict(),
                 }
                 for op, record in self.ops.items()
             },
