@@ -180,14 +180,14 @@ def _equations(jaxpr: Any) -> Any:
     return getattr(jaxpr, "eqns", ())
 
 
-def _sub_jaxprs(value: Any) -> Iterator[Any]:
+def sub_jaxprs(value: Any) -> Iterator[Any]:
     if hasattr(value, "eqns"):
         yield value
     elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
         yield value.jaxpr
     elif isinstance(value, (tuple, list)):
         for item in value:
-            yield from _sub_jaxprs(item)
+            yield from sub_jaxprs(item)
 
 
 def _size(aval: Any) -> float:
@@ -284,7 +284,7 @@ def _is_kernel(equation: Any) -> bool:
 def _kernel_bodies(equation: Any) -> list[Any]:
     if equation.primitive is jax_internals.pallas_call_primitive():
         return [equation.params.get("jaxpr")]
-    return [sub for value in equation.params.values() for sub in _sub_jaxprs(value)]
+    return [sub for value in equation.params.values() for sub in sub_jaxprs(value)]
 
 
 def _walk(jaxpr: Any, times: float, tally: _Tally) -> None:
@@ -299,7 +299,7 @@ def _walk(jaxpr: Any, times: float, tally: _Tally) -> None:
         if callback is not None:
             tally.callbacks.append(callback)
             continue
-        subs = [sub for value in equation.params.values() for sub in _sub_jaxprs(value)]
+        subs = [sub for value in equation.params.values() for sub in sub_jaxprs(value)]
         if subs:
             repeat = times
             if name == "scan":
@@ -340,7 +340,7 @@ def _callbacks_in_kernel(kernel_jaxpr: Any, tally: _Tally) -> None:
         if callback is not None:
             tally.callbacks.append(callback)
         for value in equation.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 _callbacks_in_kernel(sub, tally)
 
 
@@ -373,7 +373,7 @@ def _equations_with_repeats(jaxpr: Any, times: float) -> Iterator[tuple[Any, flo
         if equation.primitive.name == "scan":
             repeat *= float(equation.params.get("length", 1) or 1)
         for value in equation.params.values():
-            for sub in _sub_jaxprs(value):
+            for sub in sub_jaxprs(value):
                 yield from _equations_with_repeats(sub, repeat)
 
 
