@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._compat import jax_internals
+from .jaxpr_analysis import sub_jaxprs
 
 # The share of the op's work (FLOPs plus transcendentals) that may run outside the kernels:
 # a kernel's wrapper may scale, mask or normalise around the kernel, but the op's products,
@@ -178,16 +179,6 @@ def _equations(jaxpr: Any) -> Any:
     if inner is not None and hasattr(inner, "eqns"):
         jaxpr = inner
     return getattr(jaxpr, "eqns", ())
-
-
-def sub_jaxprs(value: Any) -> Iterator[Any]:
-    if hasattr(value, "eqns"):
-        yield value
-    elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
-        yield value.jaxpr
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from sub_jaxprs(item)
 
 
 def _size(aval: Any) -> float:
