@@ -121,8 +121,9 @@ def pytest_configure(config: pytest.Config) -> None:
         from .workers import hands_tests_to_workers
 
         distributed = hands_tests_to_workers(config)
-    if parsed.session_opted_in and (parsed.tpu or not distributed):
-        # --pallas-tpu without a TPU must stop here, before collection (exit 4).
+    if parsed.session_opted_in and (parsed.tpu or parsed.gpu or not distributed):
+        # --pallas-tpu without a TPU (--pallas-gpu without a GPU) stops here, before
+        # collection (exit 4).
         session.backend  # noqa: B018
     if parsed.session_opted_in and not distributed:
         from .persistent_cache import register
@@ -292,7 +293,7 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
     from .timeout import KernelTimeout, Watchdog
 
-    seconds = 0.0 if pallas.item_backend(item).is_tpu else pallas.options.timeout_seconds
+    seconds = 0.0 if pallas.item_backend(item).is_compiled else pallas.options.timeout_seconds
     with Watchdog(seconds, lambda: _running_kernels_text(item)) as watchdog:
         try:
             result = yield
@@ -306,6 +307,11 @@ def pytest_runtest_call(item: pytest.Item):
             )
             if exit_failure is not None:
                 raise exit_failure from error  # the race behind the wrong values, say
+            gpu_limit = (pallas.gpu_interpreter_limit(item, error)
+                         if isinstance(error, Exception) else None)
+            if gpu_limit is not None:
+                # A GPU kernel never falls back to the TPU interpreter.
+                pytest.skip(gpu_limit)
             fallback = (pallas.interpreter_fallback(item, error)
                         if isinstance(error, Exception) else None)
             if fallback is None:

@@ -1,0 +1,292 @@
+"""GPU kernels in a Pallas test: Mosaic GPU kernels run in JAX's GPU interpreter, Triton ones in
+the plain interpreter, none meets the TPU interpreter or a TPU rule (contract section 7)."""
+
+import pathlib
+import textwrap
+import types
+
+import pytest
+
+pytest.importorskip("absl", reason="jax.experimental.pallas.mosaic_gpu imports absl-py")
+
+DATA = pathlib.Path(__file__).parent / "data" / "gpu_kernels"
+
+HEAD = textwrap.dedent(
+    """
+    import functools
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    pytestmark = pytest.mark.pallas
+    """
+)
+
+# JAX's own planted race (tests/pallas/gpu_pallas_interpret_race_detection_test.py,
+# test_finds_races_in_cross_thread_gmem_to_smem_copy, in its form that jax 0.10.2's
+# interpreter already detects): thread 0 writes SMEM, thread 1 reads it, and only the
+# barrier between them orders the two.
+RACE = HEAD + textwrap.dedent(
+    """
+    def make(ordered):
+        @functools.partial(
+            plgpu.kernel,
+            out_type=jax.ShapeDtypeStruct((), jnp.int32),
+            scratch_types=dict(smem_ref=plgpu.SMEM((), jnp.int32),
+                               barrier=plgpu.Barrier(num_arrivals=1)),
+            num_threads=2, thread_name="t",
+        )
+        def handoff(in_ref, out_ref, smem_ref, barrier):
+            t = jax.lax.axis_index("t")
+
+            @pl.when(t == 0)
+            def _():
+                smem_ref[...] = in_ref[...]
+                if ordered:
+                    plgpu.barrier_arrive(barrier)
+
+            @pl.when(t == 1)
+            def _():
+                if ordered:
+                    plgpu.barrier_wait(barrier)
+                out_ref[...] = smem_ref[...]
+
+        return handoff
+
+    def test_racy_handoff():
+        make(ordered=False)(jnp.int32(42)).block_until_ready()
+
+    def test_ordered_handoff():
+        assert int(make(ordered=True)(jnp.int32(42))) == 42
+    """
+)
+
+
+def test_a_gpu_authors_module_passes_on_the_cpu(pytester):
+    """plgpu.kernel, pl.core_map over a plgpu.Mesh, pallas_call with plgpu.CompilerParams
+    (built at import, under jit, blocked) and a Triton-parameter kernel, none with interpret=."""
+    pytester.makepyfile(test_gpu_author=(DATA / "test_gpu_author.py").read_text())
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist")
+    result.assert_outcomes(passed=6)
+    assert "AssertionError" not in result.stdout.str()
+    assert "TpuRuleViolation" not in result.stdout.str()
+
+
+def test_the_same_module_fails_without_the_plugin(pytester):
+    # Without a GPU and without the plugin, every kernel meets "Only interpret mode is
+    # supported on CPU backend": the passes above are the plugin's doing.
+    pytester.makepyfile(test_gpu_author=(DATA / "test_gpu_author.py").read_text())
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:pallas",
+                                "-W", "ignore::pytest.PytestUnknownMarkWarning")
+    result.assert_outcomes(failed=6)
+
+
+def test_a_race_fails_under_detect_races_naming_the_kernel(pytester):
+    pytester.makepyfile(test_race=RACE)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist",
+                                "--pallas-detect-races")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines([
+        "E   AssertionError: pallas: JAX's GPU interpreter detected a data race in kernel "
+        "'handoff'*",
+        "FAILED test_race.py::test_racy_handoff*"])
+
+
+def test_without_detect_races_the_racy_kernel_is_not_judged(pytester):
+    pytester.makepyfile(test_race=RACE)
+    pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist").assert_outcomes(passed=2)
+
+
+def test_uninitialised_smem_reads_as_nan(pytester):
+    pytester.makepyfile(HEAD + textwrap.dedent(
+        """
+        @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                           scratch_types=dict(smem=plgpu.SMEM((8, 128), jnp.float32)))
+        def reads_unwritten_smem(out_ref, smem):
+            out_ref[...] = smem[...] + 1.0
+
+        def test_nan():
+            assert np.isnan(np.asarray(reads_unwritten_smem())).all()
+        """))
+    pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist").assert_outcomes(passed=1)
+
+
+def test_a_gpu_kernel_meets_no_tpu_rule(pytester):
+    # A (4, 64) block breaks the TPU's (8, 128) tiling rule; on a GPU it is fine.
+    pytester.makepyfile(HEAD + textwrap.dedent(
+        """
+        from jax.experimental.pallas import triton as pltriton
+
+        def copy(x, params):
+            def body(x_ref, o_ref):
+                o_ref[...] = x_ref[...]
+            spec = pl.BlockSpec((4, 64), lambda i, j: (i, j))
+            return pl.pallas_call(body, grid=(2, 2), in_specs=[spec], out_specs=spec,
+                                  out_shape=x, compiler_params=params)(x)
+
+        @pytest.mark.parametrize("params", [plgpu.CompilerParams(),
+                                            pltriton.CompilerParams(num_warps=4)])
+        def test_copy(params):
+            x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+            np.testing.assert_array_equal(copy(x, params), x)
+        """))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist",
+                                "--pallas-compile=all")
+    result.assert_outcomes(passed=2)
+
+
+def test_a_kernel_jaxs_interpreters_cannot_run_skips_with_one_line(pytester):
+    # JAX's GPU interpreter takes whole-array blocks only, and the plain interpreter has no
+    # rule for Mosaic GPU's own primitives: a blocked kernel that commits SMEM runs in neither.
+    pytester.makepyfile(HEAD + textwrap.dedent(
+        """
+        def test_blocked_commit():
+            def body(x_ref, o_ref):
+                o_ref[...] = x_ref[...] + 1.0
+                plgpu.commit_smem()
+            x = jnp.ones((8, 128), jnp.float32)
+            spec = pl.BlockSpec((4, 128), lambda i: (i, 0))
+            pl.pallas_call(body, grid=(2,), in_specs=[spec], out_specs=spec, out_shape=x,
+                           compiler_params=plgpu.CompilerParams())(x)
+        """))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines([
+        "SKIPPED*pallas: Mosaic GPU kernel 'body' cannot run in JAX's plain interpreter "
+        "(JAX's GPU interpreter runs only whole-array blocks*commit_smem*"
+        "run it with --pallas-gpu on a GPU."])
+    assert "TPU interpreter" not in result.stdout.str()
+
+
+def test_kernel_target_reads_the_compiler_params_and_mesh():
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas import triton as pltriton
+
+    from pytest_pallas._compat.gpu_interpreter import kernel_target
+
+    assert kernel_target(plgpu.CompilerParams()) == "mosaic_gpu"
+    assert kernel_target(None, plgpu.Mesh(num_threads=1, thread_name="t")) == "mosaic_gpu"
+    assert kernel_target(pltriton.CompilerParams(num_warps=4)) == "triton"
+    assert kernel_target(pltpu.CompilerParams()) is None
+    assert kernel_target(None, None) is None
+
+
+def test_the_gpu_interpreter_params_are_found_on_this_jax():
+    from pytest_pallas._compat import gpu_interpreter
+
+    params = gpu_interpreter.make_gpu_params(detect_races=True)
+    assert gpu_interpreter.is_gpu_params(params)
+    assert (params.detect_races, params.uninitialized_memory) == (True, "nan")
+
+
+def test_a_jax_without_the_gpu_interpreter_turns_it_off_with_a_line(monkeypatch):
+    from pytest_pallas import backend
+    from pytest_pallas._compat import gpu_interpreter, jax_internals
+    from pytest_pallas.plugin.options import PallasOptions
+
+    monkeypatch.setattr(gpu_interpreter, "_PARAMS_HOMES", ("jax._src.pallas.no_such_module",))
+    monkeypatch.setattr(jax_internals, "_features_off", {})
+    with pytest.warns(jax_internals.JaxFeatureOff, match="GPU interpreter.*is in none of"):
+        assert backend.make_gpu_interpret_params(PallasOptions()) is None
+
+
+# --- --pallas-gpu, with the facts a GPU host would give -------------------------------
+
+
+def fake_gpu_devices(device_kind="NVIDIA H100 80GB HBM3", count=1):
+    """What ``jax.devices("gpu")`` would return on a GPU host: only the facts the plugin reads."""
+    devices = [types.SimpleNamespace(device_kind=device_kind) for _ in range(count)]
+    return lambda: devices
+
+
+def test_fake_gpu_device_facts_select_the_gpu_backend():
+    from pytest_pallas.backend import select_backend
+    from pytest_pallas.plugin.options import PallasOptions
+
+    backend = select_backend(PallasOptions(gpu=True), gpu_devices=fake_gpu_devices(count=2))
+    assert (backend.platform, backend.name, backend.device_count) == ("gpu", "gpu", 2)
+    assert backend.is_compiled and not backend.is_tpu
+    assert backend.interpret_params is None and backend.gpu_interpret_params is None
+    assert backend.matmul_precision == "tensorfloat32"
+    assert backend.describe() == "GPU NVIDIA H100 80GB HBM3 (2 devices, compiled)"
+    with backend.activate():  # a real GPU needs no interpreter
+        pass
+
+
+def test_no_gpu_is_a_usage_error_in_one_line():
+    from pytest_pallas.backend import select_backend
+    from pytest_pallas.plugin.options import PallasOptions
+
+    with pytest.raises(pytest.UsageError) as raised:
+        select_backend(PallasOptions(gpu=True), gpu_devices=lambda: [])
+    message = str(raised.value)
+    assert message.startswith("--pallas-gpu: JAX sees no GPU;") and "\n" not in message
+
+
+# --- The comparator follows the backend's matmul precision -----------------------------
+
+
+def _round_mantissa(x, bits):
+    """float32 ``x`` rounded to nearest with ``bits`` explicit mantissa bits (TF32: 10,
+    bfloat16: 7), as a GPU's tensor cores or a TPU's MXU take a float32 operand."""
+    import numpy as np
+
+    drop = 23 - bits
+    raw = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((raw + (1 << (drop - 1))) >> drop) << drop
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def _products(bits, k=1024):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, k)).astype(np.float32)
+    y = rng.standard_normal((k, 64)).astype(np.float32)
+    expected = x.astype(np.float64) @ y.astype(np.float64)
+    actual = (_round_mantissa(x, bits).astype(np.float64)
+              @ _round_mantissa(y, bits).astype(np.float64)).astype(np.float32)
+    return actual, expected, k
+
+
+def test_a_gpu_backend_allows_tf32_products_by_default():
+    from pytest_pallas.backend import select_backend
+    from pytest_pallas.compare import assert_allclose, backend_matmul_precision
+    from pytest_pallas.plugin.options import PallasOptions
+
+    gpu = select_backend(PallasOptions(gpu=True), gpu_devices=fake_gpu_devices())
+    actual, expected, k = _products(bits=10)
+    with backend_matmul_precision(gpu.matmul_precision):
+        assert assert_allclose(actual, expected, reduction_length=k) <= 1.0
+    # Interpreted on the CPU the product is float32: the same TF32 result is too far.
+    with pytest.raises(AssertionError):
+        assert_allclose(actual, expected, reduction_length=k)
+
+
+def test_a_float32_contract_still_fails_tf32_products_on_a_gpu():
+    from pytest_pallas.compare import assert_allclose, backend_matmul_precision
+
+    actual, expected, k = _products(bits=10)
+    with backend_matmul_precision("tensorfloat32"):
+        # A kernel that promises float32 products (precision=HIGHEST) says so.
+        with pytest.raises(AssertionError):
+            assert_allclose(actual, expected, reduction_length=k, matmul_precision="float32")
+        # And a kernel that accumulates in bfloat16 exceeds what TF32 allows.
+        with pytest.raises(AssertionError):
+            assert_allclose(_bfloat16_accumulated(k), expected, reduction_length=k)
+
+
+def _bfloat16_accumulated(k):
+    """The ``_products`` matmul summed term by term in a bfloat16 accumulator."""
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, k)).astype(np.float32)
+    y = rng.standard_normal((k, 64)).astype(np.float32)
+    total = np.zeros((64, 64), ml_dtypes.bfloat16)
+    for i in range(k):
+        term = np.outer(x[:, i], y[i, :]).astype(np.float32)
+        total = (total.astype(np.float32) + term).astype(ml_dtypes.bfloat16)
+    return total.astype(np.float32)
