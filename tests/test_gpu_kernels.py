@@ -290,3 +290,16 @@ def _bfloat16_accumulated(k):
         term = np.outer(x[:, i], y[i, :]).astype(np.float32)
         total = (total.astype(np.float32) + term).astype(ml_dtypes.bfloat16)
     return total.astype(np.float32)
+
+
+# --- The conformance suite validates GPU implementations --------------------------------
+
+
+def test_the_reference_mosaic_gpu_kernels_pass_the_conformance_suite(pytester):
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-p", "no:xdist", "--pallas-seed=0", "--pallas-examples=4",
+        "--pallas-impl", "matmul=pytest_pallas.reference_kernels.gpu_matmul:matmul",
+        "--pallas-impl", "softmax=pytest_pallas.reference_kernels.gpu_softmax:softmax")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["matmul *gpu_matmul:matmul *6 *0 *",
+                                 "softmax *gpu_softmax:softmax *6 *0 *"])

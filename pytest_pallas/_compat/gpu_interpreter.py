@@ -180,6 +180,12 @@ def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None]) 
             if gpu_params is not None and gpu_params.detect_races and not own.detect_races:
                 return dataclasses.replace(own, detect_races=True)
             return own
+        # The suite's written-output property runs a kernel on zeroed memory too.
+        forced = setting.value
+        fill = getattr(forced, "uninitialized_memory", None)
+        if (fill is not None and not is_gpu_params(forced)
+                and fill != gpu_params.uninitialized_memory):
+            return dataclasses.replace(gpu_params, uninitialized_memory=fill)
         return gpu_params
 
     def forced_to(target: str, interpret: Any) -> Any:
