@@ -291,6 +291,31 @@ def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None]) 
             undo()
 
 
+_JAX_GPU_OPS = "jax/experimental/pallas/ops/gpu/"
+
+
+def gpu_module_assertion(error: BaseException) -> str | None:
+    """One line if ``error`` is an assertion of one of JAX's shipped GPU kernel modules
+    (``jax.experimental.pallas.ops.gpu``) about the host, raised before any kernel is built
+    (``attention_mgpu``: ``assert cuda_versions is not None`` on a CPU-only jaxlib)."""
+    import os
+    import traceback
+
+    current: BaseException | None = error
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, AssertionError):
+            frames = traceback.extract_tb(current.__traceback__)
+            if frames and _JAX_GPU_OPS in frames[-1].filename.replace("\\", "/"):
+                last = frames[-1]
+                return (f"JAX's GPU kernel module {os.path.basename(last.filename)} needs a GPU "
+                        f"build of jaxlib: it asserts `{(last.line or '').strip()}` (line "
+                        f"{last.lineno}) before building its kernel")
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def reset_gpu_interpreter_state() -> None:
     """Drop the GPU interpreter's simulated memory and race state (a kernel that raised
     leaves them behind). A no-op when this JAX has no GPU interpreter."""

@@ -308,8 +308,14 @@ class PallasSession:
     def gpu_interpreter_limit(self, item: pytest.Item, error: BaseException) -> str | None:
         """The skip reason when a GPU kernel of the test crashed inside JAX's interpreter (a
         limit of JAX's, never the TPU interpreter's business), else None."""
-        from .._compat import jax_internals
+        from .._compat import gpu_interpreter, jax_internals
 
+        if self.item_backend(item).is_compiled:
+            return None
+        host = gpu_interpreter.gpu_module_assertion(error)
+        if host is not None:
+            return (f"pallas: {host}; on the CPU its kernels cannot be built. A limit of "
+                    "JAX's, not a bug of the kernel; run it with --pallas-gpu on a GPU.")
         kernels = self.gpu_kernels_run(item)
         if not kernels:
             return None
