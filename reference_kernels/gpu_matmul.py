@@ -37,16 +37,17 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pytest_pallas.gpu import HOPPER_SMEM_BYTES_PER_BLOCK
+
 from .matmul import matmul_reference
 
 __all__ = ["H100_SMEM_BYTES_PER_BLOCK", "matmul", "matmul_gpu_blocked", "matmul_gpu_cost",
            "matmul_reference", "smem_bytes"]
 
 # The most shared memory one thread block may use on H100 and H200 (compute capability
-# 9.0): 227 KiB, NVIDIA's CUDA C++ Programming Guide, "Technical Specifications per Compute
-# Capability" (maximum shared memory per thread block, opt-in); the same limit Mosaic GPU
-# reports as max_smem_bytes=232448.
-H100_SMEM_BYTES_PER_BLOCK = 232448
+# 9.0): 227 KiB, the same limit Mosaic GPU reports as max_smem_bytes=232448 (the source is
+# in pytest_pallas/gpu.py).
+H100_SMEM_BYTES_PER_BLOCK = HOPPER_SMEM_BYTES_PER_BLOCK
 WARPGROUP_ROWS = 64  # rows of the left operand one WGMMA instruction takes
 STAGES = 2  # max_concurrent_steps: the k steps whose tiles are in SMEM at once
 _SUPPORTED = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))

@@ -303,3 +303,108 @@ def test_the_reference_mosaic_gpu_kernels_pass_the_conformance_suite(pytester):
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["matmul *gpu_matmul:matmul *6 *0 *",
                                  "softmax *gpu_softmax:softmax *6 *0 *"])
+
+
+# --- pallas_benchmark under --pallas-gpu (fake device facts; the kernel runs on the CPU) ----
+
+
+class _FakeBenchmark:
+    """pytest-benchmark's fixture, as far as PallasBenchmark uses it; records the order of
+    the untimed setups and the timed calls."""
+
+    disabled = False
+    group = None
+    name = "test_fake"
+    _max_time = 0.0
+    _min_rounds = 3
+
+    def __init__(self):
+        import time
+
+        self._timer = time.perf_counter
+        self.extra_info = {}
+        self.events = []
+
+    def pedantic(self, target, args=(), setup=None, rounds=1, warmup_rounds=0):
+        import statistics
+
+        data = []
+        for index in range(warmup_rounds + rounds):
+            setup()
+            self.events.append("setup")
+            begin = self._timer()
+            result = target(*args)
+            self.events.append("call")
+            if index >= warmup_rounds:
+                data.append(self._timer() - begin)
+        self.stats = types.SimpleNamespace(stats=types.SimpleNamespace(
+            median=statistics.median(data), data=data, min=min(data)))
+        return result
+
+
+def _gpu_bench(monkeypatch, device_kind="NVIDIA H200"):
+    from pytest_pallas.backend import select_backend
+    from pytest_pallas.bench import fixture
+    from pytest_pallas.plugin.options import PallasOptions
+
+    monkeypatch.setattr(fixture, "CACHE_FLUSH_BYTES", 4096)  # the CPU stands in for the GPU
+    flushes = []
+    original = fixture.PallasBenchmark.cache_flush
+
+    def counted(self):
+        flush = original(self)
+        if flush is None:
+            return None
+
+        def recorded():
+            flush()
+            flushes.append(len(self.benchmark.events))
+        return recorded
+
+    monkeypatch.setattr(fixture.PallasBenchmark, "cache_flush", counted)
+    backend = select_backend(PallasOptions(gpu=True), gpu_devices=fake_gpu_devices(device_kind))
+    benchmark = _FakeBenchmark()
+    return fixture.PallasBenchmark(benchmark, backend, timer_chosen=False), benchmark, flushes
+
+
+def test_a_gpu_benchmark_flushes_l2_before_every_round_and_keeps_the_wall_clock(monkeypatch):
+    import time
+
+    bench, benchmark, flushes = _gpu_bench(monkeypatch)
+    x = bench.random((64, 64))
+    bench("softmax", jax_softmax, x)
+    assert benchmark._timer is time.perf_counter  # not the CPU's process_time
+    rounds = benchmark.events.count("call")
+    # One flush in every untimed setup (after the XLA version's run), then the timed call.
+    assert len(flushes) == rounds
+    assert all(benchmark.events[i:i + 2] == ["setup", "call"] for i in flushes)
+    info = benchmark.extra_info
+    assert info["cache_flushed_bytes"] == 4096 and info["platform"] == "gpu"
+    assert info["peak_flops_per_second"] == 989.5e12
+    assert info["peak_bytes_per_second"] == 4.8e12
+    assert info["roofline_meaningful"] is True and info["xla_threads"] is None
+
+
+def test_an_unknown_gpu_gets_no_roofline(monkeypatch):
+    bench, benchmark, _ = _gpu_bench(monkeypatch, device_kind="NVIDIA GeForce RTX 4090")
+    assert bench.roofline() is None
+    bench("softmax", jax_softmax, bench.random((8, 128)))
+    assert benchmark.extra_info["roofline_meaningful"] is False
+
+
+def jax_softmax(a):
+    import jax
+
+    return jax.nn.softmax(a, axis=-1)
+
+
+def test_each_gpu_constant_names_its_source():
+    from pytest_pallas.gpu import gpu_facts
+
+    h100, h200 = gpu_facts("NVIDIA H100 80GB HBM3"), gpu_facts("NVIDIA H200")
+    assert (h100.peak_flops_per_second, h100.hbm_bytes_per_second) == (989.5e12, 3.35e12)
+    assert (h200.peak_flops_per_second, h200.hbm_bytes_per_second) == (989.5e12, 4.8e12)
+    assert h100.smem_bytes_per_block == h200.smem_bytes_per_block == 232448
+    for facts in (h100, h200, gpu_facts("NVIDIA H100 PCIe")):
+        assert set(facts.sources) == {"peak_flops_per_second", "hbm_bytes_per_second",
+                                      "smem_bytes_per_block", "l2_bytes"}
