@@ -28,6 +28,7 @@ from ._compat import (
     ref_views,
     tpu_interpreter,
 )
+from .checks import gpu_rules
 from .plugin.options import PallasOptions
 
 
@@ -150,7 +151,9 @@ class Backend:
             # Entered last, so it sees a GPU kernel first: never the TPU interpreter for one.
             stack.enter_context(optional(
                 GPU_KERNEL_ROUTING, lambda: gpu_interpreter.gpu_kernels_routed(
-                    self.gpu_interpret_params, on_gpu_kernel or (lambda kernel: None))))
+                    self.gpu_interpret_params, on_gpu_kernel or (lambda kernel: None),
+                    # What the GPU enforces and the interpreter does not: SMEM per block.
+                    judge=gpu_rules.check_smem)))
             yield self
 
 

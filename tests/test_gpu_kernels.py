@@ -408,3 +408,80 @@ def test_each_gpu_constant_names_its_source():
     for facts in (h100, h200, gpu_facts("NVIDIA H100 PCIe")):
         assert set(facts.sources) == {"peak_flops_per_second", "hbm_bytes_per_second",
                                       "smem_bytes_per_block", "l2_bytes"}
+
+
+def test_a_jax_whose_pallas_call_moved_turns_the_routing_off(monkeypatch):
+    from pytest_pallas._compat import gpu_interpreter, jax_internals
+
+    module = jax_internals._private("jax._src.pallas.pallas_call")
+    monkeypatch.delattr(module, "_pallas_call")
+    with pytest.raises(jax_internals.JaxInternalsChanged, match="_pallas_call"):
+        with gpu_interpreter.gpu_kernels_routed(None, lambda kernel: None):
+            pass
+
+
+# --- What a GPU enforces and the interpreter does not: SMEM per thread block --------------
+
+
+SMEM_KERNEL = HEAD + textwrap.dedent(
+    """
+    def staged(rows):
+        @functools.partial(
+            plgpu.kernel, out_type=jax.ShapeDtypeStruct((rows, 128), jnp.float32),
+            scratch_types=dict(smem=plgpu.SMEM((rows, 128), jnp.float32),
+                               loaded=plgpu.Barrier(num_arrivals=1)))
+        def staged_copy(x_gmem, out_gmem, smem, loaded):
+            plgpu.copy_gmem_to_smem(x_gmem, smem, loaded)
+            plgpu.barrier_wait(loaded)
+            out_gmem[...] = smem[...]
+        return staged_copy
+
+    @pytest.mark.parametrize("rows", [448, 456])  # 229376 and 233472 bytes of SMEM
+    def test_staged(rows):
+        x = jnp.ones((rows, 128), jnp.float32)
+        np.testing.assert_array_equal(staged(rows)(x), x)
+    """
+)
+
+
+def test_a_kernel_beyond_a_thread_blocks_smem_fails_on_the_cpu_too(pytester):
+    pytester.makepyfile(SMEM_KERNEL)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*GpuLimitExceeded: pallas: Mosaic GPU kernel 'staged_copy' allocates 233480 bytes of "
+        "SMEM per thread block > 232448 on H100/H200*",
+        "FAILED *test_staged?456?*"])
+
+
+def test_peak_smem_counts_nested_scopes_once_and_siblings_apart():
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from pytest_pallas.checks.gpu_rules import peak_smem_bytes
+
+    def body(o_ref):
+        def outer(a):  # 4096 bytes, live while the inner scopes run
+            def first(b):  # 8192 bytes
+                o_ref[...] = a[...] + b[...][:8]
+            def second(c):  # 2048 bytes, after the first is freed
+                o_ref[:, :64] = c[...]
+            pl.run_scoped(first, plgpu.SMEM((16, 128), jnp.float32))
+            pl.run_scoped(second, plgpu.SMEM((8, 64), jnp.float32))
+        pl.run_scoped(outer, plgpu.SMEM((8, 128), jnp.float32))
+
+    kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    closed = jax.make_jaxpr(kernel)()
+    mpmd = [e for e in _all_eqns(closed.jaxpr) if e.primitive.name == "mpmd_map"][0]
+    assert peak_smem_bytes(mpmd.params["jaxprs"][0]) == 4096 + 8192
+
+
+def _all_eqns(jaxpr):
+    from pytest_pallas.checks.gpu_rules import _sub_jaxprs
+
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in _sub_jaxprs(eqn.params):
+            yield from _all_eqns(sub)

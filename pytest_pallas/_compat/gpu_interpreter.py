@@ -153,13 +153,15 @@ def _kernel_name(params: dict[str, Any]) -> str:
 
 
 @contextlib.contextmanager
-def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None]) -> Iterator[None]:
+def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None],
+                       judge: Callable[[str, Any], None] | None = None) -> Iterator[None]:
     """Inside the block (under a forced TPU interpret mode), GPU kernels run in the
     interpreter that can run them: Mosaic GPU in ``gpu_params``'s GPU interpreter (a kernel
     with blocked operands, which it cannot run, in the plain one), Triton in the plain one.
     A kernel's own ``InterpretGPUParams`` is kept (with race detection added when
-    ``gpu_params`` has it). ``routed`` hears each kernel. Raises ``JaxInternalsChanged``
-    when the entry points moved.
+    ``gpu_params`` has it). ``routed`` hears each kernel; ``judge(name, jaxprs)`` sees each
+    Mosaic GPU kernel's jaxprs first and may raise. Raises ``JaxInternalsChanged`` when the
+    entry points moved.
 
     Hooked: ``pallas_call`` where it is built (JAX reads the interpret setting there, and
     keeps a GPU-interpreted kernel's ref transforms) and where it is bound (a call built
@@ -170,7 +172,11 @@ def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None]) 
     module = jax_internals._private(_PALLAS_CALL)
     primitive = jax_internals.pallas_call_primitive()
     setting = _interpret_setting()
-    original_call = module._pallas_call
+    original_call = getattr(module, "_pallas_call", None)
+    if not callable(original_call) or not hasattr(setting, "swap_local"):
+        raise JaxInternalsChanged(
+            f"{_PALLAS_CALL}._pallas_call or JAX's interpret-mode setting moved; GPU kernels "
+            "cannot be routed to JAX's GPU interpreter on this JAX.")
     restore: list[Callable[[], None]] = []
 
     def chosen(target: str, own: Any) -> Any:
@@ -243,8 +249,10 @@ def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None]) 
         params = {**params, "interpret": interpret}
         if not is_gpu_params(interpret):
             params.pop("kernel_arg_transforms", None)
-        routed(RoutedKernel(_kernel_name(params), target,
-                            "gpu" if is_gpu_params(interpret) else "plain", note))
+        name = _kernel_name(params)
+        if judge is not None and target == MOSAIC_GPU:
+            judge(name, (params.get("jaxpr"),))
+        routed(RoutedKernel(name, target, "gpu" if is_gpu_params(interpret) else "plain", note))
         return params
 
     def rewrite_mpmd_map(params: dict[str, Any]) -> dict[str, Any]:
@@ -254,8 +262,10 @@ def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None]) 
         if target is None:
             return params
         interpret = forced_to(target, params.get("interpret"))
-        routed(RoutedKernel(_kernel_name(params), target,
-                            "gpu" if is_gpu_params(interpret) else "plain"))
+        name = _kernel_name(params)
+        if judge is not None and target == MOSAIC_GPU:
+            judge(name, tuple(params.get("jaxprs") or ()))
+        routed(RoutedKernel(name, target, "gpu" if is_gpu_params(interpret) else "plain"))
         return {**params, "interpret": interpret}
 
     try:
