@@ -299,10 +299,13 @@ def test_the_reference_mosaic_gpu_kernels_pass_the_conformance_suite(pytester):
     result = pytester.runpytest(
         "-p", "no:cacheprovider", "-p", "no:xdist", "--pallas-seed=0", "--pallas-examples=4",
         "--pallas-impl", "matmul=pytest_pallas.reference_kernels.gpu_matmul:matmul",
-        "--pallas-impl", "softmax=pytest_pallas.reference_kernels.gpu_softmax:softmax")
+        "--pallas-impl", "softmax=pytest_pallas.reference_kernels.gpu_softmax:softmax",
+        "--pallas-impl",
+        "attention=pytest_pallas.reference_kernels.gpu_flash_attention:attention")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["matmul *gpu_matmul:matmul *6 *0 *",
-                                 "softmax *gpu_softmax:softmax *6 *0 *"])
+                                 "softmax *gpu_softmax:softmax *6 *0 *",
+                                 "attention *gpu_flash_attention:attention *6 *0 *"])
 
 
 # --- pallas_benchmark under --pallas-gpu (fake device facts; the kernel runs on the CPU) ----
