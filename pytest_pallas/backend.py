@@ -148,10 +148,19 @@ class Backend:
                 merge_interpret_params, self.own_params_changed.append_change))
             stack.enter_context(interpreter_fixes.own_interpret_params_kept_on_meshes(
                 merge_interpret_params, self.own_params_changed.append_change))
+            seen: list[Any] = []
+            seen_token = _GPU_KERNELS_RUN.set(seen)
+            stack.callback(_GPU_KERNELS_RUN.reset, seen_token)
+
+            def heard(kernel: Any) -> None:
+                seen.append(kernel)
+                if on_gpu_kernel is not None:
+                    on_gpu_kernel(kernel)
+
             # Entered last, so it sees a GPU kernel first: never the TPU interpreter for one.
             stack.enter_context(optional(
                 GPU_KERNEL_ROUTING, lambda: gpu_interpreter.gpu_kernels_routed(
-                    self.gpu_interpret_params, on_gpu_kernel or (lambda kernel: None),
+                    self.gpu_interpret_params, heard,
                     # What the GPU enforces and the interpreter does not: SMEM per block.
                     judge=gpu_rules.check_smem)))
             yield self
@@ -162,6 +171,19 @@ GPU_KERNEL_ROUTING = "GPU kernels in JAX's GPU interpreter and the plain one"
 
 _ACTIVE_BACKEND: contextvars.ContextVar[Backend | None] = contextvars.ContextVar(
     "pallas_active_backend", default=None)
+
+
+_GPU_KERNELS_RUN: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "pallas_gpu_kernels_run", default=None)
+
+
+def gpu_interpreters_used() -> str | None:
+    """Where the GPU kernels run so far inside ``Backend.activate`` went: ``"gpu"``,
+    ``"plain"`` or ``"gpu,plain"``; None when none ran (or outside)."""
+    seen = _GPU_KERNELS_RUN.get()
+    if not seen:
+        return None
+    return ",".join(sorted({kernel.interpreter for kernel in seen}))
 
 
 def active_backend() -> Backend | None:

@@ -303,9 +303,11 @@ def test_the_reference_mosaic_gpu_kernels_pass_the_conformance_suite(pytester):
         "--pallas-impl",
         "attention=pytest_pallas.reference_kernels.gpu_flash_attention:attention")
     assert result.ret == 0, result.stdout.str()
-    result.stdout.fnmatch_lines(["matmul *gpu_matmul:matmul *6 *0 *",
-                                 "softmax *gpu_softmax:softmax *6 *0 *",
-                                 "attention *gpu_flash_attention:attention *6 *0 *"])
+    # The interpreters column says where the GPU kernels ran: JAX's GPU interpreter for the
+    # SMEM-staged softmax, the plain one for the blocked pallas_calls.
+    result.stdout.fnmatch_lines(["matmul *gpu_matmul:matmul *6 *0 * plain *",
+                                 "softmax *gpu_softmax:softmax *6 *0 * gpu *",
+                                 "attention *gpu_flash_attention:attention *6 *0 * plain *"])
 
 
 # --- pallas_benchmark under --pallas-gpu (fake device facts; the kernel runs on the CPU) ----

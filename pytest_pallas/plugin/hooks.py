@@ -607,7 +607,8 @@ _SUMMARY_LEGEND = (
     "properties passed/failed: of shape_dtype, finite, value, written, deterministic and vmap; "
     "pytest counts tests (test_value, test_written_and_deterministic, test_vmap per op)",
     "interpreters: where value, deterministic and vmap ran / where written ran (plain: "
-    "interpret=True, fast; tpu: JAX's TPU interpreter, NaN-poisoned memory; TPU: compiled)",
+    "interpret=True, fast; tpu: JAX's TPU interpreter, NaN-poisoned memory; gpu: JAX's GPU "
+    "interpreter, for Mosaic GPU kernels; TPU, GPU: compiled)",
     "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)",
 )
 

@@ -19,7 +19,7 @@ from hypothesis import note, target
 from hypothesis import strategies as st
 
 from .._compat import jax_internals, pallas_call_hooks
-from ..backend import Backend
+from ..backend import Backend, gpu_interpreters_used
 from ..checks import kernel_model
 from ..checks.kernel_check import (
     first_difference,
@@ -133,8 +133,8 @@ class Conformance:
 
     def _ran_in_breadth(self, *names: str) -> None:
         """Record where ``names`` ran the example that just passed through ``_in_breadth``."""
-        self.recorder.ran_in(self._row, names,
-                             "plain" if self._plain_breadth() else self._test_interpreter())
+        self.recorder.ran_in(self._row, names, gpu_interpreters_used()
+                             or ("plain" if self._plain_breadth() else self._test_interpreter()))
 
     def draw(self, data: st.DataObject | op_inputs.SweepSlot) -> op_inputs.Case | None:
         """The input of one example: drawn, or the sweep's (None past the op's last)."""
@@ -296,7 +296,8 @@ class Conformance:
             once, again = self._in_breadth(lambda: (
                 self._call("deterministic", case),
                 self._call("deterministic", case)))
-        self.recorder.ran_in(self._row, ("written",), self._test_interpreter())
+        self.recorder.ran_in(self._row, ("written",),
+                             gpu_interpreters_used() or self._test_interpreter())
         self._ran_in_breadth("deterministic")
         problem = properties.output_type_problem(case, zeroed)
         if problem:
