@@ -357,6 +357,11 @@ def uninitialized_read_hint(count: int) -> str | None:
     return None if names is None else describe_uninitialized_read(count, names())
 
 
+class GpuKernelName(str):
+    """The name of a Mosaic GPU kernel that ran in JAX's GPU interpreter (NaN-poisoned SMEM
+    and GMEM), among the names :func:`interpreted_kernels` gives."""
+
+
 def describe_uninitialized_read(count: int | None, kernels: Sequence[str]) -> str:
     """The paragraph that explains a NaN in interpret mode, naming ``kernels``.
 
@@ -366,9 +371,17 @@ def describe_uninitialized_read(count: int | None, kernels: Sequence[str]) -> st
     from .checks.violations import UNINITIALIZED_READ, UNINITIALIZED_READ_FIX
 
     kernels = list(dict.fromkeys(kernels))
-    which = f"kernel {', '.join(kernels)}" if kernels else "a kernel this test ran"
     what = (f"{count} NaN where the reference is finite" if count is not None
             else "the failure shows NaN")
+    if kernels and all(isinstance(name, GpuKernelName) for name in kernels):
+        return (
+            f"pallas: {what}. JAX's GPU interpreter fills SMEM and GMEM a kernel has not "
+            f"written with NaN, so the likely cause is in Mosaic GPU kernel {', '.join(kernels)}: "
+            "an SMEM tile read before the TMA copy into it arrived (plgpu.barrier_wait), a "
+            "scratch buffer read before it is written, or an output never written. "
+            "--pallas-detect-races finds reads that race with a copy or another thread."
+        )
+    which = f"kernel {', '.join(kernels)}" if kernels else "a kernel this test ran"
     return (
         f"pallas: {what}. Interpret mode fills memory a "
         "kernel has not written with NaN, so the likely cause is TPU rule "

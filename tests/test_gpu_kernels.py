@@ -111,6 +111,29 @@ def test_uninitialised_smem_reads_as_nan(pytester):
     pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist").assert_outcomes(passed=1)
 
 
+def test_a_nan_from_unwritten_smem_names_the_gpu_kernel_and_no_tpu_rule(pytester):
+    pytester.makepyfile(HEAD + textwrap.dedent(
+        """
+        from pytest_pallas import assert_allclose
+
+        @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                           scratch_types=dict(smem=plgpu.SMEM((8, 128), jnp.float32)))
+        def forgets_to_load(x_gmem, out_gmem, smem):
+            out_gmem[...] = smem[...] * 2.0  # smem never received x
+
+        def test_double():
+            x = jnp.ones((8, 128), jnp.float32)
+            assert_allclose(forgets_to_load(x), 2.0 * np.ones((8, 128)))
+        """))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*pallas: 1024 NaN where the reference is finite. JAX's GPU interpreter fills SMEM and "
+        "GMEM a kernel has not written with NaN, so the likely cause is in Mosaic GPU kernel "
+        "forgets_to_load*"])
+    assert "TPU rule" not in result.stdout.str()
+
+
 def test_a_gpu_kernel_meets_no_tpu_rule(pytester):
     # A (4, 64) block breaks the TPU's (8, 128) tiling rule; on a GPU it is fine.
     pytester.makepyfile(HEAD + textwrap.dedent(

@@ -167,7 +167,7 @@ class PallasSession:
         from .._compat import gpu_interpreter, jax_internals, tpu_interpreter
         from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
         from ..checks.mismatch import TracedOutput, traced_output_blocks
-        from ..compare import backend_matmul_precision, interpreted_kernels
+        from ..compare import GpuKernelName, backend_matmul_precision, interpreted_kernels
 
         backend = self.backend_for(item)
         stack = contextlib.ExitStack()
@@ -198,7 +198,8 @@ class PallasSession:
                 self.options.compile_chips, on_verdict=self._compile_recorder(item))))
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
-            stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports]))
+            stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports] + [
+                GpuKernelName(k.name) for k in gpu_kernels if k.interpreter == "gpu"]))
         # A value failure then locates its mismatches in the traced kernels' output blocks.
         stack.enter_context(traced_output_blocks(lambda: [
             TracedOutput(report.kernel, array_shape, block_shape)
@@ -385,9 +386,9 @@ class PallasSession:
         """
         import re
 
-        from ..compare import describe_uninitialized_read
+        from ..compare import GpuKernelName, describe_uninitialized_read
 
-        if self.item_backend(item).is_tpu or is_conformance_item(item):
+        if self.item_backend(item).is_compiled or is_conformance_item(item):
             return None  # the suite finds the cause of a NaN itself (its "cause:" line)
         messages = []
         pending, seen = [error], set()
@@ -405,7 +406,8 @@ class PallasSession:
             return None
         if not re.search(r"\bnan\b", failure, re.IGNORECASE):
             return None
-        kernels = [report.kernel for report in item.stash.get(_KERNEL_REPORTS, ())]
+        kernels = [report.kernel for report in item.stash.get(_KERNEL_REPORTS, ())] + [
+            GpuKernelName(k.name) for k in self.gpu_kernels_run(item) if k.interpreter == "gpu"]
         return describe_uninitialized_read(None, kernels)
 
     # --- seeds and reproduction ---------------------------------------------------
