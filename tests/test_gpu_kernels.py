@@ -97,6 +97,25 @@ def test_without_detect_races_the_racy_kernel_is_not_judged(pytester):
     pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist").assert_outcomes(passed=2)
 
 
+def test_a_kernels_own_gpu_interpreter_params_are_kept(pytester):
+    # JAX's own race tests pass InterpretGPUParams(detect_races=True) and read the verdict
+    # themselves: under the plugin the kernel keeps them, and the test judges the race.
+    pytester.makepyfile(RACE.replace(
+        'num_threads=2, thread_name="t",',
+        'num_threads=2, thread_name="t", interpret=InterpretGPUParams(detect_races=True),'
+    ).replace(
+        "pytestmark = pytest.mark.pallas",
+        "pytestmark = pytest.mark.pallas\n"
+        "from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as gpu_interpret\n"
+        "from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams",
+    ).replace(
+        "make(ordered=False)(jnp.int32(42)).block_until_ready()",
+        "make(ordered=False)(jnp.int32(42)).block_until_ready()\n"
+        "    assert gpu_interpret.get_races().races_found",
+    ))
+    pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist").assert_outcomes(passed=2)
+
+
 def test_uninitialised_smem_reads_as_nan(pytester):
     pytester.makepyfile(HEAD + textwrap.dedent(
         """
