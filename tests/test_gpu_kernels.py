@@ -532,3 +532,26 @@ def _all_eqns(jaxpr):
         yield eqn
         for sub in _sub_jaxprs(eqn.params):
             yield from _all_eqns(sub)
+
+
+def test_a_hung_barrier_wait_fails_its_test_under_the_timeout_and_the_run_goes_on(pytester):
+    pytester.makepyfile(HEAD + textwrap.dedent(
+        """
+        @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                           scratch_types=dict(never_arrives=plgpu.Barrier(num_arrivals=1)))
+        def waits_forever(out_ref, never_arrives):
+            plgpu.barrier_wait(never_arrives)
+            out_ref[...] = jnp.zeros((8, 128), jnp.float32)
+
+        def test_hang():
+            waits_forever().block_until_ready()
+
+        def test_after():
+            pass
+        """))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist",
+                                "--pallas-timeout=3")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines([
+        "*KernelTimeout: pallas: Mosaic GPU kernel 'waits_forever' (in test_*::test_hang) ran "
+        "longer than --pallas-timeout=3s and was stopped*"])

@@ -326,6 +326,39 @@ def gpu_module_assertion(error: BaseException) -> str | None:
     return None
 
 
+def abort_gpu_waits() -> bool:
+    """Make every barrier wait of a GPU-interpreted kernel end with an error (for
+    ``--pallas-timeout``). Returns False when no GPU-interpreted kernel is running.
+
+    JAX's GPU interpreter waits on a barrier's condition until its phase reaches the one the
+    thread awaits, with no timeout, and raises when the phase has run past it (the thread
+    missed a completion): moving the phase past every awaited one ends the wait that way.
+    """
+    try:
+        callbacks = jax_internals._private(_CALLBACKS)
+    except (JaxInternalsChanged, ImportError):
+        return False
+    shared_memory = getattr(callbacks, "_shared_memory", None)
+    if shared_memory is None:
+        return False
+    buffers = getattr(shared_memory, "mem", None)
+    if not isinstance(buffers, dict):
+        raise JaxInternalsChanged(
+            "the GPU interpreter's shared memory no longer keeps its buffers in .mem; "
+            "--pallas-timeout cannot stop a hung Mosaic GPU kernel on this JAX.")
+    aborted = False
+    for buffer in list(buffers.values()):
+        condition = getattr(buffer, "cv", None)
+        awaited = getattr(buffer, "next_awaited_phase_by_thread", None)
+        if condition is None or awaited is None or not hasattr(buffer, "phase"):
+            continue  # not a barrier
+        with condition:
+            buffer.phase = max(awaited, default=0) + 1
+            condition.notify_all()
+        aborted = True
+    return aborted
+
+
 def reset_gpu_interpreter_state() -> None:
     """Drop the GPU interpreter's simulated memory and race state (a kernel that raised
     leaves them behind). A no-op when this JAX has no GPU interpreter."""

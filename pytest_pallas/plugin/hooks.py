@@ -294,7 +294,8 @@ def pytest_runtest_call(item: pytest.Item):
     from .timeout import KernelTimeout, Watchdog
 
     seconds = 0.0 if pallas.item_backend(item).is_compiled else pallas.options.timeout_seconds
-    with Watchdog(seconds, lambda: _running_kernels_text(item)) as watchdog:
+    with Watchdog(seconds, lambda: _running_kernels_text(item),
+                  kernel_ages=lambda: _kernel_ages(pallas, item)) as watchdog:
         try:
             result = yield
         except BaseException as error:
@@ -350,11 +351,27 @@ class PallasInterpreterFallback(UserWarning):
     """A test ran in the other interpreter because JAX's first choice crashed inside JAX."""
 
 
+def _kernel_ages(pallas: Any, item: pytest.Item) -> dict[str, float] | None:
+    """The TPU-interpreted kernels' ages; None (time the whole test) once a GPU kernel ran,
+    whose interpreter does not say when it started."""
+    from .._compat.tpu_interpreter import running_interpreted_kernel_ages
+
+    ages = running_interpreted_kernel_ages()
+    if not ages and any(k.interpreter == "gpu" for k in pallas.gpu_kernels_run(item)):
+        return None
+    return ages
+
+
 def _running_kernels_text(item: pytest.Item) -> str:
     from .._compat.tpu_interpreter import running_interpreted_kernels
 
     kernels = running_interpreted_kernels()  # already short ('body at kernels.py:12')
     if not kernels:
+        # A GPU-interpreted kernel: the last one this test built is the one still running.
+        gpu = [k.name for k in _session(item.config).gpu_kernels_run(item)
+               if k.interpreter == "gpu"]
+        if gpu:
+            return f"Mosaic GPU kernel '{gpu[-1]}' (in {item.nodeid})"
         return f"a kernel in {item.nodeid}"
     names = ", ".join(f"'{kernel}'" for kernel in kernels)
     return f"kernel {names} (in {item.nodeid})"
