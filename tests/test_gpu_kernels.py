@@ -65,7 +65,7 @@ RACE = HEAD + textwrap.dedent(
 def test_a_gpu_authors_module_passes_on_the_cpu(pytester):
     """plgpu.kernel, pl.core_map over a plgpu.Mesh, pallas_call with plgpu.CompilerParams
     (built at import, under jit, blocked) and a Triton-parameter kernel, none with interpret=."""
-    pytester.makepyfile(test_gpu_author=(DATA / "test_gpu_author.py").read_text())
+    pytester.makepyfile(test_gpu_author=(DATA / "gpu_author_tests.py").read_text())
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist")
     result.assert_outcomes(passed=6)
     assert "AssertionError" not in result.stdout.str()
@@ -75,7 +75,7 @@ def test_a_gpu_authors_module_passes_on_the_cpu(pytester):
 def test_the_same_module_fails_without_the_plugin(pytester):
     # Without a GPU and without the plugin, every kernel meets "Only interpret mode is
     # supported on CPU backend": the passes above are the plugin's doing.
-    pytester.makepyfile(test_gpu_author=(DATA / "test_gpu_author.py").read_text())
+    pytester.makepyfile(test_gpu_author=(DATA / "gpu_author_tests.py").read_text())
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:pallas",
                                 "-W", "ignore::pytest.PytestUnknownMarkWarning")
     result.assert_outcomes(failed=6)
