@@ -1,7 +1,8 @@
 """A GPU kernel author's tests, written for the GPU (no ``interpret=``): Mosaic GPU kernels
 (``plgpu.kernel``, ``pl.core_map`` over a ``plgpu.Mesh``, ``pallas_call`` with
 ``plgpu.CompilerParams``) and Triton-parameter kernels. Under pytest-pallas they run on the
-CPU, each in the interpreter that can run it."""
+CPU, each in the interpreter that can run it. tests/test_gpu_kernels.py runs this module as
+a user's ``test_gpu_author.py`` (its name keeps the project's own run from collecting it)."""
 
 import functools
 
