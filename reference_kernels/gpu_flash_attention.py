@@ -51,7 +51,7 @@ def smem_bytes(block_q: int, block_kv: int, d: int, dtype: Any) -> int:
     and the float32 state (``m``, ``l``, ``acc``).
 
         >>> smem_bytes(64, 64, 128, "bfloat16")
-        133120
+        131584
     """
     itemsize = jnp.dtype(dtype).itemsize
     tiles = 2 * block_q * d * itemsize + STAGES * 2 * block_kv * d * itemsize
