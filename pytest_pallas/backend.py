@@ -4,12 +4,15 @@
 ``Backend.activate()`` is the context in which a test's kernels run: on the
 CPU it forces every ``pallas_call`` traced inside it into interpret mode
 (even one that never passes ``interpret=``) and makes ``pltpu.get_tpu_info()``
-answer for the chip the run stands in for; on a TPU it changes nothing.
+answer for the chip the run stands in for; a GPU kernel (Mosaic GPU or Triton) runs in
+the interpreter that can run it instead (``_compat.gpu_interpreter``). On a TPU or a GPU
+it changes nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -19,13 +22,14 @@ import pytest
 from . import hosts
 from ._compat import (
     device_kinds,
+    gpu_interpreter,
     interpreter_fixes,
     jax_internals,
     pallas_call_hooks,
     ref_views,
     tpu_interpreter,
 )
-from .checks import running
+from .checks import gpu_rules, running
 from .checks.running import active_backend  # noqa: F401  (the backend's public accessor)
 from .settings import PallasOptions, device_count_from_xla_flags
 
@@ -35,14 +39,17 @@ class Backend:
     """What the ``pallas_backend`` fixture gives a test.
 
     Attributes:
-      platform: ``"tpu"`` (compiled for the chip) or ``"cpu"`` (interpreted).
-      interpreter: ``"tpu"``, ``"plain"``, or None on a TPU.
+      platform: ``"tpu"`` or ``"gpu"`` (compiled for the device) or ``"cpu"`` (interpreted).
+      interpreter: ``"tpu"``, ``"plain"``, or None on a TPU or a GPU (the interpreter of
+        TPU kernels; GPU kernels take JAX's GPU interpreter or the plain one).
       chip: the chip name (``"v5e"``, ...): the real one on a TPU, else the one simulated.
       tpu_info: ``pltpu.TpuInfo`` of that chip (VMEM size, tiling, peak rates, cores).
       interpret_params: what ``pallas_call`` receives as ``interpret=`` on the CPU
         (a ``pltpu.InterpretParams``, ``True`` for the plain interpreter, None on a TPU).
       device_kind: ``jax.devices()[0].device_kind``.
       device_count: how many devices JAX sees.
+      gpu_interpret_params: the ``InterpretGPUParams`` Mosaic GPU kernels run with on the
+        CPU, or None (compiled, or this JAX has no GPU interpreter: the plain one then).
     """
 
     platform: str
@@ -52,6 +59,7 @@ class Backend:
     interpret_params: Any
     device_kind: str
     device_count: int
+    gpu_interpret_params: Any = None
     # Kernels that passed their own pltpu.InterpretParams: what the run changed in them.
     own_params_changed: ParamsChanges = dataclasses.field(
         default_factory=lambda: ParamsChanges(), compare=False, repr=False)
@@ -61,21 +69,35 @@ class Backend:
         return self.platform == "tpu"
 
     @property
+    def is_gpu(self) -> bool:
+        return self.platform == "gpu"
+
+    @property
+    def is_compiled(self) -> bool:
+        """Compiled for a device (TPU or GPU), not interpreted on the CPU."""
+        return self.platform in ("tpu", "gpu")
+
+    @property
     def name(self) -> str:
-        return "tpu" if self.is_tpu else f"cpu-interpret-{self.interpreter}"
+        if self.is_compiled:
+            return self.platform
+        return f"cpu-interpret-{self.interpreter}"
 
     @property
     def matmul_precision(self) -> str:
         """The precision of a float32 ``jnp.dot`` inside a kernel on this backend.
 
         On a TPU the default precision rounds float32 operands to bfloat16 (one
-        MXU pass); interpreted on the CPU, the product is float32.
+        MXU pass); on a GPU, to TensorFloat-32 (tensor cores, JAX's default precision
+        for float32 dots there); interpreted on the CPU, the product is float32.
         """
-        return "bfloat16" if self.is_tpu else "float32"
+        return {"tpu": "bfloat16", "gpu": "tensorfloat32"}.get(self.platform, "float32")
 
     def describe(self) -> str:
         if self.is_tpu:
             return f"TPU {self.chip} ({self.device_count} devices, compiled)"
+        if self.is_gpu:
+            return f"GPU {self.device_kind} ({self.device_count} devices, compiled)"
         vmem = self.tpu_info.vmem_capacity_bytes // 2**20
         return (
             f"CPU, {self.interpreter} interpreter, standing in for TPU {self.chip} "
@@ -83,9 +105,14 @@ class Backend:
         )
 
     @contextlib.contextmanager
-    def activate(self) -> Iterator[Backend]:
-        """Run the body's kernels on this backend (see the module docstring)."""
-        if self.is_tpu:
+    def activate(self, on_gpu_kernel: Callable[[Any], None] | None = None,
+                 ) -> Iterator[Backend]:
+        """Run the body's kernels on this backend (see the module docstring).
+
+        ``on_gpu_kernel`` hears each GPU kernel run on the CPU
+        (a ``_compat.gpu_interpreter.RoutedKernel``).
+        """
+        if self.is_compiled:
             yield self
             return
         from jax.experimental.pallas import tpu as pltpu
@@ -129,7 +156,38 @@ class Backend:
                 merge_interpret_params, self.own_params_changed.append_change))
             stack.enter_context(interpreter_fixes.own_interpret_params_kept_on_meshes(
                 merge_interpret_params, self.own_params_changed.append_change))
+            seen: list[Any] = []
+            seen_token = _GPU_KERNELS_RUN.set(seen)
+            stack.callback(_GPU_KERNELS_RUN.reset, seen_token)
+
+            def heard(kernel: Any) -> None:
+                seen.append(kernel)
+                if on_gpu_kernel is not None:
+                    on_gpu_kernel(kernel)
+
+            # Entered last, so it sees a GPU kernel first: never the TPU interpreter for one.
+            stack.enter_context(optional(
+                GPU_KERNEL_ROUTING, lambda: gpu_interpreter.gpu_kernels_routed(
+                    self.gpu_interpret_params, heard,
+                    # What the GPU enforces and the interpreter does not: SMEM per block.
+                    judge=gpu_rules.check_smem)))
             yield self
+
+
+GPU_KERNEL_ROUTING = "GPU kernels in JAX's GPU interpreter and the plain one"
+
+
+_GPU_KERNELS_RUN: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "pallas_gpu_kernels_run", default=None)
+
+
+def gpu_interpreters_used() -> str | None:
+    """Where the GPU kernels run so far inside ``Backend.activate`` went: ``"gpu"``,
+    ``"plain"`` or ``"gpu,plain"``; None when none ran (or outside)."""
+    seen = _GPU_KERNELS_RUN.get()
+    if not seen:
+        return None
+    return ",".join(sorted({kernel.interpreter for kernel in seen}))
 
 
 class ParamsChanges(list):
@@ -185,6 +243,27 @@ def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
     ))
 
 
+def make_gpu_interpret_params(options: PallasOptions) -> Any:
+    """The ``InterpretGPUParams`` Mosaic GPU kernels run with on the CPU (NaN-poisoned
+    memory; race detection under ``--pallas-detect-races``), or None when this JAX has no
+    GPU interpreter (one warning; Mosaic GPU kernels then run in the plain interpreter)."""
+    try:
+        return gpu_interpreter.make_gpu_params(detect_races=options.detect_races)
+    except jax_internals.JaxInternalsChanged as error:
+        jax_internals.feature_off("JAX's GPU interpreter for Mosaic GPU kernels", error)
+        return None
+
+
+def visible_gpu_devices() -> list:
+    """The GPU devices JAX sees, or [] (never raises)."""
+    import jax
+
+    try:
+        return list(jax.devices("gpu"))
+    except RuntimeError:
+        return []
+
+
 def visible_tpu_devices() -> list:
     """The TPU devices JAX sees, or [] (never raises)."""
     import jax
@@ -199,8 +278,25 @@ def select_backend(
     options: PallasOptions,
     *,
     tpu_devices: Callable[[], Sequence[Any]] = visible_tpu_devices,
+    gpu_devices: Callable[[], Sequence[Any]] = visible_gpu_devices,
 ) -> Backend:
     """Decide the backend; raise ``pytest.UsageError`` when the request cannot be met."""
+    if options.gpu:
+        devices = list(gpu_devices())
+        if not devices:
+            raise pytest.UsageError(
+                "--pallas-gpu: JAX sees no GPU; install jax with CUDA on a GPU host "
+                "(pip install 'jax[cuda13]'), or drop the flag to interpret on the CPU."
+            )
+        return Backend(
+            platform="gpu",
+            interpreter=None,
+            chip=options.chip,
+            tpu_info=chip_info(options.chip),
+            interpret_params=None,
+            device_kind=devices[0].device_kind,
+            device_count=len(devices),
+        )
     if options.tpu:
         devices = list(tpu_devices())
         if not devices:
@@ -244,6 +340,7 @@ def select_backend(
         interpret_params=make_interpret_params(options, info),
         device_kind=cpu_devices[0].device_kind,
         device_count=len(cpu_devices),
+        gpu_interpret_params=make_gpu_interpret_params(options),
     )
 
 

@@ -9,7 +9,9 @@ An element passes when ``|actual - expected| <= atol + rtol * |expected|``.
   output's ulp, plus the error a float32 accumulation of ``reduction_length``
   terms may add (``eps_accumulator * (1 + log2(L))``). On a TPU, where a
   float32 ``jnp.dot`` rounds its operands to bfloat16, the accumulator's
-  epsilon is bfloat16's (``matmul_precision="bfloat16"``).
+  epsilon is bfloat16's (``matmul_precision="bfloat16"``); on a GPU, whose tensor
+  cores round float32 operands to TensorFloat-32, it is TF32's, 2**-10
+  (``matmul_precision="tensorfloat32"``).
 
 The policy is deliberately tight: a bfloat16 matmul with k >= 512 that
 accumulates in bfloat16 instead of float32 fails it (tests/test_compare.py
@@ -29,7 +31,7 @@ import numpy as np
 
 from .checks import mismatch
 from .checks.mismatch import bitwise_differences  # noqa: F401  (public here too)
-from .dtypes import EPSILON, ML_DTYPES, epsilon
+from .dtypes import EPSILON, MATMUL_PRECISIONS, ML_DTYPES, epsilon, matmul_epsilon
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +71,11 @@ def default_tolerance(
     """
     name = np.dtype(dtype).name
     output_eps = epsilon(name)
-    accumulator = "bfloat16" if matmul_precision == "bfloat16" else "float32"
+    accumulator = matmul_precision if matmul_precision in MATMUL_PRECISIONS else "float32"
     reasons = [f"{name} output: rtol = 1 ulp = {output_eps:.3g}"]
     atol_units = output_eps / 4
     if reduction_length is not None and reduction_length > 1:
-        accumulation = epsilon(accumulator) * (1 + math.log2(reduction_length))
+        accumulation = matmul_epsilon(accumulator) * (1 + math.log2(reduction_length))
         atol_units += accumulation
         reasons.append(
             f"reduction of length {reduction_length} accumulated in {accumulator} "
@@ -306,8 +308,9 @@ _BACKEND_MATMUL_PRECISION: contextvars.ContextVar[str] = contextvars.ContextVar(
 @contextlib.contextmanager
 def backend_matmul_precision(precision: str):
     """Within the block, ``assert_allclose`` defaults to ``matmul_precision=precision``."""
-    if precision not in ("float32", "bfloat16"):
-        raise ValueError(f"matmul precision {precision!r} must be 'float32' or 'bfloat16'")
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul precision {precision!r} must be one of "
+                         f"{', '.join(MATMUL_PRECISIONS)}")
     token = _BACKEND_MATMUL_PRECISION.set(precision)
     try:
         yield
@@ -371,6 +374,11 @@ def uninitialized_read_hint(count: int) -> str | None:
     return None if names is None else describe_uninitialized_read(count, names())
 
 
+class GpuKernelName(str):
+    """The name of a Mosaic GPU kernel that ran in JAX's GPU interpreter (NaN-poisoned SMEM
+    and GMEM), among the names :func:`interpreted_kernels` gives."""
+
+
 def describe_uninitialized_read(count: int | None, kernels: Sequence[str]) -> str:
     """The paragraph that explains a NaN in interpret mode, naming ``kernels``.
 
@@ -380,9 +388,17 @@ def describe_uninitialized_read(count: int | None, kernels: Sequence[str]) -> st
     from .checks.violations import UNINITIALIZED_READ, UNINITIALIZED_READ_FIX
 
     kernels = list(dict.fromkeys(kernels))
-    which = f"kernel {', '.join(kernels)}" if kernels else "a kernel this test ran"
     what = (f"{count} NaN where the reference is finite" if count is not None
             else "the failure shows NaN")
+    if kernels and all(isinstance(name, GpuKernelName) for name in kernels):
+        return (
+            f"pallas: {what}. JAX's GPU interpreter fills SMEM and GMEM a kernel has not "
+            f"written with NaN, so the likely cause is in Mosaic GPU kernel {', '.join(kernels)}: "
+            "an SMEM tile read before the TMA copy into it arrived (plgpu.barrier_wait), a "
+            "scratch buffer read before it is written, or an output never written. "
+            "--pallas-detect-races finds reads that race with a copy or another thread."
+        )
+    which = f"kernel {', '.join(kernels)}" if kernels else "a kernel this test ran"
     return (
         f"pallas: {what}. Interpret mode fills memory a "
         "kernel has not written with NaN, so the likely cause is TPU rule "
@@ -416,7 +432,9 @@ def assert_allclose(
     tolerance (<= 1.0), which the conformance report prints.
     ``matmul_precision`` (which widens the allowance of a reduction) defaults to
     the precision of the backend the test runs on: ``"bfloat16"`` on a TPU,
-    ``"float32"`` interpreted on the CPU or outside a Pallas test.
+    ``"tensorfloat32"`` on a GPU, ``"float32"`` interpreted on the CPU or outside a
+    Pallas test. Pass ``matmul_precision="float32"`` for a kernel that promises float32
+    products (``precision=HIGHEST``) on every backend.
     ``op`` and ``inputs`` add the error model the conformance suite applies to
     that op (``pytest_pallas.error_models``): ``op="attention", inputs=(q, k, v)``
     allows for the rounding of the logits (pass ``q * sm_scale`` for a scaled

@@ -60,3 +60,24 @@ def epsilon(dtype: Any) -> float:
     if name not in EPSILON:
         raise ValueError(f"no epsilon known for dtype {name}; pass rtol= and atol= explicitly")
     return EPSILON[name]
+
+
+# The precisions a backend's float32 dot can run at under JAX's default precision: a TPU
+# rounds the operands to bfloat16 (one MXU pass), a GPU's tensor cores to TensorFloat-32
+# (10 explicit mantissa bits, NVIDIA's A100/H100 architecture documents), the CPU keeps float32.
+MATMUL_PRECISIONS = ("float32", "tensorfloat32", "bfloat16")
+_TENSORFLOAT32_EPSILON = 2.0 ** -10
+
+
+def matmul_epsilon(precision: str) -> float:
+    """The epsilon of a dot's operands at a backend's matmul precision (``MATMUL_PRECISIONS``).
+
+        >>> matmul_epsilon("tensorfloat32") == 2 ** -10
+        True
+    """
+    if precision == "tensorfloat32":
+        return _TENSORFLOAT32_EPSILON
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul precision {precision!r} must be one of "
+                         f"{', '.join(MATMUL_PRECISIONS)}")
+    return epsilon(precision)

@@ -41,6 +41,7 @@ class PallasOptions:
     """What the user asked for, validated. The single source of truth for the plugin."""
 
     tpu: bool = False
+    gpu: bool = False  # --pallas-gpu: compiled for the GPU JAX sees
     interpreter: str = DEFAULT_INTERPRETER
     chip: str = DEFAULT_CHIP
     chip_given: bool = False
@@ -75,11 +76,18 @@ class PallasOptions:
         """
         return (
             self.tpu
+            or self.gpu
             or self.chip_given
             or self.interpreter_given
             or self.detect_races
             or self.conformance
         )
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the kernels run compiled on an accelerator (``--pallas-tpu`` or
+        ``--pallas-gpu``), not interpreted on the CPU."""
+        return self.tpu or self.gpu
 
     @property
     def interpreter_chosen(self) -> bool:
@@ -89,6 +97,8 @@ class PallasOptions:
 
     @property
     def backend_name(self) -> str:
+        if self.gpu:
+            return "gpu"
         return "tpu" if self.tpu else f"cpu-interpret-{self.interpreter}"
 
 

@@ -261,8 +261,8 @@ def test_a_worker_with_one_chip_skips_a_multi_chip_test_naming_the_flags_that_ru
     session = dataclasses.replace(_fake_tpu_session("TPU v5 lite", count=1),
                                   one_device_worker=True)
     assert session.skip_reason(items["test_two_devices"]) == (
-        "needs 2 TPU devices, this pytest-xdist worker holds 1 (one chip per worker); run it "
-        "with -n 0 --pallas-tpu, which gives one process every chip")
+        "needs 2 TPU devices, this pytest-xdist worker holds 1 (one TPU per worker); run it "
+        "with -n 0 --pallas-tpu, which gives one process every device")
 
 
 def test_tpu_only_is_skipped_with_its_reason_on_the_cpu(pytester):

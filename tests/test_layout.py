@@ -172,7 +172,7 @@ LAYERS = (
     ("backend and comparator", ("pytest_pallas.backend", "pytest_pallas.compare")),
     ("checks", ("pytest_pallas.checks",)),
     ("ops and kernels", ("pytest_pallas.ops", "pytest_pallas.reference_kernels",
-                         "pytest_pallas.strategies", "pytest_pallas.tpu")),
+                         "pytest_pallas.strategies", "pytest_pallas.tpu", "pytest_pallas.gpu")),
     ("settings and compatibility", ("pytest_pallas.settings", "pytest_pallas.hosts",
                                     "pytest_pallas.dtypes", "pytest_pallas.tiling",
                                     "pytest_pallas._compat")),

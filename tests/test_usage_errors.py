@@ -51,6 +51,10 @@ CASES = [
     (["--pallas-ops=add,conv"], None, "--pallas-ops=add,conv: unknown op 'conv'"),
     (["--pallas-ops=,"], None, "--pallas-ops is empty"),
     (["--pallas-tpu"], None, "--pallas-tpu: JAX sees no TPU; run on a TPU VM"),
+    (["--pallas-gpu"], None, "--pallas-gpu: JAX sees no GPU; install jax with CUDA"),
+    (["--pallas-gpu", "--pallas-tpu"], None, "--pallas-gpu cannot go with --pallas-tpu"),
+    (["--pallas-gpu", "--pallas-detect-races"], None,
+     "--pallas-gpu cannot go with --pallas-detect-races"),
     # --pallas-impl: its syntax, the op, the module, the attribute, @supports.
     (["--pallas-impl", "matmul"], None,
      "--pallas-impl 'matmul' is malformed; write OP=MODULE:ATTR"),

@@ -212,6 +212,7 @@ def short_source(kernel: str) -> str:
 
 _INTERPRETER_SOURCES = (
     "jax/_src/pallas/mosaic/interpret/",  # the TPU interpreter
+    "jax/_src/pallas/mosaic_gpu/interpret/",  # the GPU interpreter (Mosaic GPU kernels)
     "jax/_src/pallas/hlo_interpreter.py",  # the plain interpreter (interpret=True)
     "jax/_src/state/discharge.py",  # the plain interpreter's discharge of kernel state
     # The plugin's extension of the TPU interpreter to reshaped and bitcast refs: what it
@@ -238,9 +239,12 @@ def interpreter_crash(error: BaseException) -> str | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         name = type(current).__name__
-        if name in _INTERNAL_WHEN_RAISED_INSIDE:
+        if name in _INTERNAL_WHEN_RAISED_INSIDE or name == "AssertionError":
             frames = traceback.extract_tb(current.__traceback__)
-            if frames and _in_interpreter(frames[-1].filename):
+            inside = frames and (_in_interpreter(frames[-1].filename)
+                                 if name != "AssertionError" else _GPU_INTERPRETER_SOURCE
+                                 in frames[-1].filename.replace("\\", "/"))
+            if inside:
                 first = str(current).strip().splitlines()[0] if str(current).strip() else ""
                 return f"{name}: {first} (in {_short_jax_path(frames[-1].filename)})"
         if name in _INTERNAL_ERROR_TYPES or _NO_CPU_RULE in str(current):
@@ -396,6 +400,10 @@ def outside_current_trace() -> Iterator[None]:
 # fails in safe_zip ("argument 2 has length 8 but argument 0 has length 10") on
 # tpu-inference's all-gather matmul.
 _INTERNAL_WHEN_RAISED_INSIDE = ("ValueError",)
+
+# JAX's GPU interpreter asserts what it cannot run (a BlockSpec with an index map, jax
+# 0.10.2 to 0.12): raised inside it, an AssertionError is JAX's limit, not the kernel's bug.
+_GPU_INTERPRETER_SOURCE = "jax/_src/pallas/mosaic_gpu/interpret/"
 
 
 def _in_interpreter(filename: str) -> bool:

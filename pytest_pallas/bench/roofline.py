@@ -42,6 +42,15 @@ def roofline_of(tpu_info: Any, devices: int = 1) -> Roofline:
     )
 
 
+def gpu_roofline(facts: Any, devices: int = 1) -> Roofline:
+    """The roofline of ``devices`` GPUs described by ``facts`` (a ``pytest_pallas.gpu.GpuFacts``):
+    dense bfloat16 tensor-core FLOP/s, an upper bound for float32 too (TF32 runs at half
+    that), and HBM bytes/s."""
+    count = max(1, int(devices))
+    return Roofline(peak_flops_per_second=float(facts.peak_flops_per_second) * count,
+                    peak_bytes_per_second=float(facts.hbm_bytes_per_second) * count)
+
+
 def performance_facts(cost: Any, median_seconds: float, roofline: Roofline | None,
                       xla_median_seconds: float | None,
                       paired_ratio: float | None = None) -> dict[str, Any]:

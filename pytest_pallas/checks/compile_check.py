@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .._compat import device_kinds, jax_internals, pallas_call_hooks
+from .._compat import device_kinds, gpu_interpreter, jax_internals, pallas_call_hooks
 from . import jaxpr_analysis, kernel_model
 from .libtpu_environment import host_has_tpu, quiet_libtpu_environment_for  # noqa: F401
 from .violations import MIB, TpuRuleViolation, Violation
@@ -399,6 +399,8 @@ def compiling_pallas_calls(
             my_kernel(x)  # raises TpuRuleViolation at trace time if the compiler rejects it
     """
     verdicts: list[CompileVerdict] = []
-    observer = pallas_call_compiler(tuple(chips), verdicts, on_verdict)
+    # The TPU compiler never judges a GPU kernel (Mosaic GPU, Triton).
+    observer = gpu_interpreter.tpu_kernels_only(
+        pallas_call_compiler(tuple(chips), verdicts, on_verdict))
     with pallas_call_hooks.observe_pallas_calls(observer, with_avals=True):
         yield verdicts

@@ -25,6 +25,7 @@ from typing import Any
 
 from pytest_pallas._compat import (
     device_kinds,
+    gpu_interpreter,
     interpreter_fixes,
     jax_internals,
     pallas_call_hooks,
@@ -402,10 +403,13 @@ def checking_pallas_calls(
     """
     reports: list[KernelReport] = []
     with contextlib.ExitStack() as stack:
+        # GPU kernels (Mosaic GPU, Triton) meet no TPU rule.
+        only_tpu = gpu_interpreter.tpu_kernels_only
         checker = pallas_call_checker(chip, check_options, reports, defer_output_races=True)
-        if not stack.enter_context(pallas_call_hooks.observe_pallas_call_uses(checker.settle)):
+        if not stack.enter_context(pallas_call_hooks.observe_pallas_call_uses(
+                only_tpu(checker.settle))):
             checker = pallas_call_checker(chip, check_options, reports)
-        stack.enter_context(pallas_call_hooks.observe_pallas_calls(checker))
+        stack.enter_context(pallas_call_hooks.observe_pallas_calls(only_tpu(checker)))
         yield reports
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import epsilon
+from ..dtypes import epsilon, matmul_epsilon
 
 # How far a correct evaluation of the activation in the output dtype may be from the float64
 # oracle, in units of eps(dtype) * max|x @ y|. jax.nn.gelu in float32 is off by up to 1.4 ulp
@@ -81,9 +81,10 @@ def attention_allowance(q: Any, k: Any, v: Any, *,
     logit_bound = float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2), initial=0.0))
     # bfloat16 inputs multiply exactly into float32 sums; only float32 inputs
     # on a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
-    accumulator = ("bfloat16" if matmul_precision == "bfloat16" and name_of_dtype(q) == "float32"
-                   else "float32")
-    logit_error = (epsilon(accumulator) + 2 * epsilon("float32")) * logit_bound
+    # (a GPU's TensorFloat-32 likewise, with 10 mantissa bits instead of 7).
+    accumulator = (matmul_precision if matmul_precision in ("bfloat16", "tensorfloat32")
+                   and name_of_dtype(q) == "float32" else "float32")
+    logit_error = (matmul_epsilon(accumulator) + 2 * epsilon("float32")) * logit_bound
     extra = logit_error * float(np.max(np.abs(v64), initial=0.0))
     return extra, (f"logits rounded in {accumulator} and scaled to base 2 in float32 "
                    f"(max sum |q||k| = {logit_bound:.3g}) add {extra:.3g}")

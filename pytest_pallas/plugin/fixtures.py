@@ -43,7 +43,7 @@ def device_mesh(request: pytest.FixtureRequest):
     backend = _session(request.config).item_backend(request.node)
 
     def make(count: int, axis_name: str = "x") -> jax.sharding.Mesh:
-        devices = jax.devices("tpu" if backend.is_tpu else "cpu")
+        devices = jax.devices(backend.platform)
         if count > len(devices):
             pytest.skip(device_shortfall(count, backend))
         return jax.sharding.Mesh(np.array(devices[:count]), (axis_name,))

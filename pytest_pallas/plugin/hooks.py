@@ -63,7 +63,7 @@ _session = session_of
 @pytest.hookimpl(wrapper=True)
 def pytest_cmdline_main(config: pytest.Config):
     option = config.option
-    if option.pallas_tpu or getattr(option, "pallas_gpu", False):
+    if option.pallas_tpu or option.pallas_gpu:
         from .workers import one_device_per_worker
 
         one_device_per_worker(config)
@@ -81,7 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _register_operations(config)
     parsed = options_module.parse_options(config)
     one_device_worker = False
-    if hasattr(config, "workerinput") and (parsed.tpu or getattr(parsed, "gpu", False)):
+    if hasattr(config, "workerinput") and parsed.compiled:
         from .workers import take_this_workers_device
 
         take_this_workers_device(config)  # before JAX starts: one device per worker
@@ -97,7 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[SESSION_KEY] = session
     run_records.remember_compiles_before(session)  # the compile summary counts this session's
-    if not parsed.tpu and (parsed.session_opted_in or parsed.devices_requested):
+    if not parsed.compiled and (parsed.session_opted_in or parsed.devices_requested):
         # The device count must be fixed before JAX creates its CPU client (and before
         # the user's modules below are imported: they may make arrays at import).
         session.ensure_devices()
@@ -108,7 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
         from .implementations import resolve_all
 
         user_callables = resolve_all(parsed.implementations)
-    if (not parsed.tpu and parsed.session_opted_in
+    if (not parsed.compiled and parsed.session_opted_in
             and config.getoption("--benchmark-only", default=False)):
         # Before the backend below creates JAX's CPU client, which reads XLA_FLAGS (without
         # a Pallas flag, the collection of a pallas_benchmark test does it in time).
@@ -122,8 +122,9 @@ def pytest_configure(config: pytest.Config) -> None:
         from .workers import hands_tests_to_workers
 
         distributed = hands_tests_to_workers(config)
-    if parsed.session_opted_in and (parsed.tpu or not distributed):
-        # --pallas-tpu without a TPU must stop here, before collection (exit 4).
+    if parsed.session_opted_in and (parsed.compiled or not distributed):
+        # --pallas-tpu without a TPU (--pallas-gpu without a GPU) stops here, before
+        # collection (exit 4).
         session.backend  # noqa: B018
     if parsed.session_opted_in and not distributed:
         from .persistent_cache import register
@@ -220,7 +221,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     pallas = _session(item.config)
-    if pallas.platform_decision is None and not pallas.options.tpu and pallas.uses_pallas(item):
+    if (pallas.platform_decision is None and not pallas.options.compiled
+            and pallas.uses_pallas(item)):
         # The first Pallas test: before anything starts JAX's backends (a later module may
         # make arrays when imported), keep JAX on the CPU.
         pallas.keep_jax_on_cpu()
@@ -251,7 +253,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         # A Pallas test is going to run: before it starts JAX's backends, keep libtpu's
         # start-up warnings away. Never at load: a run without Pallas keeps its environment.
         quiet_libtpu_environment_for(pallas.options.libtpu)
-    if not pallas.options.tpu and any(
+    if not pallas.options.compiled and any(
             "pallas_benchmark" in getattr(item, "fixturenames", ()) for item in ours):
         from ..bench.fixture import request_single_threaded_xla
 
@@ -314,8 +316,9 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
     from .timeout import KernelTimeout, Watchdog
 
-    seconds = 0.0 if pallas.item_backend(item).is_tpu else pallas.options.timeout_seconds
-    with Watchdog(seconds, lambda: _running_kernels_text(item)) as watchdog:
+    seconds = 0.0 if pallas.item_backend(item).is_compiled else pallas.options.timeout_seconds
+    with Watchdog(seconds, lambda: _running_kernels_text(item),
+                  kernel_ages=lambda: _kernel_ages(pallas, item)) as watchdog:
         try:
             result = yield
         except BaseException as error:
@@ -328,6 +331,11 @@ def pytest_runtest_call(item: pytest.Item):
             )
             if exit_failure is not None:
                 raise exit_failure from error  # the race behind the wrong values, say
+            gpu_limit = (pallas.gpu_interpreter_limit(item, error)
+                         if isinstance(error, Exception) else None)
+            if gpu_limit is not None:
+                # A GPU kernel never falls back to the TPU interpreter.
+                pytest.skip(gpu_limit)
             fallback = (pallas.interpreter_fallback(item, error)
                         if isinstance(error, Exception) else None)
             if fallback is None:
@@ -366,11 +374,27 @@ class PallasInterpreterFallback(UserWarning):
     """A test ran in the other interpreter because JAX's first choice crashed inside JAX."""
 
 
+def _kernel_ages(pallas: Any, item: pytest.Item) -> dict[str, float] | None:
+    """The TPU-interpreted kernels' ages; None (time the whole test) once a GPU kernel ran,
+    whose interpreter does not say when it started."""
+    from .._compat.tpu_interpreter import running_interpreted_kernel_ages
+
+    ages = running_interpreted_kernel_ages()
+    if not ages and any(k.interpreter == "gpu" for k in pallas.gpu_kernels_run(item)):
+        return None
+    return ages
+
+
 def _running_kernels_text(item: pytest.Item) -> str:
     from .._compat.tpu_interpreter import running_interpreted_kernels
 
     kernels = running_interpreted_kernels()  # already short ('body at kernels.py:12')
     if not kernels:
+        # A GPU-interpreted kernel: the last one this test built is the one still running.
+        gpu = [k.name for k in _session(item.config).gpu_kernels_run(item)
+               if k.interpreter == "gpu"]
+        if gpu:
+            return f"Mosaic GPU kernel '{gpu[-1]}' (in {item.nodeid})"
         return f"a kernel in {item.nodeid}"
     names = ", ".join(f"'{kernel}'" for kernel in kernels)
     return f"kernel {names} (in {item.nodeid})"
@@ -542,7 +566,8 @@ _SUMMARY_LEGEND = (
     "properties passed/failed: of shape_dtype, finite, value, written, deterministic and vmap; "
     "pytest counts tests (test_value, test_written_and_deterministic, test_vmap per op)",
     "interpreters: where value, deterministic and vmap ran / where written ran (plain: "
-    "interpret=True, fast; tpu: JAX's TPU interpreter, NaN-poisoned memory; TPU: compiled)",
+    "interpret=True, fast; tpu: JAX's TPU interpreter, NaN-poisoned memory; gpu: JAX's GPU "
+    "interpreter, for Mosaic GPU kernels; TPU, GPU: compiled)",
     "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)",
 )
 _JUDGE_LEGEND = ("judge: the least share of the op's FLOPs that ran inside Pallas kernels, and "

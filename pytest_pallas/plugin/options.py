@@ -40,6 +40,11 @@ def add_options(parser: pytest.Parser) -> None:
         help="run kernels compiled for the TPU that JAX sees; stop with exit 4 if none is visible.",
     )
     group.addoption(
+        "--pallas-gpu", action="store_true", default=False,
+        help="run kernels compiled for the GPU that JAX sees (Mosaic GPU; Triton where a kernel "
+        "asks for it); stop with exit 4 if none is visible.",
+    )
+    group.addoption(
         "--pallas-interpret", metavar="MODE", default=None,
         help=f"interpreter on the CPU: 'tpu' (simulated VMEM, DMAs, semaphores, NaN-poisoned "
         f"memory) or 'plain' (interpret=True, fastest). Default: {DEFAULT_INTERPRETER}.",
@@ -142,7 +147,11 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
     from . import implementations  # pure Python: parses OP=MODULE:ATTR without importing
 
     tpu = bool(config.getoption("--pallas-tpu"))
+    gpu = bool(config.getoption("--pallas-gpu"))
     detect_races = bool(config.getoption("--pallas-detect-races"))
+    check_gpu_flag(gpu, tpu=tpu, detect_races=detect_races,
+                   chip_given=config.getoption("--pallas-chip") is not None,
+                   compile_given=config.getoption("--pallas-compile") is not None)
 
     interpreter = _option(config, "--pallas-interpret", "pallas_interpret") or DEFAULT_INTERPRETER
     if interpreter not in INTERPRETERS:
@@ -212,7 +221,8 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
 
     compile_value = config.getoption("--pallas-compile")
     libtpu = hosts.installed_libtpu()
-    compile_chips = parse_compile_flag(compile_value, chip=chip, tpu=tpu, libtpu=libtpu)
+    compile_chips = () if gpu else parse_compile_flag(compile_value, chip=chip, tpu=tpu,
+                                                      libtpu=libtpu)
 
     impls = implementations.parse_impl_flags(config.getoption("--pallas-impl"))
     ops_value = config.getoption("--pallas-ops")
@@ -225,6 +235,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
 
     return PallasOptions(
         tpu=tpu,
+        gpu=gpu,
         interpreter=interpreter,
         chip=chip,
         chip_given=config.getoption("--pallas-chip") is not None,
@@ -251,6 +262,24 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         libtpu=libtpu,
         judge=bool(config.getoption("--pallas-judge")),
     )
+
+
+def check_gpu_flag(gpu: bool, *, tpu: bool, detect_races: bool, chip_given: bool,
+                   compile_given: bool) -> None:
+    """``--pallas-gpu`` with a flag that cannot go with it: a usage error naming both."""
+    if not gpu:
+        return
+    clash = ("--pallas-tpu" if tpu else "--pallas-detect-races" if detect_races
+             else "--pallas-chip" if chip_given else "--pallas-compile" if compile_given else None)
+    if clash is None:
+        return
+    why = {
+        "--pallas-tpu": "a run compiles for one kind of device",
+        "--pallas-detect-races": "races are found by JAX's interpreters on the CPU, not on a GPU",
+        "--pallas-chip": "it names the TPU a CPU run stands in for",
+        "--pallas-compile": "it compiles for TPUs on a host without one",
+    }[clash]
+    raise pytest.UsageError(f"--pallas-gpu cannot go with {clash} ({why}); drop one of them.")
 
 
 def _report_path(path: str | None) -> str | None:

@@ -40,7 +40,8 @@ MARKER_NAMES = tuple(spec.split("(")[0] for spec in MARKERS)
 FIXTURE_NAMES = ("pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark")
 
 # The plugin's flags that take no value (see options.add_options).
-_SWITCHES = ("--pallas-tpu", "--pallas-detect-races", "--pallas-conformance", "--pallas-judge")
+_SWITCHES = ("--pallas-tpu", "--pallas-gpu", "--pallas-detect-races", "--pallas-conformance",
+             "--pallas-judge")
 
 # A feature built on private JAX internals, by the name a run reports when it is off.
 KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"
@@ -50,6 +51,9 @@ _ACTIVE = pytest.StashKey[contextlib.ExitStack]()
 _BACKEND = pytest.StashKey["Backend"]()
 _KERNEL_EXITS = pytest.StashKey[list]()
 _KERNEL_REPORTS = pytest.StashKey[list]()  # the static checks' report of each pallas_call traced
+_GPU_KERNELS = pytest.StashKey[list]()  # the GPU kernels the test ran on the CPU, and where
+_GPU_RACES = pytest.StashKey[list]()  # True per GPU-interpreted kernel that ended with a race
+GPU_RACE_CHECK = "the GPU interpreter's race report"
 
 
 @dataclasses.dataclass
@@ -109,7 +113,7 @@ class PallasSession:
     def keep_jax_on_cpu(self) -> None:
         """Before JAX starts, in a run that interprets its kernels: JAX on the CPU only, on
         every host (see ``hosts``); the user's JAX_PLATFORMS wins."""
-        if self.platform_decision is not None or self.options.tpu:
+        if self.platform_decision is not None or self.options.compiled:
             return
         from .. import hosts
 
@@ -157,7 +161,7 @@ class PallasSession:
         asked its workers' JAX for (they inherit its environment) instead of starting JAX."""
         if self._backend is not None:
             return None if self._backend.is_tpu else self._backend.device_count
-        return None if self.options.tpu else self.devices_requested_count
+        return None if self.options.compiled else self.devices_requested_count
 
     @property
     def backend_if_made(self) -> Backend | None:
@@ -169,7 +173,7 @@ class PallasSession:
         if self._backend is None:
             from ..backend import select_backend
 
-            if not self.options.tpu:
+            if not self.options.compiled:
                 self.ensure_devices()
             self._backend = select_backend(self.options)
         return self._backend
@@ -197,7 +201,7 @@ class PallasSession:
         backend = self.backend
         if item.get_closest_marker("tpu_only") and not backend.is_tpu:
             return "tpu_only: needs a real TPU (run with --pallas-tpu on a TPU VM)"
-        if item.get_closest_marker("interpret_only") and backend.is_tpu:
+        if item.get_closest_marker("interpret_only") and backend.is_compiled:
             return "interpret_only: runs only in interpret mode on the CPU"
         marker = item.get_closest_marker("tpu_generation")
         if marker is not None and backend.is_tpu and marker.args:
@@ -214,10 +218,15 @@ class PallasSession:
 
     def activate(self, item: pytest.Item) -> None:
         """Enter the test's backend and the TPU-fidelity checks (see ``checks.static_rules``)."""
-        from .._compat import jax_internals, tpu_interpreter
+        from .._compat import gpu_interpreter, jax_internals, tpu_interpreter
         from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
         from ..checks.mismatch import TracedOutput, traced_output_blocks
-        from ..compare import backend_matmul_precision, interpreted_kernels, traced_kernels
+        from ..compare import (
+            GpuKernelName,
+            backend_matmul_precision,
+            interpreted_kernels,
+            traced_kernels,
+        )
 
         backend = self.backend_for(item)
         stack = contextlib.ExitStack()
@@ -230,10 +239,16 @@ class PallasSession:
             # only prints unbalanced semaphores: record every kernel's exit.
             item.stash[_KERNEL_EXITS] = _list_or_empty(stack.enter_context(optional(
                 KERNEL_EXIT_CHECKS, tpu_interpreter.record_kernel_exits)))
+            # The same for JAX's GPU interpreter, which runs Mosaic GPU kernels.
+            gpu_interpreter.reset_gpu_interpreter_state()
+            item.stash[_GPU_RACES] = _list_or_empty(stack.enter_context(optional(
+                GPU_RACE_CHECK, gpu_interpreter.gpu_races_recorded)))
+        gpu_kernels = item.stash[_GPU_KERNELS] = []
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
-        reports = item.stash[_KERNEL_REPORTS] = _list_or_empty(stack.enter_context(optional(
-            STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip))))
+        reports = item.stash[_KERNEL_REPORTS] = [] if backend.is_gpu else _list_or_empty(
+            stack.enter_context(optional(
+                STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip))))
         if not backend.is_tpu and self.options.compile_chips:
             # Then the TPU compiler's verdict on each kernel, for each chip asked for.
             from ..checks.compile_check import compiling_pallas_calls
@@ -242,7 +257,8 @@ class PallasSession:
                 self.options.compile_chips, on_verdict=self._compile_recorder(item))))
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
-            stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports]))
+            stack.enter_context(interpreted_kernels(lambda: [r.kernel for r in reports] + [
+                GpuKernelName(k.name) for k in gpu_kernels if k.interpreter == "gpu"]))
         # A bare comparison's failure then names the error model of a traced paged or
         # ragged attention kernel.
         stack.enter_context(traced_kernels(lambda: [r.kernel for r in reports]))
@@ -252,7 +268,7 @@ class PallasSession:
             for report in reports for array_shape, block_shape in report.output_blocks]))
         # assert_allclose in the test then allows for the backend's matmul rounding.
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
-        stack.enter_context(backend.activate())
+        stack.enter_context(backend.activate(on_gpu_kernel=gpu_kernels.append))
         item.stash[_ACTIVE] = stack
         item.stash[_BACKEND] = backend
 
@@ -296,6 +312,9 @@ class PallasSession:
         from ..checks.runtime_rules import kernel_exit_violations
         from ..checks.violations import TpuRuleViolation
 
+        gpu_race = self.gpu_race_failure(item)
+        if gpu_race is not None:
+            return gpu_race
         exits = list(item.stash.get(_KERNEL_EXITS, ()))
         if self.options.detect_races and tpu_interpreter.races_found() and not any(
                 state.race_found for state in exits):
@@ -316,6 +335,63 @@ class PallasSession:
             tpu_interpreter.reset_interpreter_state()
             return TpuRuleViolation(violations)
         return None
+
+    def gpu_kernels_run(self, item: pytest.Item) -> list:
+        """The GPU kernels the test ran on the CPU (``_compat.gpu_interpreter.RoutedKernel``),
+        each once."""
+        kernels = []
+        for kernel in item.stash.get(_GPU_KERNELS, ()):
+            if kernel not in kernels:
+                kernels.append(kernel)
+        return kernels
+
+    def gpu_race_failure(self, item: pytest.Item) -> AssertionError | None:
+        """Under ``--pallas-detect-races``: the failure for a race that JAX's GPU interpreter
+        found in a Mosaic GPU kernel of the test, else None."""
+        from .._compat import gpu_interpreter
+
+        if not self.options.detect_races:
+            return None
+        races = item.stash.get(_GPU_RACES, [])
+        if not (races or gpu_interpreter.races_pending()):
+            return None
+        names = sorted({k.name for k in self.gpu_kernels_run(item) if k.interpreter == "gpu"})
+        which = (f"kernel {', '.join(repr(n) for n in names)}" if names
+                 else "a Mosaic GPU kernel this test ran")
+        races.clear()
+        gpu_interpreter.reset_gpu_interpreter_state()
+        return AssertionError(
+            f"pallas: JAX's GPU interpreter detected a data race in {which} (two accesses to "
+            "the same SMEM or GMEM buffer, from two threads or a thread and a TMA copy, not "
+            "ordered by a barrier or a wait); arrive and wait on a plgpu.Barrier between them, "
+            "or wait for the copy (plgpu.barrier_wait, plgpu.wait_smem_to_gmem). The "
+            "interpreter's RACE DETECTED log above names the accesses."
+        )
+
+    def gpu_interpreter_limit(self, item: pytest.Item, error: BaseException) -> str | None:
+        """The skip reason when a GPU kernel of the test crashed inside JAX's interpreter (a
+        limit of JAX's, never the TPU interpreter's business), else None."""
+        from .._compat import gpu_interpreter, jax_internals
+
+        if self.item_backend(item).is_compiled:
+            return None
+        host = gpu_interpreter.gpu_module_assertion(error)
+        if host is not None:
+            return (f"pallas: {host}; on the CPU its kernels cannot be built. A limit of "
+                    "JAX's, not a bug of the kernel; run it with --pallas-gpu on a GPU.")
+        kernels = self.gpu_kernels_run(item)
+        if not kernels:
+            return None
+        crash = jax_internals.interpreter_crash(error)
+        if crash is None:
+            return None
+        where = {"gpu": "JAX's GPU interpreter", "plain": "JAX's plain interpreter"}
+        kernel = kernels[-1]
+        note = f" ({kernel.note})" if kernel.note else ""
+        kind = {"mosaic_gpu": "Mosaic GPU", "triton": "Triton"}[kernel.target]
+        return (f"pallas: {kind} kernel {kernel.name!r} cannot run in "
+                f"{where[kernel.interpreter]}{note}: {crash}. A limit of JAX's interpreters, "
+                "not a bug of the kernel; run it with --pallas-gpu on a GPU.")
 
     def interpreter_fallback(self, item: pytest.Item, error: BaseException):
         """After JAX's interpreter crashed inside JAX: ``(interpret params, paragraph)`` to run
@@ -372,9 +448,9 @@ class PallasSession:
         """
         import re
 
-        from ..compare import describe_uninitialized_read
+        from ..compare import GpuKernelName, describe_uninitialized_read
 
-        if self.item_backend(item).is_tpu or is_conformance_item(item):
+        if self.item_backend(item).is_compiled or is_conformance_item(item):
             return None  # the suite finds the cause of a NaN itself (its "cause:" line)
         messages = []
         pending, seen = [error], set()
@@ -392,7 +468,8 @@ class PallasSession:
             return None
         if not re.search(r"\bnan\b", failure, re.IGNORECASE):
             return None
-        kernels = [report.kernel for report in item.stash.get(_KERNEL_REPORTS, ())]
+        kernels = [report.kernel for report in item.stash.get(_KERNEL_REPORTS, ())] + [
+            GpuKernelName(k.name) for k in self.gpu_kernels_run(item) if k.interpreter == "gpu"]
         return describe_uninitialized_read(None, kernels)
 
     # --- seeds and reproduction ---------------------------------------------------
@@ -424,6 +501,8 @@ class PallasSession:
         options = self.options
         if options.tpu:
             backend = "TPU (compiled)"
+        elif options.gpu:
+            backend = "GPU (compiled: Mosaic GPU, Triton where a kernel asks for it)"
         else:
             from ..backend import chip_info
 
@@ -439,7 +518,7 @@ class PallasSession:
         if not options.seed_given and options.profile == "ci":
             seed += ", the ci profile's fixed seed"
         devices = ""
-        if not options.tpu:
+        if not (options.tpu or options.gpu):
             # A suite written for one device skips itself under more ("requires 1 device,
             # found 8") and the run looks green: say how many there are and why.
             self.ensure_devices()
@@ -456,7 +535,7 @@ class PallasSession:
     def compile_header(self) -> str | None:
         """The chips the TPU compiler check compiles for, or why it is off and how to turn it on."""
         options = self.options
-        if options.tpu:
+        if options.tpu or options.gpu:
             return None
         if options.compile_chips:
             return (f"TPU compiler check for {', '.join(options.compile_chips)} "
@@ -487,12 +566,13 @@ def _list_or_empty(recorded: list | None) -> list:
 
 
 def device_shortfall(needed: int, backend: Backend, *, one_device_worker: bool = False) -> str:
-    if backend.is_tpu:
+    if backend.is_compiled:
+        kind, flag = ("TPU", "--pallas-tpu") if backend.is_tpu else ("GPU", "--pallas-gpu")
         if one_device_worker:
-            return (f"needs {needed} TPU devices, this pytest-xdist worker holds "
-                    f"{backend.device_count} (one chip per worker); run it with -n 0 "
-                    "--pallas-tpu, which gives one process every chip")
-        return f"needs {needed} TPU devices, this host has {backend.device_count}"
+            return (f"needs {needed} {kind} devices, this pytest-xdist worker holds "
+                    f"{backend.device_count} (one {kind} per worker); run it with -n 0 "
+                    f"{flag}, which gives one process every device")
+        return f"needs {needed} {kind} devices, this host has {backend.device_count}"
     return (
         f"needs {needed} devices, JAX sees {backend.device_count} CPU devices; run with "
         f"--pallas-devices={needed} (JAX must not be initialised before pytest starts)"

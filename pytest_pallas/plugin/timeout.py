@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .._compat import tpu_interpreter
+from .._compat import gpu_interpreter, tpu_interpreter
 
 
 class KernelTimeout(RuntimeError):
@@ -95,7 +95,8 @@ class Watchdog:
         aborted = False
         # Keep aborting until the test returns: a test may start another kernel.
         while not self._stop.is_set():
-            aborted = tpu_interpreter.abort_interpreted_kernels(error) or aborted
+            aborted = (tpu_interpreter.abort_interpreted_kernels(error)
+                       | gpu_interpreter.abort_gpu_waits()) or aborted
             if not aborted:
                 sys.stderr.write(
                     f"\n{self.message}\n(pallas: no TPU-interpreted kernel is waiting, so it "

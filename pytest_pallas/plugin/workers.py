@@ -137,10 +137,9 @@ _DEVICE_SPLIT = pytest.StashKey[str]()
 
 def accelerator_platform(config: pytest.Config) -> str | None:
     """``"tpu"`` or ``"gpu"`` for a run on the accelerator, None for an interpreted run."""
-    option = config.option
-    if getattr(option, "pallas_tpu", False):
+    if config.option.pallas_tpu:
         return "tpu"
-    if getattr(option, "pallas_gpu", False):
+    if config.option.pallas_gpu:
         return "gpu"
     return None
 

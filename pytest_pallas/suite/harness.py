@@ -19,7 +19,7 @@ from hypothesis import note, target
 from hypothesis import strategies as st
 
 from .._compat import jax_internals, pallas_call_hooks
-from ..backend import Backend
+from ..backend import Backend, gpu_interpreters_used
 from ..checks import kernel_model
 from ..checks.kernel_check import (
     first_difference,
@@ -101,7 +101,7 @@ class Conformance:
 
     def _plain_breadth(self) -> bool:
         """Whether the many-example properties run in the plain interpreter."""
-        return not (self.backend.is_tpu or self.interpreter_chosen
+        return not (self.backend.is_compiled or self.interpreter_chosen
                     or self.operation.needs_tpu_interpreter
                     or self._plain_crash is not None)
 
@@ -135,12 +135,14 @@ class Conformance:
         return call()
 
     def _test_interpreter(self) -> str:
-        return "TPU" if self.backend.is_tpu else str(self.backend.interpreter)
+        if self.backend.is_compiled:
+            return self.backend.platform.upper()
+        return str(self.backend.interpreter)
 
     def _ran_in_breadth(self, *names: str) -> None:
         """Record where ``names`` ran the example that just passed through ``_in_breadth``."""
-        self.recorder.ran_in(self._row, names,
-                             "plain" if self._plain_breadth() else self._test_interpreter())
+        self.recorder.ran_in(self._row, names, gpu_interpreters_used()
+                             or ("plain" if self._plain_breadth() else self._test_interpreter()))
 
     def draw(self, data: st.DataObject | op_inputs.SweepSlot) -> op_inputs.Case | None:
         """The input of one example: drawn, or the sweep's (None past the op's last)."""
@@ -357,10 +359,11 @@ class Conformance:
     def check_repeatable(self, data: st.DataObject) -> None:
         """Every output element written (NaN- vs zero-poisoned outputs agree) and the same twice."""
         __tracebackhide__ = True
-        if self.backend.is_tpu:
+        if self.backend.is_compiled:
             import pytest
 
-            pytest.skip("written/deterministic: output poisoning needs the TPU interpreter")
+            pytest.skip("written/deterministic: output poisoning needs an interpreter (run "
+                        "without --pallas-tpu or --pallas-gpu)")
 
         case = self.draw(data)
         self._judge_program(case)
@@ -371,7 +374,8 @@ class Conformance:
             once, again = self._in_breadth(lambda: (
                 self._call("deterministic", case),
                 self._call("deterministic", case)))
-        self.recorder.ran_in(self._row, ("written",), self._test_interpreter())
+        self.recorder.ran_in(self._row, ("written",),
+                             gpu_interpreters_used() or self._test_interpreter())
         self._ran_in_breadth("deterministic")
         problem = properties.output_type_problem(case, zeroed)
         if problem:
@@ -422,9 +426,10 @@ class Conformance:
         fills it with NaN) or the kernel's own arithmetic: the same input run with fresh
         memory filled with NaN and with zeros tells the two apart.
         """
-        if self.backend.is_tpu:
+        if self.backend.is_compiled:
             return ("cause: an overflow or 0/0 in the kernel's arithmetic, or memory it "
-                    "read before writing; run without --pallas-tpu to find out which.")
+                    f"read before writing; run without --pallas-{self.backend.platform} to "
+                    "find out which.")
         try:
             poisoned, zeroed = self._poisoned_runs(None, case)
         except Exception as error:  # the diagnosis is a courtesy: the failure stands
