@@ -18,7 +18,9 @@
 #      (nvidia-smi, sampled every 0.5 s) must not grow: the interpreted kernels and every
 #      worker stay on the CPU;
 #   3. a Pallas test of the user's kind (the README's test_add.py): interpreted, and, where
-#      the plugin has --pallas-gpu / --pallas-tpu, on the accelerator;
+#      the plugin has --pallas-gpu / --pallas-tpu, on the accelerator; a GPU kernel author's
+#      module (tests/data/gpu_kernels) interpreted and on the GPU; the reference Mosaic GPU
+#      matmul through the conformance suite on the GPU;
 #   4. the project's own tests (`pytest -n 14`), which must start and pass as on a CPU host.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,6 +105,18 @@ for flag in --pallas-gpu --pallas-tpu; do
             "$flag" test_add.py
     fi
 done
+# A GPU kernel author's module (Mosaic GPU and Triton kernels): interpreted on the CPU, then
+# compiled for the GPU.
+cp "$repo/tests/data/gpu_kernels/gpu_author_tests.py" "$work/test_gpu_author.py"
+run "GPU author's tests, interpreted" 600 "$work" "$python" -m pytest -p no:cacheprovider \
+    test_gpu_author.py
+if "$python" -c 'import jax, sys; sys.exit(not jax.devices("gpu"))' 2>/dev/null; then
+    run "GPU author's tests, --pallas-gpu" 600 "$work" "$python" -m pytest -p no:cacheprovider \
+        --pallas-gpu test_gpu_author.py
+    run "GPU reference matmul, --pallas-gpu" 600 "$work" "$python" -m pytest -p no:cacheprovider \
+        --pallas-gpu --pallas-seed=0 \
+        --pallas-impl matmul=pytest_pallas.reference_kernels.gpu_matmul:matmul
+fi
 run "project's tests, -n 14" 1800 "$repo" "$python" -m pytest -p no:cacheprovider -n 14 -q
 
 {

@@ -304,7 +304,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = pallas.skip_reason(item)
         if reason:
             pytest.skip(reason)
-        pallas.activate(item)
+        pallas.guard.activate(item)
         seed_hypothesis(pallas, item)
 
 
@@ -316,7 +316,7 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
     from .timeout import KernelTimeout, Watchdog
 
-    seconds = 0.0 if pallas.item_backend(item).is_compiled else pallas.options.timeout_seconds
+    seconds = 0.0 if pallas.guard.item_backend(item).is_compiled else pallas.options.timeout_seconds
     with Watchdog(seconds, lambda: _running_kernels_text(item),
                   kernel_ages=lambda: _kernel_ages(pallas, item)) as watchdog:
         try:
@@ -327,23 +327,23 @@ def pytest_runtest_call(item: pytest.Item):
                 raise KernelTimeout(watchdog.message) from error
             _raise_as_tpu_rule(error)
             exit_failure = (
-                pallas.kernel_exit_failure(item) if isinstance(error, Exception) else None
+                pallas.guard.kernel_exit_failure(item) if isinstance(error, Exception) else None
             )
             if exit_failure is not None:
                 raise exit_failure from error  # the race behind the wrong values, say
-            gpu_limit = (pallas.gpu_interpreter_limit(item, error)
+            gpu_limit = (pallas.guard.gpu_interpreter_limit(item, error)
                          if isinstance(error, Exception) else None)
             if gpu_limit is not None:
                 # A GPU kernel never falls back to the TPU interpreter.
                 pytest.skip(gpu_limit)
-            fallback = (pallas.interpreter_fallback(item, error)
+            fallback = (pallas.guard.interpreter_fallback(item, error)
                         if isinstance(error, Exception) else None)
             if fallback is None:
                 raise
             return _run_in_other_interpreter(item, *fallback)
     if watchdog.fired:
         raise KernelTimeout(watchdog.message)
-    pallas.check_kernel_exits(item)
+    pallas.guard.check_kernel_exits(item)
     return result
 
 
@@ -362,7 +362,7 @@ def _run_in_other_interpreter(item: pytest.Item, params: Any, paragraph: str) ->
         with pltpu.force_tpu_interpret_mode(params):
             item.runtest()
     except Exception as second:
-        reason = pallas.cannot_interpret(paragraph, second)
+        reason = pallas.guard.cannot_interpret(paragraph, second)
         if reason is not None:
             pytest.skip(reason)
         second.add_note(paragraph)
@@ -380,7 +380,7 @@ def _kernel_ages(pallas: Any, item: pytest.Item) -> dict[str, float] | None:
     from .._compat.tpu_interpreter import running_interpreted_kernel_ages
 
     ages = running_interpreted_kernel_ages()
-    if not ages and any(k.interpreter == "gpu" for k in pallas.gpu_kernels_run(item)):
+    if not ages and any(k.interpreter == "gpu" for k in pallas.guard.gpu_kernels_run(item)):
         return None
     return ages
 
@@ -391,7 +391,7 @@ def _running_kernels_text(item: pytest.Item) -> str:
     kernels = running_interpreted_kernels()  # already short ('body at kernels.py:12')
     if not kernels:
         # A GPU-interpreted kernel: the last one this test built is the one still running.
-        gpu = [k.name for k in _session(item.config).gpu_kernels_run(item)
+        gpu = [k.name for k in _session(item.config).guard.gpu_kernels_run(item)
                if k.interpreter == "gpu"]
         if gpu:
             return f"Mosaic GPU kernel '{gpu[-1]}' (in {item.nodeid})"
@@ -421,7 +421,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
         return (yield)
     finally:
         restore_hypothesis_attributes(item)
-        _session(item.config).deactivate(item)
+        _session(item.config).guard.deactivate(item)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -433,9 +433,9 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         command = pallas.reproduce_command(_rerunnable_nodeid(item),
                                            sweep_case=_failed_sweep_case(item, report))
         text = f"seed {pallas.options.seed}; reproduce with:\n  {command}"
-
-        note = pallas.uninitialized_read_note(item, call.excinfo.value) if call.excinfo else None
-        kept = "\n".join(pallas.item_backend(item).own_params_changed)
+        note = (pallas.guard.uninitialized_read_note(item, call.excinfo.value)
+                if call.excinfo else None)
+        kept = "\n".join(pallas.guard.item_backend(item).own_params_changed)
         text = f"{kept}\n{text}" if kept else text
         report.sections.append(("pallas", f"{note}\n\n{text}" if note else text))
     return report
