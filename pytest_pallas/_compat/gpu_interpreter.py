@@ -101,8 +101,18 @@ def is_gpu_params(value: Any) -> bool:
 
 
 def make_gpu_params(*, detect_races: bool) -> Any:
-    """``InterpretGPUParams`` with NaN-poisoned memory, and race detection when asked for."""
-    return gpu_params_class()(detect_races=detect_races, uninitialized_memory="nan")
+    """``InterpretGPUParams`` with NaN-poisoned memory, and race detection when asked for.
+
+    Races are recorded, not raised (``on_race="warn"`` where this JAX has the field, as
+    ``jax_internals.interpret_params`` asks of the TPU interpreter): from jax 0.11 the
+    detector raises inside the interpreter's callback by default, which names neither the
+    rule nor the kernel; the plugin fails a racy kernel itself, naming both.
+    """
+    cls = gpu_params_class()
+    fields = {"detect_races": detect_races, "uninitialized_memory": "nan"}
+    if detect_races and "on_race" in {field.name for field in dataclasses.fields(cls)}:
+        fields["on_race"] = "warn"
+    return cls(**fields)
 
 
 def has_whole_array_blocks(params: dict[str, Any]) -> bool:
@@ -184,7 +194,12 @@ def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None],
             return True  # no GPU interpreter on this JAX: the plain one
         if is_gpu_params(own):
             if gpu_params is not None and gpu_params.detect_races and not own.detect_races:
-                return dataclasses.replace(own, detect_races=True)
+                # The run's --pallas-detect-races on a kernel's own params: recorded as the
+                # run records every race (a kernel that asked for races itself keeps its own
+                # on_race, and reads its verdict itself).
+                extra = ({"on_race": gpu_params.on_race} if hasattr(gpu_params, "on_race")
+                         and hasattr(own, "on_race") else {})
+                return dataclasses.replace(own, detect_races=True, **extra)
             return own
         # The suite's written-output property runs a kernel on zeroed memory too.
         forced = setting.value
@@ -331,7 +346,8 @@ def abort_gpu_waits() -> bool:
     ``--pallas-timeout``). Returns False when no GPU-interpreted kernel is running.
 
     JAX's GPU interpreter waits on a barrier's condition until its phase reaches the one the
-    thread awaits, with no timeout, and raises when the phase has run past it (the thread
+    thread awaits, with no timeout. From jax 0.12 a barrier has ``abort()``, which fails its
+    waiters; before, the wait raises when the phase has run past the awaited one (the thread
     missed a completion): moving the phase past every awaited one ends the wait that way.
     """
     try:
@@ -348,6 +364,10 @@ def abort_gpu_waits() -> bool:
             "--pallas-timeout cannot stop a hung Mosaic GPU kernel on this JAX.")
     aborted = False
     for buffer in list(buffers.values()):
+        if callable(getattr(buffer, "abort", None)) and hasattr(buffer, "aborted"):
+            buffer.abort()  # jax 0.12: a barrier wakes its waiters and fails them itself
+            aborted = True
+            continue
         condition = getattr(buffer, "cv", None)
         awaited = getattr(buffer, "next_awaited_phase_by_thread", None)
         if condition is None or awaited is None or not hasattr(buffer, "phase"):

@@ -96,7 +96,7 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
             f"{', '.join(compile_check.COMPILER_CHIPS)}; pick one of those ({INSTALL}).")
     compile_check.quiet_libtpu_environment()
 
-    from .._compat import jax_internals, pallas_call_hooks
+    from .._compat import device_kinds, jax_internals, pallas_call_hooks
     from ..backend import chip_info, chip_timing
     from ..checks import jaxpr_analysis, kernel_model
     from . import kernel_grid as _kernel_grid
@@ -106,7 +106,7 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
     # From the traced program, not from observing binds: a kernel inside a jit whose
     # trace JAX cached binds nothing when traced again.
     pipelines: list[Any] = []
-    jaxpr = _traced_for_chip(fn, args, kwargs, info, pipelines)
+    jaxpr, device_kind = _traced_for_chip(fn, args, kwargs, info, pipelines)
     pipeline_loops = [_kernel_grid.pipeline_loop(seen) for seen in pipelines]
     calls = []
     for params, avals, mesh_axes in jaxpr_analysis.pallas_call_equations_in(jaxpr):
@@ -122,18 +122,21 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
                     in jaxpr_analysis.mesh_kernel_equations_in(jaxpr)
                     if jaxpr_analysis.mesh_kernel_on_tensor_cores(kernel)]
     exported = []
-    for params, avals in calls:
-        title = kernel_model.describe_pallas_call(params).title
-        exported.append(_lowered(title, chip, lambda: pallas_call_hooks.exported_pallas_call(
-            params, avals, info), jax_internals))
-    for kernel, container in mesh_kernels:
-        title = f"'{jaxpr_analysis.mesh_kernel_name(kernel)}'"
-        if container is None:
-            raise EstimateUnavailable(
-                f"kernel {title}: its pl.core_map reads refs that no jitted function of arrays "
-                "holds; estimate the function that calls pl.run_state around it")
-        exported.append(_lowered(title, chip, lambda: pallas_call_hooks.exported_equation(
-            container, info), jax_internals))
+    # Lowered where the chip still answers for the traced device kind: from jax 0.11 Mosaic's
+    # lowering asks pltpu.get_tpu_info() too, for the abstract device the trace recorded.
+    with device_kinds.device_kind_answers_as(device_kind, lambda: info):
+        for params, avals in calls:
+            title = kernel_model.describe_pallas_call(params).title
+            exported.append(_lowered(title, chip, lambda: pallas_call_hooks.exported_pallas_call(
+                params, avals, info), jax_internals))
+        for kernel, container in mesh_kernels:
+            title = f"'{jaxpr_analysis.mesh_kernel_name(kernel)}'"
+            if container is None:
+                raise EstimateUnavailable(
+                    f"kernel {title}: its pl.core_map reads refs that no jitted function of "
+                    "arrays holds; estimate the function that calls pl.run_state around it")
+            exported.append(_lowered(title, chip, lambda: pallas_call_hooks.exported_equation(
+                container, info), jax_internals))
     libtpu_seen, schedules = _compile_in_child(exported, chip, timing.branch_delay_slots)
     kernels = []
     for (params, _), schedule in zip(calls, schedules):
@@ -194,7 +197,7 @@ def _lowered(title: str, chip: str, export: Callable[[], Any], jax_internals: An
 
 
 def _traced_for_chip(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                     info: Any, pipelines: list[Any]) -> Any:
+                     info: Any, pipelines: list[Any]) -> tuple[Any, str]:
     """``fn``'s jaxpr as traced for the chip: the code that traces a kernel asks JAX about it.
 
     ``pltpu.emit_pipeline`` asks ``pltpu.get_tpu_info()`` for the chip's tiling, and
@@ -224,7 +227,7 @@ def _traced_for_chip(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         pallas_call_hooks.suspend_pallas_call_observers(),
         pallas_call_hooks.observe_emit_pipelines(pipelines.append),
     ):
-        return jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
+        return jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args), device_kind
 
 
 _TRACES = 0
