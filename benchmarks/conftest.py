@@ -91,7 +91,7 @@ def _in_benchmarks(path) -> bool:
 class Implementation:
     """A kernel of ``op``: the project's reference or the user's ``--pallas-impl``."""
 
-    op: str
+    op_name: str
     label: str
     target: str
 
@@ -99,8 +99,9 @@ class Implementation:
         from pytest_pallas.plugin import implementations
 
         if self.label == "reference":
-            return get_operation(self.op).load_reference()
-        return implementations.resolve(self.target, flag=f"--pallas-impl {self.op}={self.target}")
+            return get_operation(self.op_name).load_reference()
+        return implementations.resolve(self.target,
+                                       flag=f"--pallas-impl {self.op_name}={self.target}")
 
     @property
     def description(self) -> str:
@@ -141,7 +142,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         callspec = getattr(item, "callspec", None)
         chosen = callspec.params.get("implementation") if callspec else None
-        (keep if chosen is not None and chosen.op in user_ops else drop).append(item)
+        (keep if chosen is not None and chosen.op_name in user_ops else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -154,7 +155,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def kernel(implementation: Implementation, request: pytest.FixtureRequest) -> Callable:
     """The implementation's callable, slowed down if --bench-slowdown names its op."""
     function = implementation.load()
-    factor = _slowdowns(request.config).get(implementation.op, 1)
+    factor = _slowdowns(request.config).get(implementation.op_name, 1)
     return repeated(function, factor) if factor > 1 else function
 
 

@@ -266,10 +266,12 @@ class PallasBenchmark:
         """
         import jax
 
+        # ``operation`` may be a record or a name: from here on, ``op`` is the record (None
+        # for a label of the user's own) and ``op_name`` its name.
         if isinstance(operation, Operation):
-            op, operation = operation, operation.name
+            op, op_name = operation, operation.name
         else:
-            op = _ops.OPERATIONS.get(operation)
+            op, op_name = _ops.OPERATIONS.get(operation), operation
         if xla_fn is _DEFAULT:
             xla_fn = op.load_xla() if op is not None else None
         if cost is _DEFAULT:
@@ -305,11 +307,11 @@ class PallasBenchmark:
 
         if not self.benchmark.group:
             # pytest-benchmark's tables then put each op's implementations side by side.
-            self.benchmark.group = operation
+            self.benchmark.group = op_name
         result = self.benchmark.pedantic(timed, args=args, setup=run_baseline, rounds=rounds,
                                          warmup_rounds=_WARMUP_ROUNDS)
         del xla_times[:_WARMUP_ROUNDS]
-        info = self._describe(operation, implementation, args, kwargs, blocks, devices)
+        info = self._describe(op_name, implementation, args, kwargs, blocks, devices)
         info.update({
             "first_call_seconds": first_call_seconds,
             "rounds": rounds,
@@ -389,14 +391,14 @@ class PallasBenchmark:
 
         return flush
 
-    def _describe(self, operation, implementation, args, kwargs, blocks, devices):
+    def _describe(self, op_name, implementation, args, kwargs, blocks, devices):
         import jax
 
         from ..suite.report import environment_facts
 
         leaves = [leaf for leaf in jax.tree.leaves(args) if hasattr(leaf, "shape")]
         info: dict[str, Any] = {
-            "operation": operation,
+            "operation": op_name,
             "implementation": implementation,
             "shapes": [list(leaf.shape) for leaf in leaves],
             "dtypes": [str(leaf.dtype) for leaf in leaves],

@@ -87,24 +87,24 @@ def check_block_tiling(
 ) -> list[Violation]:
     """Mosaic's block-shape rule, for every input and output BlockSpec of ``call``."""
     found = []
-    for op in call.operands:
-        violation = _tiling_violation(call, op, info, packed_sublanes)
+    for operand in call.operands:
+        violation = _tiling_violation(call, operand, info, packed_sublanes)
         if violation is not None:
             found.append(violation)
     return found
 
 
 def _tiling_violation(
-    call: PallasCallInfo, op: BlockOperand, info: Any, packed: bool
+    call: PallasCallInfo, operand: BlockOperand, info: Any, packed: bool
 ) -> Violation | None:
-    space = op.memory_space
-    if space == "semaphore" or (space == "smem" and op.trivial_window):
+    space = operand.memory_space
+    if space == "semaphore" or (space == "smem" and operand.trivial_window):
         return None
-    bits = dtype_bits(op.dtype)
+    bits = dtype_bits(operand.dtype)
     if bits is None:  # extended dtypes (PRNG keys, ...): Mosaic checks their physical shape
         return None
-    where = describe_operand(op)
-    rank = len(op.block_dims)
+    where = describe_operand(operand)
+    rank = len(operand.block_dims)
     if rank < 1:
         return Violation(
             TILING,
@@ -114,45 +114,46 @@ def _tiling_violation(
             "give the operand at least one dimension, or pass it through SMEM "
             "(pltpu.PrefetchScalarGridSpec or memory_space=pltpu.SMEM).",
         )
-    if space in ("any", "hbm") and not op.trivial_window:
+    if space in ("any", "hbm") and not operand.trivial_window:
         return Violation(
             TILING,
             call.title,
             where,
             f"it lives in memory space {space} (no automatic copy to VMEM) but its "
-            f"{block_text(op)} is not the whole array with an index map of zeros, which "
+            f"{block_text(operand)} is not the whole array with an index map of zeros, which "
             "is all Mosaic accepts there.",
             "drop block_shape and index_map for pl.ANY operands "
             "(pl.BlockSpec(memory_space=pl.ANY)) and copy the part you need with "
             "pltpu.make_async_copy, or use a VMEM BlockSpec to let Pallas copy the block.",
         )
-    sizes = op.block_shape
-    shape = op.array_shape
+    sizes = operand.block_shape
+    shape = operand.array_shape
     if rank >= 2:
         problems, fixes = [], []
         minor, full_minor = sizes[-1], shape[-1]
         if not tiling.minor_ok(minor, full_minor, info.num_lanes):
             problems.append(
-                f"its last dimension is {_dim_text(op, -1)} but must be a multiple of "
+                f"its last dimension is {_dim_text(operand, -1)} but must be a multiple of "
                 f"{info.num_lanes} or the full {full_minor}"
             )
-            fixes.append(_suggest(op, -1, info.num_lanes))
+            fixes.append(_suggest(operand, -1, info.num_lanes))
         # 8- and 4-bit blocks: the TPU compiler tiles them packed, whatever the option
         # (E2002 for 8 or 16 rows of int8); 16-bit ones in 8 rows unless asked.
         narrow = bits < 16
-        rows = tiling.required_sublanes(op.dtype, packed=packed, sublanes=info.num_sublanes)
+        rows = tiling.required_sublanes(operand.dtype, packed=packed, sublanes=info.num_sublanes)
         second, full_second = sizes[-2], shape[-2]
         if not tiling.second_minor_ok(second, full_second, rows):
             reason = f"a multiple of {rows}" + (
-                f" ({32 // bits} rows of {name_of_dtype(op.dtype)} pack into each 32-bit sublane)"
+                f" ({32 // bits} rows of {name_of_dtype(operand.dtype)} pack into each 32-bit "
+                "sublane)"
                 if rows != info.num_sublanes
                 else ""
             )
             problems.append(
-                f"its second-minor dimension is {_dim_text(op, -2)} but must be {reason} "
+                f"its second-minor dimension is {_dim_text(operand, -2)} but must be {reason} "
                 f"or the full {full_second}"
             )
-            fixes.append(_suggest(op, -2, rows))
+            fixes.append(_suggest(operand, -2, rows))
         if not problems:
             return None
         rule_text = (
@@ -161,7 +162,8 @@ def _tiling_violation(
         )
         if rows != info.num_sublanes:
             rule_text = (
-                f"the TPU compiler tiles {name_of_dtype(op.dtype)} in ({rows}, {info.num_lanes}): "
+                f"the TPU compiler tiles {name_of_dtype(operand.dtype)} in "
+                f"({rows}, {info.num_lanes}): "
                 if narrow else "with packed sublanes (packed_sublanes=True) "
             ) + (
                 f"the last two block dimensions "
@@ -171,7 +173,7 @@ def _tiling_violation(
             TILING,
             call.title,
             where,
-            f"{block_text(op)}: {'; '.join(problems)} ({rule_text}).",
+            f"{block_text(operand)}: {'; '.join(problems)} ({rule_text}).",
             "; ".join(fixes) + ".",
         )
     # Rank 1.
@@ -185,7 +187,7 @@ def _tiling_violation(
         TILING,
         call.title,
         where,
-        f"{block_text(op)}: Mosaic lowers a rank-1 block only if it is the full "
+        f"{block_text(operand)}: Mosaic lowers a rank-1 block only if it is the full "
         f"dimension ({full}), a multiple of {chunk} ({info.num_sublanes} x {info.num_lanes}), "
         f"or a power of two of at least {min_tiling} (128 x 32 / {bits} bits); "
         f"it is {size}.",
@@ -194,14 +196,14 @@ def _tiling_violation(
     )
 
 
-def _dim_text(op: BlockOperand, axis: int) -> str:
-    kind, size = op.block_dims[axis]
+def _dim_text(operand: BlockOperand, axis: int) -> str:
+    kind, size = operand.block_dims[axis]
     return f"squeezed (None, counted as {size})" if kind == "squeezed" else str(size)
 
 
-def _suggest(op: BlockOperand, axis: int, multiple: int) -> str:
-    kind, size = op.block_dims[axis]
-    full = op.array_shape[axis]
+def _suggest(operand: BlockOperand, axis: int, multiple: int) -> str:
+    kind, size = operand.block_dims[axis]
+    full = operand.array_shape[axis]
     name = "last" if axis == -1 else "second-minor"
     if kind == "squeezed":
         return (
@@ -253,40 +255,40 @@ def check_grid_order(
         a for a, s in enumerate(call.dimension_semantics) if s in _PARALLEL and grid[a] > 1
     ]
     violations: list[Violation] = []
-    for op in call.operands:
-        if op.memory_space in ("any", "hbm", "semaphore"):
+    for operand in call.operands:
+        if operand.memory_space in ("any", "hbm", "semaphore"):
             continue
-        if op.index_map_reads_scalar_prefetch:
+        if operand.index_map_reads_scalar_prefetch:
             notes.append(
-                f"grid-order checks: the index map of {describe_operand(op)} reads scalar "
+                f"grid-order checks: the index map of {describe_operand(operand)} reads scalar "
                 "prefetch operands (TPU interpret mode checks revisits at run time)"
             )
             continue
         if not exact:
-            if op.role == "output":
-                violations.extend(_order_by_dataflow(call, op, grid, parallel_axes))
+            if operand.role == "output":
+                violations.extend(_order_by_dataflow(call, operand, grid, parallel_axes))
             continue
         try:
-            blocks = op.block_indices(points)
+            blocks = operand.block_indices(points)
         except Exception as error:  # noqa: BLE001  # an index map not evaluable on the CPU
             notes.append(
                 f"grid-order checks: could not evaluate the index map of "
-                f"{describe_operand(op)} ({type(error).__name__}: {error})"
+                f"{describe_operand(operand)} ({type(error).__name__}: {error})"
             )
             continue
-        bounds = _out_of_bounds(call, op, blocks, points)
+        bounds = _out_of_bounds(call, operand, blocks, points)
         if bounds is not None:
             violations.append(bounds)
             continue
-        if op.role != "output":
+        if operand.role != "output":
             continue
         _, ids = np.unique(blocks, axis=0, return_inverse=True)
         ids = ids.reshape(-1)
-        race = _parallel_race(call, op, grid, parallel_axes, ids, blocks, points)
+        race = _parallel_race(call, operand, grid, parallel_axes, ids, blocks, points)
         if race is not None:
             violations.append(race)
-        elif not op.revisit_any:
-            revisit = _revisit(call, op, grid, ids, blocks, points)
+        elif not operand.revisit_any:
+            revisit = _revisit(call, operand, grid, ids, blocks, points)
             if revisit is not None:
                 violations.append(revisit)
     return violations, notes
@@ -301,21 +303,21 @@ def _axes_text(call: PallasCallInfo, axes: Iterable[int]) -> str:
     return ", ".join(f'{a} ("{call.dimension_semantics[a]}")' for a in axes)
 
 
-def _out_of_bounds(call, op, blocks, points) -> Violation | None:
+def _out_of_bounds(call, operand, blocks, points) -> Violation | None:
     import numpy as np
 
-    if blocks.shape[1] != len(op.block_dims):
+    if blocks.shape[1] != len(operand.block_dims):
         return None
-    kinds = [kind for kind, _ in op.block_dims]
+    kinds = [kind for kind, _ in operand.block_dims]
     # A blocked dimension's index counts blocks, a squeezed one's counts elements;
     # element, bounded and indirect dimensions index in ways checked at run time.
     checked = np.array([kind in ("blocked", "squeezed") for kind in kinds])
     if not checked.any():
         return None
     step = np.array(
-        [size if kind == "blocked" else 1 for kind, size in op.block_dims], dtype=np.int64
+        [size if kind == "blocked" else 1 for kind, size in operand.block_dims], dtype=np.int64
     )
-    shape = np.array(op.array_shape, dtype=np.int64)
+    shape = np.array(operand.array_shape, dtype=np.int64)
     bad = checked & ((blocks < 0) | (blocks * step >= shape))
     rows = np.flatnonzero(bad.any(axis=1))
     if rows.size == 0:
@@ -327,17 +329,17 @@ def _out_of_bounds(call, op, blocks, points) -> Violation | None:
     return Violation(
         OUT_OF_BOUNDS,
         call.title,
-        describe_operand(op),
+        describe_operand(operand),
         f"at grid point {_point(points[row])} its index map returns block {_point(blocks[row])}, "
-        f"but dimension {axis} of the {name_of_dtype(op.dtype)}{list(op.array_shape)} array has "
-        f"only {count} {unit} (valid indices 0..{count - 1}); on the TPU the block's DMA reads or "
-        "writes outside the array.",
+        f"but dimension {axis} of the {name_of_dtype(operand.dtype)}"
+        f"{list(operand.array_shape)} array has only {count} {unit} (valid indices "
+        f"0..{count - 1}); on the TPU the block's DMA reads or writes outside the array.",
         "return block indices, not element offsets, from the index map, and size the grid as "
         "pl.cdiv(array dimension, block dimension).",
     )
 
 
-def _parallel_race(call, op, grid, parallel_axes, ids, blocks, points) -> Violation | None:
+def _parallel_race(call, operand, grid, parallel_axes, ids, blocks, points) -> Violation | None:
     import numpy as np
 
     if not parallel_axes:
@@ -356,7 +358,7 @@ def _parallel_race(call, op, grid, parallel_axes, ids, blocks, points) -> Violat
     return Violation(
         PARALLEL_RACE,
         call.title,
-        describe_operand(op),
+        describe_operand(operand),
         f"its block {_point(blocks[first])} is written at grid points {_point(points[first])} and "
         f"{_point(points[other])}, which differ along grid axis {_axes_text(call, differing)}. "
         'A "parallel" axis promises that its iterations are independent: megacore chips '
@@ -365,11 +367,11 @@ def _parallel_race(call, op, grid, parallel_axes, ids, blocks, points) -> Violat
         f'mark axis {", ".join(map(str, differing))} "arbitrary" in '
         "pltpu.CompilerParams(dimension_semantics=...) and move it after the parallel axes "
         "(a reduction belongs on the last grid axes), or make the output's index map depend on it.",
-        output_index=op.index,
+        output_index=operand.index,
     )
 
 
-def _revisit(call, op, grid, ids, blocks, points) -> Violation | None:
+def _revisit(call, operand, grid, ids, blocks, points) -> Violation | None:
     import numpy as np
 
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
@@ -381,11 +383,12 @@ def _revisit(call, op, grid, ids, blocks, points) -> Violation | None:
             first = starts[earlier]
             left = starts[earlier + 1]
             again = starts[run]
-            reduction = [a for a in range(len(grid)) if grid[a] > 1 and a not in op.index_map_axes]
+            reduction = [a for a in range(len(grid))
+                         if grid[a] > 1 and a not in operand.index_map_axes]
             return Violation(
                 REVISIT,
                 call.title,
-                describe_operand(op),
+                describe_operand(operand),
                 f"its block {_point(blocks[first])} is visited at grid point "
                 f"{_point(points[first])}, "
                 f"left at {_point(points[left])} and visited again at {_point(points[again])}. "
@@ -407,25 +410,25 @@ def _revisit(call, op, grid, ids, blocks, points) -> Violation | None:
     return None
 
 
-def _order_by_dataflow(call, op, grid, parallel_axes) -> list[Violation]:
-    reads = op.index_map_axes
+def _order_by_dataflow(call, operand, grid, parallel_axes) -> list[Violation]:
+    reads = operand.index_map_axes
     missing_parallel = [a for a in parallel_axes if a not in reads]
     if missing_parallel:
         return [
             Violation(
                 PARALLEL_RACE,
                 call.title,
-                describe_operand(op),
+                describe_operand(operand),
                 f"its index map does not read grid axis {_axes_text(call, missing_parallel)}, "
                 'so grid points that differ only along that "parallel" axis write the same '
                 "block; megacore chips split parallel axes across TensorCores, which then race "
                 "on it.",
                 f'mark axis {", ".join(map(str, missing_parallel))} "arbitrary" and move it '
                 "after the parallel axes, or make the output's index map depend on it.",
-                output_index=op.index,
+                output_index=operand.index,
             )
         ]
-    if op.revisit_any:
+    if operand.revisit_any:
         return []
     live = [a for a in range(len(grid)) if grid[a] > 1]
     unread = [a for a in live if a not in reads]
@@ -435,7 +438,7 @@ def _order_by_dataflow(call, op, grid, parallel_axes) -> list[Violation]:
             Violation(
                 REVISIT,
                 call.title,
-                describe_operand(op),
+                describe_operand(operand),
                 f"its index map ignores grid axis {min(unread)} but reads axis {max(read)}, which "
                 "iterates faster, so each block is left and visited again; Pallas TPU writes a "
                 "block back when the grid leaves it and never reads it back.",

@@ -120,19 +120,20 @@ class KernelReport:
         return not self.violations
 
 
-def describe_operand(op: BlockOperand) -> str:
+def describe_operand(operand: BlockOperand) -> str:
     """``input 0 (args[0], kernel parameter x_ref)``."""
-    names = [op.origin]
-    if op.parameter and op.parameter != op.origin:
-        names.append(f"kernel parameter {op.parameter}")
-    return f"{op.role} {op.index} ({', '.join(names)})"
+    names = [operand.origin]
+    if operand.parameter and operand.parameter != operand.origin:
+        names.append(f"kernel parameter {operand.parameter}")
+    return f"{operand.role} {operand.index} ({', '.join(names)})"
 
 
-def block_text(op: BlockOperand) -> str:
-    dims = ", ".join("None" if kind == "squeezed" else str(size) for kind, size in op.block_dims)
-    array = ", ".join(str(d) for d in op.array_shape)
-    comma = "," if len(op.block_dims) == 1 else ""
-    return f"block shape ({dims}{comma}) over a {name_of_dtype(op.dtype)}[{array}] array"
+def block_text(operand: BlockOperand) -> str:
+    dims = ", ".join("None" if kind == "squeezed" else str(size)
+                     for kind, size in operand.block_dims)
+    array = ", ".join(str(d) for d in operand.array_shape)
+    comma = "," if len(operand.block_dims) == 1 else ""
+    return f"block shape ({dims}{comma}) over a {name_of_dtype(operand.dtype)}[{array}] array"
 
 
 def name_of_dtype(dtype: Any) -> str:

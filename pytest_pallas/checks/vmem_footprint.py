@@ -104,13 +104,14 @@ def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
     single_step = all(g is not None for g in call.grid) and math.prod(
         int(g) for g in call.grid) == 1
     default_buffers = 1 if single_step else 2
-    for op in call.operands:
-        if op.memory_space == "vmem":
+    for operand in call.operands:
+        if operand.memory_space == "vmem":
             items.append(
                 VmemItem(
-                    f"{describe_operand(op)} block {op.ref_shape} {name_of_dtype(op.dtype)}",
-                    op.buffer_count or default_buffers,
-                    padded_vmem_bytes(op.ref_shape, op.dtype, info),
+                    f"{describe_operand(operand)} block {operand.ref_shape} "
+                    f"{name_of_dtype(operand.dtype)}",
+                    operand.buffer_count or default_buffers,
+                    padded_vmem_bytes(operand.ref_shape, operand.dtype, info),
                 )
             )
     for s in call.scratch:

@@ -66,7 +66,7 @@ class Case:
         self.blocks = dict(blocks or {})
 
     @property
-    def op(self) -> str:
+    def op_name(self) -> str:
         return self.operation.name
 
     def with_args(self, args: tuple[np.ndarray, ...]) -> Case:
@@ -85,7 +85,7 @@ class Case:
             f"arg{i} {a.shape} {a.dtype}: {np.array2string(a.ravel()[:4], precision=4)}"
             for i, a in enumerate(self.args)
         )
-        return (f"Case({self.op}: {dims}, dtype={self.dtype}, values={self.profile}, "
+        return (f"Case({self.op_name}: {dims}, dtype={self.dtype}, values={self.profile}, "
                 f"seed={self.seed}{kwargs} | {previews})")
 
 

@@ -20,10 +20,11 @@ def selected_ops(user_ops: tuple[str, ...], impl_ops: tuple[str, ...]) -> tuple[
 
     names = _ops.op_names()
     if impl_ops:
-        ops = impl_ops if not user_ops else tuple(op for op in impl_ops if op in user_ops)
+        ops = impl_ops if not user_ops else tuple(name for name in impl_ops if name in user_ops)
     else:
-        ops = user_ops or tuple(op for op in names if _ops.OPERATIONS[op].reference is not None)
-    return tuple(op for op in names if op in ops)
+        ops = user_ops or tuple(name for name in names
+                                if _ops.OPERATIONS[name].reference is not None)
+    return tuple(name for name in names if name in ops)
 
 
 def bind_implementations(user_targets: dict[str, str], user_callables: dict[str, Callable],
@@ -39,18 +40,19 @@ def bind_implementations(user_targets: dict[str, str], user_callables: dict[str,
     from ..suite.implementation import bind_function, reference_implementation
 
     bound: dict[str, Any] = {}
-    for op in selected:
-        operation = _ops.OPERATIONS[op]
-        if op in user_targets:
-            target = user_targets[op]
+    for op_name in selected:
+        operation = _ops.OPERATIONS[op_name]
+        if op_name in user_targets:
+            target = user_targets[op_name]
             try:
-                bound[op] = bind_function(operation, user_callables[op], target)
+                bound[op_name] = bind_function(operation, user_callables[op_name], target)
             except SupportsError as error:
-                raise pytest.UsageError(f"--pallas-impl {op}={target}: {error}")
+                raise pytest.UsageError(f"--pallas-impl {op_name}={target}: {error}")
         elif operation.reference is None:
             raise pytest.UsageError(
-                f"op {op!r} has no reference kernel to check; give --pallas-impl {op}=MODULE:ATTR."
+                f"op {op_name!r} has no reference kernel to check; give --pallas-impl "
+                f"{op_name}=MODULE:ATTR."
             )
         else:
-            bound[op] = reference_implementation(operation)
+            bound[op_name] = reference_implementation(operation)
     return bound

@@ -288,8 +288,9 @@ def _deselect_conformance_ops(pallas: PallasSession, config: pytest.Config,
         )
     keep, drop = [], []
     for item in items:
-        op = conformance_op_name(item) if is_packaged_conformance_item(item) else None
-        (drop if op is not None and op not in pallas.conformance_ops else keep).append(item)
+        op_name = conformance_op_name(item) if is_packaged_conformance_item(item) else None
+        selected = op_name is None or op_name in pallas.conformance_ops
+        (keep if selected else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -15,11 +15,11 @@ from collections.abc import Callable
 import pytest
 
 
-def _unknown_op(op: str, flag: str) -> pytest.UsageError:
+def _unknown_op(op_name: str, flag: str) -> pytest.UsageError:
     from ..ops import registry as _ops
 
     return pytest.UsageError(
-        f"{flag}: unknown op {op!r}; the conformance ops are {', '.join(_ops.op_names())} "
+        f"{flag}: unknown op {op_name!r}; the conformance ops are {', '.join(_ops.op_names())} "
         "(an op of your own joins them through the pytest_pallas_operations hook)."
     )
 
@@ -32,21 +32,22 @@ def parse_impl_flags(values: list[str]) -> tuple[tuple[str, str], ...]:
 
     parsed: dict[str, str] = {}
     for value in values:
-        op, sep, target = value.partition("=")
-        op, target = op.strip(), target.strip()
+        op_name, sep, target = value.partition("=")
+        op_name, target = op_name.strip(), target.strip()
         module, colon, attribute = target.partition(":")
-        if not sep or not op or not colon or not module or not attribute:
+        if not sep or not op_name or not colon or not module or not attribute:
             raise pytest.UsageError(
                 f"--pallas-impl {value!r} is malformed; write OP=MODULE:ATTR, "
                 "e.g. --pallas-impl matmul=my_kernels:matmul."
             )
-        if op not in _ops.OPERATIONS:
-            raise _unknown_op(op, f"--pallas-impl {value!r}")
-        if op in parsed:
+        if op_name not in _ops.OPERATIONS:
+            raise _unknown_op(op_name, f"--pallas-impl {value!r}")
+        if op_name in parsed:
             raise pytest.UsageError(
-                f"--pallas-impl gives {op!r} twice ({parsed[op]} and {target}); give each op once."
+                f"--pallas-impl gives {op_name!r} twice ({parsed[op_name]} and {target}); "
+                "give each op once."
             )
-        parsed[op] = target
+        parsed[op_name] = target
     return tuple(parsed.items())
 
 
@@ -56,12 +57,12 @@ def parse_ops_flag(value: str | None) -> tuple[str, ...]:
         return ()
     from ..ops import registry as _ops
 
-    ops = tuple(op.strip() for op in value.split(",") if op.strip())
+    ops = tuple(op_name.strip() for op_name in value.split(",") if op_name.strip())
     if not ops:
         raise pytest.UsageError("--pallas-ops is empty; give e.g. --pallas-ops=add,matmul.")
-    for op in ops:
-        if op not in _ops.OPERATIONS:
-            raise _unknown_op(op, f"--pallas-ops={value}")
+    for op_name in ops:
+        if op_name not in _ops.OPERATIONS:
+            raise _unknown_op(op_name, f"--pallas-ops={value}")
     return ops
 
 
@@ -71,10 +72,10 @@ def check_ops_have_implementations(ops: tuple[str, ...], impls: tuple[tuple[str,
 
     ``--pallas-ops`` may pick some of the ``--pallas-impl`` ops (to run one of a set).
     """
-    impl_ops = [op for op, _ in impls]
-    missing = [op for op in ops if op not in impl_ops]
+    impl_ops = [op_name for op_name, _ in impls]
+    missing = [op_name for op_name in ops if op_name not in impl_ops]
     if impl_ops and missing:
-        impl_flags = " ".join(f"--pallas-impl {op}={target}" for op, target in impls)
+        impl_flags = " ".join(f"--pallas-impl {op_name}={target}" for op_name, target in impls)
         raise pytest.UsageError(
             f"--pallas-ops={ops_value} conflicts with {impl_flags}: with --pallas-impl only "
             f"its ops run ({', '.join(impl_ops)}), so {', '.join(missing)} would not; "
@@ -84,7 +85,8 @@ def check_ops_have_implementations(ops: tuple[str, ...], impls: tuple[tuple[str,
 
 def resolve_all(impls: tuple[tuple[str, str], ...]) -> dict[str, Callable]:
     """Every ``--pallas-impl`` target imported, by op; the first mistake is a UsageError."""
-    return {op: resolve(target, flag=f"--pallas-impl {op}={target}") for op, target in impls}
+    return {op_name: resolve(target, flag=f"--pallas-impl {op_name}={target}")
+            for op_name, target in impls}
 
 
 def resolve(target: str, *, flag: str) -> Callable:

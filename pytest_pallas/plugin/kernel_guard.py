@@ -100,11 +100,11 @@ class KernelGuard:
 
     def _compile_recorder(self, item: pytest.Item):
         """For a conformance test: records in the report whether its op's kernels compiled."""
-        op = conformance_op_name(item) if is_conformance_item(item) else None
-        if op is None:
+        op_name = conformance_op_name(item) if is_conformance_item(item) else None
+        if op_name is None:
             return None
         recorder = self.session.recorder
-        return lambda verdict: recorder.compiled(op, verdict)
+        return lambda verdict: recorder.compiled(op_name, verdict)
 
     def deactivate(self, item: pytest.Item) -> None:
         stack = item.stash.get(_ACTIVE, None)

@@ -165,5 +165,5 @@ def write_report(config: pytest.Config, *, complete: bool) -> None:
                                         environment=environment_facts(backend))
     document["seed"] = pallas.options.seed
     document["ops_selected"] = list(pallas.conformance_ops) + [
-        op for op in pallas.recorder.ops if op not in pallas.conformance_ops]
+        op_name for op_name in pallas.recorder.ops if op_name not in pallas.conformance_ops]
     write_json_atomically(pallas.options.report_path, document)

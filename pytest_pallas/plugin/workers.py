@@ -117,7 +117,8 @@ def _wanted(config: pytest.Config) -> bool:
 def _ops_checked(config: pytest.Config) -> int:
     """How many ops the run's suite checks, counted from its flags (validated later, by the
     controller's ``pytest_configure``, before any worker starts)."""
-    ops = {op.strip() for op in (config.getoption("--pallas-ops") or "").split(",") if op.strip()}
+    ops = {name.strip() for name in (config.getoption("--pallas-ops") or "").split(",")
+           if name.strip()}
     impls = {value.partition("=")[0].strip() for value in config.getoption("--pallas-impl")}
     if impls:
         return len(impls & ops if ops else impls)

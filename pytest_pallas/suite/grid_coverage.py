@@ -156,7 +156,7 @@ class GridCoverage:
                         {key: value for key, value in entry.items()
                          if key not in ("kernel", "axis", "multi_step")})
 
-    def unexercised(self, op: str) -> list[str]:
+    def unexercised(self, op_name: str) -> list[str]:
         """One line per kernel with axes no example ran with more than one step.
 
         An axis never run with a ragged last block is in the report (``ragged_last``
@@ -167,6 +167,6 @@ class GridCoverage:
             if entry["most_steps"] <= 1:
                 per_kernel.setdefault(kernel, []).append(
                     f"{axis}" + (f" ({entry['walks']})" if entry["walks"] else ""))
-        return [f"{op}: kernel {kernel} grid {'axis' if len(axes) == 1 else 'axes'} "
+        return [f"{op_name}: kernel {kernel} grid {'axis' if len(axes) == 1 else 'axes'} "
                 f"{', '.join(axes)} never ran more than one step"
                 for kernel, axes in per_kernel.items()]

@@ -32,7 +32,7 @@ class Implementation:
     given: Callable | None = None
 
     @property
-    def op(self) -> str:
+    def op_name(self) -> str:
         return self.operation.name
 
     @functools.cached_property

@@ -48,7 +48,7 @@ def conformance_op_name(item: Any) -> str | None:
     """The name of the op a conformance test checks (None for another test)."""
     binding = class_binding(getattr(item, "cls", None))
     if binding is not None:
-        return binding.op
+        return binding.op_name
     callspec = getattr(item, "callspec", None)
     op = callspec.params.get("op") if callspec is not None else None
     return getattr(op, "name", op)  # a packaged test is parametrized by the op's record

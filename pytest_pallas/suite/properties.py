@@ -152,7 +152,7 @@ def collective_function(implementation: Callable, case: Case) -> Callable:
     if count > len(devices):
         import pytest
 
-        pytest.skip(f"{case.op} on {count} devices: JAX sees {len(devices)}; run with "
+        pytest.skip(f"{case.op_name} on {count} devices: JAX sees {len(devices)}; run with "
                     f"--pallas-devices={count}")
     mesh = Mesh(np.array(devices[:count]), (AXIS_NAME,))
     body = functools.partial(implementation, **{case.operation.collective: AXIS_NAME},
@@ -182,10 +182,10 @@ def output_type_problem(case: Case, result: Any) -> str:
     expected_shape = expected_shape_of(case)
     wanted = f"a jax.Array of shape {expected_shape} and dtype {case.dtype}"
     if not isinstance(result, jax.Array):
-        return (f"{case.op} returned {describe_output(result)}; the contract expects {wanted} "
+        return (f"{case.op_name} returned {describe_output(result)}; the contract expects {wanted} "
                 f"(signature {case.operation.signature}).")
     if tuple(result.shape) != expected_shape or str(result.dtype) != case.dtype:
-        return f"{case.op} returned {describe_output(result)}; the contract expects {wanted}."
+        return f"{case.op_name} returned {describe_output(result)}; the contract expects {wanted}."
     return ""
 
 
@@ -234,7 +234,7 @@ def judge_value(case: Case, result: Any, expected: np.ndarray, *,
     message = comparison.message
     if not verdicts["finite"]:
         first = tuple(int(i) for i in np.argwhere(introduced)[0])
-        message = (f"{case.op} produced NaN or Inf where the oracle is finite "
+        message = (f"{case.op_name} produced NaN or Inf where the oracle is finite "
                    f"({int(introduced.sum())} elements, first at {first}).\n" + message)
     return verdicts, comparison.worst_error, message
 

@@ -164,9 +164,9 @@ class ConformanceRecorder:
         # (``suite.implementation.Implementation``).
         self._rows: dict[Any, str] = {}
 
-    def register(self, op: str, implementation: str, restrictions: dict[str, Any],
+    def register(self, op_name: str, implementation: str, restrictions: dict[str, Any],
                  restrictions_text: str) -> None:
-        self.ops.setdefault(op, OpRecord(implementation, restrictions, restrictions_text))
+        self.ops.setdefault(op_name, OpRecord(implementation, restrictions, restrictions_text))
 
     def row(self, implementation: Any) -> str:
         """The row of ``implementation`` (a ``suite.implementation.Implementation``): the op's name,
@@ -190,25 +190,25 @@ class ConformanceRecorder:
         """The ops in ``first``'s order, then the others as they came: the summary and the
         report read the same whether one process ran the tests or pytest-xdist's workers,
         whose records arrive in the order the workers finish."""
-        rank = {op: index for index, op in enumerate(first)}
+        rank = {op_name: index for index, op_name in enumerate(first)}
         self.ops = dict(sorted(self.ops.items(), key=lambda item: rank.get(item[0], len(rank))))
 
-    def property(self, op: str, name: str) -> PropertyResult:
-        return self.ops[op].properties.setdefault(name, PropertyResult())
+    def property(self, op_name: str, name: str) -> PropertyResult:
+        return self.ops[op_name].properties.setdefault(name, PropertyResult())
 
-    def example(self, op: str, name: str, *, worst_error: float = 0.0) -> None:
-        result = self.property(op, name)
+    def example(self, op_name: str, name: str, *, worst_error: float = 0.0) -> None:
+        result = self.property(op_name, name)
         result.examples += 1
         if not math.isnan(worst_error):
             result.worst_error = max(result.worst_error, worst_error)
 
-    def ran_in(self, op: str, names: tuple[str, ...], interpreter: str) -> None:
+    def ran_in(self, op_name: str, names: tuple[str, ...], interpreter: str) -> None:
         """Record that properties ``names`` of ``op`` ran an example in ``interpreter``."""
         for name in names:
-            self.property(op, name).ran_in(interpreter)
+            self.property(op_name, name).ran_in(interpreter)
 
-    def outcome(self, op: str, name: str, passed: bool, message: str = "") -> None:
-        result = self.property(op, name)
+    def outcome(self, op_name: str, name: str, passed: bool, message: str = "") -> None:
+        result = self.property(op_name, name)
         if passed:
             result.passed += 1
         else:
@@ -216,9 +216,9 @@ class ConformanceRecorder:
             if not result.first_failure:
                 result.first_failure = message.strip().splitlines()[0][:300] if message else ""
 
-    def compiled(self, op: str, verdict: Any) -> None:
+    def compiled(self, op_name: str, verdict: Any) -> None:
         """Record a ``checks.compile_check.CompileVerdict`` on one of ``op``'s kernels."""
-        record = self.ops.get(op)
+        record = self.ops.get(op_name)
         if record is None:
             return  # the op's implementation was not resolved: nothing of it ran
         result = record.compile.setdefault(verdict.chip, CompileResult())
@@ -232,24 +232,24 @@ class ConformanceRecorder:
             result.vmem_bytes = max(result.vmem_bytes or 0, verdict.vmem_bytes)
             result.vmem_limit_bytes = verdict.vmem_limit_bytes
 
-    def judged(self, op: str, verdict: Any) -> None:
+    def judged(self, op_name: str, verdict: Any) -> None:
         """Record a ``checks.honesty.ProgramVerdict`` of one of ``op``'s traced programs."""
-        record = self.ops.get(op)
+        record = self.ops.get(op_name)
         if record is None:
             return
         record.judge.merge({"programs": 1, "share_in_kernels": verdict.share_in_kernels,
                             "least_kernels": verdict.kernels,
                             "host_callbacks": verdict.host_callbacks})
 
-    def findings(self, op: str, findings: Any) -> None:
+    def findings(self, op_name: str, findings: Any) -> None:
         """Record the judge's ``checks.honesty.Finding``s on ``op``'s implementation."""
-        record = self.ops.get(op)
+        record = self.ops.get(op_name)
         if record is not None:
             record.judge.add_findings(finding.line() for finding in findings)
 
-    def grid_axes(self, op: str, runs: list[AxisRun]) -> None:
+    def grid_axes(self, op_name: str, runs: list[AxisRun]) -> None:
         """Record the grid axes one example of ``op`` ran (``suite.grid_coverage.axis_runs``)."""
-        record = self.ops.get(op)
+        record = self.ops.get(op_name)
         if record is not None:
             record.grid_coverage.add(runs)
 
@@ -257,7 +257,7 @@ class ConformanceRecorder:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            op: {
+            op_name: {
                 "implementation": record.implementation,
                 "restrictions": record.restrictions,
                 "restrictions_text": record.restrictions_text,
@@ -268,7 +268,7 @@ class ConformanceRecorder:
                 "grid_coverage": record.grid_coverage.to_list(),
                 "judge": dataclasses.asdict(record.judge),
             }
-            for op, record in self.ops.items()
+            for op_name, record in self.ops.items()
         }
 
     def take(self) -> dict[str, Any]:
@@ -278,11 +278,11 @@ class ConformanceRecorder:
         return data
 
     def merge(self, data: dict[str, Any]) -> None:
-        for op, record in data.items():
-            self.register(op, record["implementation"], record["restrictions"],
+        for op_name, record in data.items():
+            self.register(op_name, record["implementation"], record["restrictions"],
                           record["restrictions_text"])
             for name, values in record["properties"].items():
-                mine = self.property(op, name)
+                mine = self.property(op_name, name)
                 mine.passed += values["passed"]
                 mine.failed += values["failed"]
                 mine.examples += values["examples"]
@@ -290,15 +290,15 @@ class ConformanceRecorder:
                 mine.first_failure = mine.first_failure or values["first_failure"]
                 mine.ran_in(values.get("interpreter", ""))
             for chip, values in record.get("compile", {}).items():
-                mine = self.ops[op].compile.setdefault(chip, CompileResult())
+                mine = self.ops[op_name].compile.setdefault(chip, CompileResult())
                 mine.compiled += values["compiled"]
                 mine.rejected += values["rejected"]
                 if values["vmem_bytes"] is not None:
                     mine.vmem_bytes = max(mine.vmem_bytes or 0, values["vmem_bytes"])
                     mine.vmem_limit_bytes = values["vmem_limit_bytes"]
                 mine.first_rejection = mine.first_rejection or values["first_rejection"]
-            self.ops[op].grid_coverage.merge(record.get("grid_coverage", ()))
-            self.ops[op].judge.merge(record.get("judge", {}))
+            self.ops[op_name].grid_coverage.merge(record.get("grid_coverage", ()))
+            self.ops[op_name].judge.merge(record.get("judge", {}))
 
     # --- output -----------------------------------------------------------------
 
@@ -309,7 +309,7 @@ class ConformanceRecorder:
                   "worst/tol", "interpreters", *(("compiled",) if compiles else ()),
                   *(("judge",) if judged else ()), "restrictions")
         rows = []
-        for op, record in self.ops.items():
+        for op_name, record in self.ops.items():
             results = record.properties.values()
             passed = sum(1 for r in results if r.verdict == "pass")
             failed = [name for name, r in record.properties.items() if r.verdict == "fail"]
@@ -321,7 +321,7 @@ class ConformanceRecorder:
                 (",".join(chip if result.rejected == 0 else f"{chip}:NO"
                           for chip, result in record.compile.items()) or "-",)
                 if compiles else ())
-            rows.append((op, record.implementation, str(passed),
+            rows.append((op_name, record.implementation, str(passed),
                          ",".join(failed) if failed else "0", str(examples), worst,
                          record.interpreters_text, *compiled,
                          *((record.judge.share_text,) if judged else ()),
@@ -338,7 +338,7 @@ class ConformanceRecorder:
 
     def finding_lines(self) -> list[str]:
         """One line per finding of the judge: "op (implementation): [judge: ...] ..."."""
-        return [f"{op}: {line}" for op, record in self.ops.items()
+        return [f"{op_name}: {line}" for op_name, record in self.ops.items()
                 for line in record.judge.findings]
 
     def coverage_lines(self) -> list[str]:
@@ -348,10 +348,10 @@ class ConformanceRecorder:
         None for an op whose value property failed: it stopped at its first failing example,
         so the axes its later examples would have stepped say nothing of its inputs (the
         report's ``grid_coverage`` still lists them)."""
-        return [line for op, record in self.ops.items()
+        return [line for op_name, record in self.ops.items()
                 if not any(record.properties.get(name, PropertyResult()).verdict == "fail"
                            for name in VALUE_PROPERTIES)
-                for line in record.grid_coverage.unexercised(op)]
+                for line in record.grid_coverage.unexercised(op_name)]
 
     def document(self, *, complete: bool, environment: dict[str, Any],
                  incomplete_reasons: list[str] = ()) -> dict[str, Any]:
@@ -363,7 +363,7 @@ class ConformanceRecorder:
             "duration_seconds": round(time.time() - self.started, 3),
             "environment": environment,
             "ops": {
-                op: {
+                op_name: {
                     "implementation": record.implementation,
                     "restrictions": record.restrictions,
                     "properties": {name: result.as_dict()
@@ -378,7 +378,7 @@ class ConformanceRecorder:
                     # inside Pallas kernels, the host callbacks found and each finding.
                     "judge": record.judge.as_dict(),
                 }
-                for op, record in self.ops.items()
+                for op_name, record in self.ops.items()
             },
         }
 
