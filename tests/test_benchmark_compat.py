@@ -37,8 +37,8 @@ def test_the_round_budget_is_read_from_the_fixture(pytester):
             assert round_budget(benchmark) == (0.25, 3)
             benchmark(lambda: None)
         """)
-    result = pytester.runpytest("-p", "no:cacheprovider", "--benchmark-max-time=0.25",
-                                "--benchmark-min-rounds=3")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist",
+                                "--benchmark-max-time=0.25", "--benchmark-min-rounds=3")
     result.assert_outcomes(passed=1)
 
 

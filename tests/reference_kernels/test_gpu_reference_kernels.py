@@ -10,10 +10,14 @@ import pytest
 pytest.importorskip("absl", reason="jax.experimental.pallas.mosaic_gpu imports absl-py")
 
 from pytest_pallas.compare import assert_allclose  # noqa: E402
-from reference_kernels import gpu_flash_attention, gpu_matmul, gpu_softmax  # noqa: E402
-from reference_kernels.attention import attention_reference  # noqa: E402
-from reference_kernels.matmul import matmul_reference  # noqa: E402
-from reference_kernels.softmax import softmax_reference  # noqa: E402
+from pytest_pallas.reference_kernels import (  # noqa: E402
+    gpu_flash_attention,
+    gpu_matmul,
+    gpu_softmax,
+)
+from pytest_pallas.reference_kernels.attention import attention_reference  # noqa: E402
+from pytest_pallas.reference_kernels.matmul import matmul_reference  # noqa: E402
+from pytest_pallas.reference_kernels.softmax import softmax_reference  # noqa: E402
 
 
 @pytest.mark.pallas
