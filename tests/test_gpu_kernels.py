@@ -564,3 +564,28 @@ def test_a_hung_barrier_wait_fails_its_test_under_the_timeout_and_the_run_goes_o
     result.stdout.fnmatch_lines([
         "*KernelTimeout: pallas: Mosaic GPU kernel 'waits_forever' (in test_*::test_hang) ran "
         "longer than --pallas-timeout=3s and was stopped*"])
+
+
+def test_without_absl_a_tpu_users_run_says_nothing_of_the_gpu_interpreter(pytester, monkeypatch):
+    # jax's CPU install has no absl-py, which JAX's Mosaic GPU modules import: no GPU kernel
+    # can be written there, and a TPU user's run must not warn that a GPU feature is off.
+    hidden = pytester.mkdir("hide_absl")
+    (hidden / "absl").mkdir()
+    (hidden / "absl" / "__init__.py").write_text("raise ImportError('absl-py not installed')\n")
+    monkeypatch.setenv("PYTHONPATH", str(hidden))
+    pytester.makepyfile(test_add=textwrap.dedent("""
+        import jax, pytest
+        from jax.experimental import pallas as pl
+
+        def add_kernel(x_ref, y_ref, o_ref):
+            o_ref[...] = x_ref[...] + y_ref[...]
+
+        @pytest.mark.pallas
+        def test_add(pallas_key):
+            x = jax.random.normal(pallas_key, (8, 128))
+            out = pl.pallas_call(add_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, x)
+            assert (out == x + x).all()
+        """))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rw", timeout=240)
+    result.assert_outcomes(passed=1)
+    assert "JaxFeatureOff" not in result.stdout.str()

@@ -392,6 +392,9 @@ def reset_gpu_interpreter_state() -> None:
 def gpu_races_recorded() -> Iterator[list[bool]]:
     """Yields a list that gets ``True`` for each GPU-interpreted kernel that ended with a
     race found (the interpreter keeps only the newest kernel's race state)."""
+    if not dependencies_installed():
+        yield []  # no Mosaic GPU kernel can be built here: no race to read, nothing to say
+        return
     callbacks = jax_internals.private_attribute(_CALLBACKS)
     original = getattr(callbacks, "_clear_shared_memory", None)
     if original is None or not hasattr(callbacks, "_races"):
@@ -412,6 +415,17 @@ def gpu_races_recorded() -> Iterator[list[bool]]:
         yield found
     finally:
         callbacks._clear_shared_memory = original
+
+
+def dependencies_installed() -> bool:
+    """Whether JAX's Mosaic GPU modules can be imported here: they need absl-py, which
+    jax's CPU install does not bring. Without it no Mosaic GPU kernel can be written, so the
+    GPU interpreter's features have nothing to do (and are not "off on this JAX")."""
+    try:
+        import absl  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def races_pending() -> bool:
