@@ -39,11 +39,14 @@ class HostAccelerators:
       devices: the device indices a process may use (``CUDA_VISIBLE_DEVICES`` and
         ``TPU_VISIBLE_CHIPS`` already applied).
       description: for the header, e.g. ``"2 NVIDIA GPUs"``.
+      variable: the environment variable that chooses among them (``CUDA_VISIBLE_DEVICES``,
+        ``HIP_VISIBLE_DEVICES``, ``TPU_VISIBLE_CHIPS``).
     """
 
     platform: str | None
     devices: tuple[str, ...] = ()
     description: str = "no accelerator"
+    variable: str | None = None
 
     @property
     def count(self) -> int:
@@ -107,14 +110,16 @@ def host_accelerators(
                        key=int)
         devices = _visible(nodes, "CUDA_VISIBLE_DEVICES", environ)
         if devices:
-            return HostAccelerators("gpu", devices, _counted(len(devices), "NVIDIA GPU"))
+            return HostAccelerators("gpu", devices, _counted(len(devices), "NVIDIA GPU"),
+                                    "CUDA_VISIBLE_DEVICES")
     if any(name.startswith("xla_rocm") for name in plugins) and "kfd" in listdir("/dev"):
         nodes = sorted((name[len("renderD"):] for name in listdir("/dev/dri")
                         if name.startswith("renderD")), key=int)
         indices = [str(i) for i in range(len(nodes))]
         devices = _visible(indices, "HIP_VISIBLE_DEVICES", environ)
         if devices:
-            return HostAccelerators("gpu", devices, _counted(len(devices), "AMD GPU"))
+            return HostAccelerators("gpu", devices, _counted(len(devices), "AMD GPU"),
+                                    "HIP_VISIBLE_DEVICES")
     if module_installed("libtpu"):
         nodes = [m.group(1) for m in map(_TPU_ACCEL_NODE.match, listdir("/dev")) if m]
         if not nodes:
@@ -122,7 +127,8 @@ def host_accelerators(
         indices = [str(i) for i in range(len(nodes))]
         devices = _visible(indices, "TPU_VISIBLE_CHIPS", environ)
         if devices:
-            return HostAccelerators("tpu", devices, _counted(len(devices), "TPU chip"))
+            return HostAccelerators("tpu", devices, _counted(len(devices), "TPU chip"),
+                                    "TPU_VISIBLE_CHIPS")
     return HostAccelerators(None)
 
 
@@ -138,13 +144,11 @@ class PlatformDecision:
     """Where this run's JAX runs, and the header's words for it.
 
     Attributes:
-      platforms: the value of JAX_PLATFORMS now in force (None: JAX chooses).
       by_user: the user set it (the plugin then leaves it alone).
       note: one line for the header, or None when there is nothing to say (a CPU-only host).
       previous: the environment's values before the plugin set its own, to put back.
     """
 
-    platforms: str | None
     by_user: bool
     note: str | None
     previous: tuple[tuple[str, str | None], ...] = ()
@@ -174,7 +178,7 @@ def keep_jax_on_cpu(environ: MutableMapping[str, str],
         if host.platform is not None and "cpu" != user.split(",")[0].strip():
             note += (f"; interpreted kernels run on the {host.platform.upper()} and its "
                      f"precision ({flag} compiles them for it instead)")
-        return PlatformDecision(user, True, note)
+        return PlatformDecision(True, note)
     previous = tuple((name, environ.get(name)) for name in ("JAX_PLATFORMS", SET_BY_PLUGIN))
     environ["JAX_PLATFORMS"] = "cpu"
     environ[SET_BY_PLUGIN] = "1"
@@ -182,7 +186,7 @@ def keep_jax_on_cpu(environ: MutableMapping[str, str],
     if host.platform is not None:
         note = (f"JAX kept on the CPU (JAX_PLATFORMS=cpu): it would have seen "
                 f"{host.description}; {flag} runs the kernels on it")
-    return PlatformDecision("cpu", False, note, previous)
+    return PlatformDecision(False, note, previous)
 
 
 def undo_keep_jax_on_cpu(environ: MutableMapping[str, str], decision: PlatformDecision) -> None:
@@ -211,14 +215,12 @@ def worker_device_environment(host: HostAccelerators, index: int) -> dict[str, s
     what JAX's TPU CI sets per worker, ``TPU_VISIBLE_CHIPS`` and
     ``ALLOW_MULTIPLE_LIBTPU_LOAD`` (several processes load libtpu, each with its chip).
     """
-    if host.platform is None or not host.devices:
+    if host.variable is None or not host.devices:
         return {}
-    device = host.devices[index % host.count]
+    chosen = {host.variable: host.devices[index % host.count]}
     if host.platform == "tpu":
-        return {"TPU_VISIBLE_CHIPS": device, "ALLOW_MULTIPLE_LIBTPU_LOAD": "true"}
-    if host.description.endswith(("AMD GPU", "AMD GPUs")):
-        return {"HIP_VISIBLE_DEVICES": device}
-    return {"CUDA_VISIBLE_DEVICES": device}
+        chosen["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "true"
+    return chosen
 
 
 def workers_for_devices(requested: int, host: HostAccelerators) -> tuple[int, str | None]:

@@ -208,7 +208,7 @@ def pytest_make_collect_report(collector: pytest.Collector):
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = _session(config)
-    if session.options.session_opted_in or session.scope_all or session.options.compile_given:
+    if session.header_shown:
         untested = versions.untested_jax_note()
         workers = imported_attribute("plugin.workers", "header_note")
         device_split = imported_attribute("plugin.workers", "device_split_note")
@@ -231,7 +231,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
     """Where JAX runs, for a run whose header said nothing (no Pallas flag, Pallas tests)."""
     pallas = _session(config)
-    if pallas.options.session_opted_in or pallas.scope_all or pallas.options.compile_given:
+    if pallas.header_shown:
         return None  # the header said it
     return pallas.platform_lines() or None
 

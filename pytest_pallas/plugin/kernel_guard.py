@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,7 +21,6 @@ from ..suite.membership import conformance_op_name, is_conformance_item
 
 if TYPE_CHECKING:
     from ..backend import Backend
-    from .session import PallasSession
 
 # A feature built on private JAX internals, by the name a run reports when it is off.
 KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"
@@ -39,7 +38,8 @@ _GPU_RACES = pytest.StashKey[list]()  # True per GPU-interpreted kernel that end
 class KernelGuard:
     """Per test: the backend and checks around its kernels, and their verdicts after."""
 
-    def __init__(self, session: PallasSession) -> None:
+    def __init__(self, session: Any) -> None:
+        # The run's PallasSession (plugin.session makes the guard: not imported back here).
         self.session = session
 
     def activate(self, item: pytest.Item) -> None:

@@ -18,9 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..settings import PallasOptions
-from ..suite.membership import (
-    is_conformance_item,
-)
+from ..suite.membership import is_conformance_item
 
 if TYPE_CHECKING:  # imported where used: a run without Pallas tests loads none of them
     from ..backend import Backend
@@ -110,6 +108,13 @@ class PallasSession:
             from .._compat import jax_internals
 
             self.jax_started_on = jax_internals.restrict_imported_jax_to_cpu()
+
+    @property
+    def header_shown(self) -> bool:
+        """Whether pytest's header has the plugin's lines: a Pallas flag, ``pallas_scope =
+        all`` or ``--pallas-compile`` (else the run says where JAX runs after collection)."""
+        options = self.options
+        return options.session_opted_in or self.scope_all or options.compile_given
 
     def platform_lines(self) -> list[str]:
         """What the header says of where JAX runs (nothing on a CPU-only host)."""

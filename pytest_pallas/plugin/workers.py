@@ -165,9 +165,8 @@ def one_device_per_worker(config: pytest.Config, host=None) -> int | None:
         requested = host.count
     count, note = hosts.workers_for_devices(int(requested), host)
     option.numprocesses = count
-    variable = next(iter(hosts.worker_device_environment(host, 0)))
     config.stash[_DEVICE_SPLIT] = note or (
-        f"{count} pytest-xdist workers, one {platform.upper()} each ({variable})")
+        f"{count} pytest-xdist workers, one {platform.upper()} each ({host.variable})")
     return count
 
 
