@@ -97,7 +97,26 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[SESSION_KEY] = session
     run_records.remember_compiles_before(session)  # the compile summary counts this session's
-    if not parsed.compiled and (parsed.session_opted_in or parsed.devices_requested):
+    if run_records.is_controller(config):
+        config.pluginmanager.register(run_records.WorkerRecordsMerger(session),
+                                      "pallas-worker-records")
+    if not parsed.session_opted_in:
+        # No Pallas flag: the plugin stays out of the way until a test asks for it (a
+        # marker, a fixture, a conformance class), as Hypothesis's plugin does.
+        if parsed.devices_requested:
+            # The device count must be fixed before JAX creates its CPU client.
+            session.ensure_devices()
+        if parsed.report_path:
+            # The report of a run that ran no conformance test says so.
+            session.recorder  # noqa: B018
+        return
+    _configure_opted_in(config, session)
+
+
+def _configure_opted_in(config: pytest.Config, session: PallasSession) -> None:
+    """The session setup a Pallas flag asks for, in the order JAX's start-up needs."""
+    parsed = session.options
+    if not parsed.compiled:
         # The device count must be fixed before JAX creates its CPU client (and before
         # the user's modules below are imported: they may make arrays at import).
         session.ensure_devices()
@@ -108,25 +127,22 @@ def pytest_configure(config: pytest.Config) -> None:
         from .implementations import resolve_all
 
         user_callables = resolve_all(parsed.implementations)
-    if (not parsed.compiled and parsed.session_opted_in
-            and config.getoption("--benchmark-only", default=False)):
+    if not parsed.compiled and config.getoption("--benchmark-only", default=False):
         # Before the backend below creates JAX's CPU client, which reads XLA_FLAGS (without
         # a Pallas flag, the collection of a pallas_benchmark test does it in time).
         from ..bench.fixture import request_single_threaded_xla
 
         request_single_threaded_xla(config)
     # A controller of pytest-xdist workers compiles and runs nothing: it leaves JAX to them,
-    # which start that much sooner. (--pallas-conformance is one of the flags that opt in.)
-    distributed = False
-    if parsed.session_opted_in:
-        from .workers import hands_tests_to_workers
+    # which start that much sooner.
+    from .workers import hands_tests_to_workers
 
-        distributed = hands_tests_to_workers(config)
-    if parsed.session_opted_in and (parsed.compiled or not distributed):
+    distributed = hands_tests_to_workers(config)
+    if parsed.compiled or not distributed:
         # --pallas-tpu without a TPU (--pallas-gpu without a GPU) stops here, before
         # collection (exit 4).
         session.backend  # noqa: B018
-    if parsed.session_opted_in and not distributed:
+    if not distributed:
         from .persistent_cache import register
 
         register(config)  # compilations kept in pytest's cache directory across runs
@@ -134,11 +150,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # a conformance_tests class in the user's own modules. With a Pallas flag the recorder
     # is made now (the report of a run that ran none says so); without one, by the first
     # conformance test that needs it (``PallasSession.recorder``).
-    if parsed.session_opted_in or parsed.report_path:
-        session.recorder  # noqa: B018
-    if run_records.is_controller(config):
-        config.pluginmanager.register(run_records.WorkerRecordsMerger(session),
-                                      "pallas-worker-records")
+    session.recorder  # noqa: B018
     if parsed.conformance:
         _configure_conformance(config, session, user_callables, distributed)
 
