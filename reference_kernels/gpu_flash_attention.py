@@ -1,7 +1,7 @@
 """Flash attention on a Hopper GPU with Mosaic GPU: q tiles resident, k and v streamed
 through shared memory, the online softmax in registers.
 
-Contract op (CONTRACT.md section 2): ``attention(q, k, v)`` = ``softmax(q @ k.T) @ v``,
+Contract op (docs/contract.md section 2): ``attention(q, k, v)`` = ``softmax(q @ k.T) @ v``,
 q ``(s, d)``, k and v ``(t, d)``, no scaling, no mask. Tunable variant:
 ``flash_attention_gpu(q, k, v, *, block_q, block_kv)``. Oracle:
 ``reference_kernels.attention.attention_reference`` (float64 NumPy); cost model:

@@ -1,6 +1,6 @@
 """Matrix multiplication on a Hopper GPU with Mosaic GPU: warpgroup tiles through shared memory.
 
-Contract op (CONTRACT.md section 2): ``matmul(x, y)``, ``(m, k) @ (k, n)``, output dtype =
+Contract op (docs/contract.md section 2): ``matmul(x, y)``, ``(m, k) @ (k, n)``, output dtype =
 input dtype, float32 accumulation. Tunable variant: ``matmul_gpu_blocked(x, y, *, block_m,
 block_n, block_k)``. Oracle: ``reference_kernels.matmul.matmul_reference`` (float64 NumPy);
 cost model: ``matmul_gpu_cost`` (FLOPs and the global-memory bytes this blocking moves).

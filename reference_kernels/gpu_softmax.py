@@ -1,6 +1,6 @@
 """Row softmax on a Hopper GPU with Mosaic GPU: rows staged in shared memory by the TMA unit.
 
-Contract op (CONTRACT.md section 2): ``softmax(x)`` over the last axis of ``(rows, cols)``,
+Contract op (docs/contract.md section 2): ``softmax(x)`` over the last axis of ``(rows, cols)``,
 float32 or bfloat16, output in the input dtype. Two kernels: ``softmax_gpu_smem`` (one
 ``plgpu.kernel``: the whole array through SMEM, for arrays that fit one thread block's
 SMEM) and ``softmax_gpu_blocked`` (``pallas_call`` with ``plgpu.CompilerParams``, blocks of

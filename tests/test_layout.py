@@ -243,3 +243,15 @@ def private_names_imported_across_modules(root: Path) -> list[str]:
 def test_no_private_name_is_imported_from_another_module():
     found = private_names_imported_across_modules(ROOT)
     assert not found, "private names used across modules (make them public): " + "; ".join(found)
+
+
+def test_every_reference_to_the_contract_names_its_file():
+    """The contract is docs/contract.md; a docstring pointing elsewhere sends a reader nowhere."""
+    stale = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("pytest_pallas", *_INSTALLED_AS, "tests", "benchmarks")
+        for path in (ROOT / folder).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "CONTRACT.md" in line and path.name != "test_layout.py"
+    ]
+    assert not stale, "CONTRACT.md is docs/contract.md: " + ", ".join(stale)
