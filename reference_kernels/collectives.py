@@ -97,23 +97,23 @@ def _nbytes(x: Any) -> int:
     return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
 
 
-def _axis_size(axis_name: Any, op: str) -> int:
+def _axis_size(axis_name: Any, op_name: str) -> int:
     try:
         return lax.axis_size(axis_name)
     except NameError as error:
         raise ValueError(
-            f"{op} must be called inside jax.shard_map over a mesh with axis {axis_name!r} "
+            f"{op_name} must be called inside jax.shard_map over a mesh with axis {axis_name!r} "
             f"({error})"
         ) from None
 
 
-def _check_block(op: str, x: Any) -> None:
+def _check_block(op_name: str, x: Any) -> None:
     if jnp.ndim(x) < 1:
         raise ValueError(
-            f"{op}: x must have rank >= 1 (a per-device block), got shape {jnp.shape(x)}"
+            f"{op_name}: x must have rank >= 1 (a per-device block), got shape {jnp.shape(x)}"
         )
     if min(x.shape) < 1:
-        raise ValueError(f"{op}: x must have sizes >= 1, got shape {x.shape}")
+        raise ValueError(f"{op_name}: x must have sizes >= 1, got shape {x.shape}")
 
 
 def _varying_out_shape(x: Any, axis_name: Any, shape: tuple[int, ...]) -> jax.ShapeDtypeStruct:

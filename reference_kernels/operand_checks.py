@@ -37,8 +37,8 @@ def _shapes(operands: Sequence[Any], join: str) -> str:
     return join.join(str(jnp.shape(operand)) for operand in operands)
 
 
-def _prefix(op: str) -> str:
-    return f"{op}: " if op else ""
+def _prefix(op_name: str) -> str:
+    return f"{op_name}: " if op_name else ""
 
 
 def _names(names: Sequence[str]) -> str:
@@ -67,42 +67,43 @@ def require_matching(expects: str, operands: Sequence[Any], agree: bool, *,
         raise ValueError(f"{expects}{matching}, got shapes {_shapes(operands, ', ')}")
 
 
-def require_head_groups(op: str, h: int, g: int, *, hint: str = "") -> None:
+def require_head_groups(op_name: str, h: int, g: int, *, hint: str = "") -> None:
     """The ``h`` query heads fall in ``g`` equal groups, one per kv head, else a ``ValueError``."""
     if h % g:
-        raise ValueError(f"{op}: the number of query heads h={h} must be a multiple of the "
+        raise ValueError(f"{op_name}: the number of query heads h={h} must be a multiple of the "
                          f"number of kv heads g={g}{hint}")
 
 
-def require_one_float_dtype(op: str, /, **operands: Any) -> None:
+def require_one_float_dtype(op_name: str, /, **operands: Any) -> None:
     """The operands (by name) are all float32 or all bfloat16, else a ``ValueError`` naming
-    them, after ``"{op}: "`` when ``op`` is given."""
+    them, after ``"{op_name}: "`` when ``op_name`` is given."""
     names, dtypes = list(operands), [operand.dtype for operand in operands.values()]
     if any(dtype != dtypes[0] for dtype in dtypes[1:]) or jnp.dtype(dtypes[0]) not in FLOAT_DTYPES:
         each = "both" if len(names) == 2 else "all"
         got = " and " if len(names) == 2 else ", "
-        raise ValueError(f"{_prefix(op)}{_names(names)} must {each} be float32 or {each} "
+        raise ValueError(f"{_prefix(op_name)}{_names(names)} must {each} be float32 or {each} "
                          f"bfloat16, got {got.join(map(str, dtypes))}")
 
 
-def require_float_dtypes(op: str, /, **operands: Any) -> None:
+def require_float_dtypes(op_name: str, /, **operands: Any) -> None:
     """Each operand (by name) is float32 or bfloat16, not necessarily the same one."""
     dtypes = [operand.dtype for operand in operands.values()]
     if any(jnp.dtype(dtype) not in FLOAT_DTYPES for dtype in dtypes):
-        raise ValueError(f"{_prefix(op)}{_names(list(operands))} must be float32 or bfloat16, "
+        raise ValueError(f"{_prefix(op_name)}{_names(list(operands))} must be float32 or bfloat16, "
                          f"got {' and '.join(map(str, dtypes))}")
 
 
-def require_dtype(op: str, name: str, operand: Any, dtype: Any) -> None:
-    """``operand`` has exactly ``dtype``, else ``ValueError("{op}: {name} must be {dtype}")``."""
+def require_dtype(op_name: str, name: str, operand: Any, dtype: Any) -> None:
+    """``operand`` has exactly ``dtype``, else
+    ``ValueError("{op_name}: {name} must be {dtype}")``."""
     if jnp.dtype(operand.dtype) != jnp.dtype(dtype):
-        raise ValueError(f"{_prefix(op)}{name} must be {jnp.dtype(dtype).name}, "
+        raise ValueError(f"{_prefix(op_name)}{name} must be {jnp.dtype(dtype).name}, "
                          f"got {operand.dtype}")
 
 
-def require_integer_dtypes(op: str, /, **operands: Any) -> None:
+def require_integer_dtypes(op_name: str, /, **operands: Any) -> None:
     """Each operand (by name) holds integers: sizes, lengths or indices, which the contract
     gives as int32 (the error asks for that; any integer dtype passes)."""
     for name, operand in operands.items():
         if not jnp.issubdtype(operand.dtype, jnp.integer):
-            raise ValueError(f"{_prefix(op)}{name} must be int32, got {operand.dtype}")
+            raise ValueError(f"{_prefix(op_name)}{name} must be int32, got {operand.dtype}")

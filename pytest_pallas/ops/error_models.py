@@ -189,15 +189,15 @@ class _Sequence:
 _PAGED_PARAMS = ("sm_scale", "soft_cap", "sliding_window", "k_scale", "v_scale")
 
 
-def _paged_params(op: str, params: dict[str, Any] | None) -> dict[str, Any]:
+def _paged_params(op_name: str, params: dict[str, Any] | None) -> dict[str, Any]:
     params = dict(params or {})
     unknown = sorted(set(params) - set(_PAGED_PARAMS))
     if unknown:
-        raise ValueError(f"op={op!r} takes op_params {', '.join(_PAGED_PARAMS)} (the "
+        raise ValueError(f"op={op_name!r} takes op_params {', '.join(_PAGED_PARAMS)} (the "
                          f"kernel's keyword arguments of those names), not {', '.join(unknown)}")
     window = params.get("sliding_window")
     if window is not None and int(window) <= 0:
-        raise ValueError(f"op={op!r}: sliding_window={window} must be positive (or None)")
+        raise ValueError(f"op={op_name!r}: sliding_window={window} must be positive (or None)")
     return params
 
 
@@ -309,7 +309,7 @@ def _paged_sequences(inputs: Sequence[Any], params: dict[str, Any]):
         yield _ragged_sequence(q[i:i + 1], k, v, 0, 1, int(length), params)
 
 
-def _per_sequence_attention(op: str, sequences: Iterator[_Sequence], *, dtype: str,
+def _per_sequence_attention(op_name: str, sequences: Iterator[_Sequence], *, dtype: str,
                             matmul_precision: str, soft_cap: float | None) -> ErrorModel:
     """``attention_allowance``'s derivation per sequence (the comment above); the worst one."""
     accumulator = ("bfloat16" if matmul_precision == "bfloat16" and dtype == "float32"
@@ -333,7 +333,7 @@ def _per_sequence_attention(op: str, sequences: Iterator[_Sequence], *, dtype: s
         worst = max(worst, logit_error * value)
         worst_bound = max(worst_bound, bound)
         longest = max(longest, int(sequence.visible.sum(axis=1).max()))
-    why = (f"{op}: logits rounded in {accumulator} and scaled to base 2 in float32 over "
+    why = (f"{op_name}: logits rounded in {accumulator} and scaled to base 2 in float32 over "
            f"each of {count} sequences' visible keys (max sum |q||k| = {worst_bound:.3g}"
            f"{', soft cap' if soft_cap is not None else ''}) add {worst:.3g}")
     return ErrorModel(worst, why, longest or None)
