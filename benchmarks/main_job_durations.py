@@ -5,6 +5,13 @@
     /usr/bin/time -v pytest --pallas-conformance --durations=0 > warm.log 2>&1
     python benchmarks/main_job_durations.py cold.log warm.log
 
+With ``--typical``, the seconds of each packaged conformance test of one run in one
+process (``-p no:xdist``) are written to the plugin's ``typical_seconds.json``: the order
+in which a run that has timed nothing yet hands the tests to pytest-xdist's workers::
+
+    pytest --pallas-conformance --pallas-seed=0 -p no:xdist --durations=0 > one.log
+    python benchmarks/main_job_durations.py --typical one.log
+
 Each column is one run: the seconds of each op's tests (setup, call and teardown, as
 pytest reports them; under pytest-xdist they add up the workers' time, not the wall),
 then the run's wall and, when /usr/bin/time -v wrapped it, its user CPU and peak memory.
@@ -14,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import pathlib
 import re
 
 _DURATION = re.compile(r"^([\d.]+)s (?:setup|call|teardown)\s+\S+::\w+\[(\w+)\]")
+_TEST = re.compile(r"^([\d.]+)s (?:setup|call|teardown)\s+\S+::(test_\w+\[[\w-]+\])$")
 _TIME_FIELDS = {
     "wall (s)": re.compile(r"Elapsed \(wall clock\) time .*: (?:(\d+):)?(\d+):([\d.]+)"),
     "user CPU (s)": re.compile(r"User time \(seconds\): ([\d.]+)"),
@@ -32,6 +41,32 @@ def per_op(text: str) -> dict[str, float]:
         if match:
             seconds[match.group(2)] += float(match.group(1))
     return dict(seconds)
+
+
+def per_test(text: str) -> dict[str, float]:
+    """Seconds per conformance test (``test_value[matmul]``): setup, call and teardown."""
+    seconds: dict[str, float] = collections.defaultdict(float)
+    for line in text.splitlines():
+        match = _TEST.match(line.strip())
+        if match:
+            seconds[match.group(2)] += float(match.group(1))
+    return dict(seconds)
+
+
+def write_typical(log: pathlib.Path) -> None:
+    from pytest_pallas.plugin.conformance_order import TYPICAL_SECONDS_FILE
+
+    text = log.read_text()
+    seconds = per_test(text)
+    if not seconds:
+        raise SystemExit(f"{log}: no conformance test durations; run with --durations=0")
+    table = {"about": "Seconds of each packaged conformance test in one process of the main "
+                      "job (pytest --pallas-conformance --pallas-seed=0 -p no:xdist), written "
+                      "by benchmarks/main_job_durations.py --typical: the order a run that "
+                      "has timed nothing yet hands the tests to pytest-xdist's workers.",
+             "seconds": {name: round(value, 2) for name, value in sorted(seconds.items())}}
+    TYPICAL_SECONDS_FILE.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"{len(seconds)} tests, {sum(seconds.values()):.1f} s: {TYPICAL_SECONDS_FILE}")
 
 
 def run_facts(text: str) -> dict[str, float]:
@@ -54,7 +89,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("logs", nargs="+", type=pathlib.Path,
                         help="the output of `pytest --pallas-conformance --durations=0` runs")
+    parser.add_argument("--typical", action="store_true",
+                        help="write the plugin's typical_seconds.json from one -p no:xdist run")
     args = parser.parse_args()
+    if args.typical:
+        write_typical(args.logs[0])
+        return
     texts = [log.read_text() for log in args.logs]
     ops = [per_op(text) for text in texts]
     names = sorted({op for run in ops for op in run}, key=lambda op: -ops[0].get(op, 0.0))

@@ -142,6 +142,121 @@ def test_workers_take_the_longest_tests_of_the_last_run_first():
     ]
 
 
+# --- Every worker's first chunk about as long as the others ------------------------------
+
+
+class _Node:
+    """What pytest-xdist's scheduler sees of a worker: the tests it is sent."""
+
+    def __init__(self, name):
+        self.gateway = SimpleNamespace(id=name)
+        self.shutting_down = False
+        self.sent = []
+
+    def send_runtest_some(self, indices):
+        self.sent.extend(indices)
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def _scheduler(workers, tests, most_per_send=None):
+    from xdist.scheduler import LoadScheduling
+
+    options = {"tx": [f"{workers}*popen"], "maxschedchunk": most_per_send}
+    config = SimpleNamespace(getvalue=options.get, getoption=options.get)
+    scheduler = LoadScheduling(config)
+    nodes = [_Node(f"gw{k}") for k in range(workers)]
+    for node in nodes:
+        scheduler.add_node(node)
+    for node in nodes:
+        scheduler.add_node_collection(node, [f"t{i}" for i in range(tests)])
+    scheduler.schedule()
+    return scheduler, nodes
+
+
+@pytest.mark.parametrize("tests,workers,most_per_send", [
+    (46, 16, None), (46, 8, None), (46, 4, None), (46, 2, None), (20, 16, None),
+    (300, 3, None), (300, 3, 4), (46, 2, 1)])
+def test_the_first_chunk_is_the_one_pytest_xdist_sends(tests, workers, most_per_send):
+    from pytest_pallas.plugin.conformance_order import first_chunk_size
+
+    chunk = first_chunk_size(tests, workers, most_per_send)
+    _, nodes = _scheduler(workers, tests, most_per_send)
+    # The first worker starts on tests 0 .. chunk-1, the second on the test after them.
+    assert nodes[0].sent[:chunk] == list(range(chunk))
+    assert nodes[1].sent[0] == chunk
+    assert chunk == 1 or len(nodes[0].sent) == chunk
+
+
+def _simulated_wall(order_seconds, workers):
+    """The seconds until the last of ``workers`` finishes, pytest-xdist's load scheduler
+    handing out tests of these durations in this order (a worker runs a test once it holds
+    the next one, or is told to stop, as xdist's workers do)."""
+    scheduler, nodes = _scheduler(workers, len(order_seconds))
+    clock, running, done = 0.0, {}, 0
+    while done < len(order_seconds):
+        for node in nodes:
+            queue = scheduler.node2pending[node]
+            if node not in running and queue and (len(queue) > 1 or node.shutting_down):
+                running[node] = (clock + order_seconds[queue[0]], queue[0])
+        node = min(running, key=lambda each: running[each][0])
+        clock, index = running.pop(node)
+        scheduler.mark_test_complete(node, index, order_seconds[index])
+        done += 1
+    return clock
+
+
+def _main_job_items():
+    from pytest_pallas.plugin.conformance_order import typical_seconds
+
+    return [SimpleNamespace(nodeid=f"conformance/x.py::{name}", name=name,
+                            originalname=name.partition("[")[0])
+            for name in sorted(typical_seconds())]
+
+
+@pytest.mark.parametrize("workers", [4, 8, 16])
+def test_the_main_job_on_many_workers_ends_near_its_longest_test(workers):
+    """Longest first, xdist's first chunk of two would hand one worker the two longest
+    tests; dealt out, the simulated run ends within 20% of the best any order could do
+    (its longest test, or its seconds shared evenly, whichever is more)."""
+    from pytest_pallas.plugin.conformance_order import (
+        balanced_first_chunks,
+        first_chunk_size,
+        longest_first,
+        typical_seconds,
+    )
+
+    typical = typical_seconds()
+    items = _main_job_items()
+    assert len(items) == 46
+    ordered = longest_first(items, {}, lambda item: True, typical)
+    dealt = balanced_first_chunks(ordered, lambda item: typical[item.name], workers,
+                                  first_chunk_size(len(items), workers, None))
+    assert sorted(item.name for item in dealt) == sorted(item.name for item in ordered)
+    best = max(max(typical.values()), sum(typical.values()) / workers)
+    longest_first_wall = _simulated_wall([typical[i.name] for i in ordered], workers)
+    dealt_wall = _simulated_wall([typical[i.name] for i in dealt], workers)
+    assert dealt_wall <= 1.2 * best, (dealt_wall, best)
+    if workers == 16:
+        assert longest_first_wall > 1.5 * best  # what the dealing mends
+
+
+def test_every_packaged_conformance_test_has_a_typical_time():
+    """A new op or property without one would be ordered as never timed in a fresh clone:
+    rerun benchmarks/main_job_durations.py --typical (its docstring says how)."""
+    from pytest_pallas.ops.builtins import BUILT_IN
+    from pytest_pallas.plugin.conformance_order import typical_seconds
+
+    names = set(typical_seconds())
+    properties = {name.partition("[")[0] for name in names}
+    assert properties == {"test_value", "test_written_and_deterministic", "test_vmap"}
+    expected = {f"{test}[{op.name}]" for op in BUILT_IN
+                for test in ("test_value", "test_written_and_deterministic")}
+    expected |= {f"test_vmap[{op.name}]" for op in BUILT_IN if op.vmap}
+    assert names == expected
+
+
 def test_a_run_on_workers_keeps_each_conformance_tests_time_for_the_next(pytester):
     pytester.makeini("[pytest]\n")
     result = pytester.runpytest_subprocess(*SUITE, "-n", "2", "--junitxml=junit.xml",

@@ -253,9 +253,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     pallas = _session(config)
     _deselect_conformance_ops(pallas, config, items)
     if not run_records.is_controller(config) and any(is_conformance_item(item) for item in items):
-        from .conformance_order import longest_first, stored
+        from .conformance_order import order_for_workers
 
-        items[:] = longest_first(items, stored(config), is_conformance_item)
+        items[:] = order_for_workers(config, items, is_conformance_item)
     ours = [item for item in items if pallas.uses_pallas(item)]
     if not ours:
         return
