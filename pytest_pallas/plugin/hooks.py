@@ -327,105 +327,14 @@ def pytest_runtest_call(item: pytest.Item):
     pallas = _session(item.config)
     if not pallas.uses_pallas(item):
         return (yield)
-    from .timeout import KernelTimeout, Watchdog
-
-    seconds = 0.0 if pallas.guard.item_backend(item).is_compiled else pallas.options.timeout_seconds
-    with Watchdog(seconds, lambda: _running_kernels_text(item),
-                  kernel_ages=lambda: _kernel_ages(pallas, item)) as watchdog:
+    with pallas.guard.watchdog(item) as watchdog:
         try:
             result = yield
         except BaseException as error:
             restate_hypothesis_notes(item, error)
-            if watchdog.fired and not isinstance(error, KernelTimeout):
-                raise KernelTimeout(watchdog.message) from error
-            _raise_as_tpu_rule(error)
-            exit_failure = (
-                pallas.guard.kernel_exit_failure(item) if isinstance(error, Exception) else None
-            )
-            if exit_failure is not None:
-                raise exit_failure from error  # the race behind the wrong values, say
-            gpu_limit = (pallas.guard.gpu_interpreter_limit(item, error)
-                         if isinstance(error, Exception) else None)
-            if gpu_limit is not None:
-                # A GPU kernel never falls back to the TPU interpreter.
-                pytest.skip(gpu_limit)
-            fallback = (pallas.guard.interpreter_fallback(item, error)
-                        if isinstance(error, Exception) else None)
-            if fallback is None:
-                raise
-            return _run_in_other_interpreter(item, *fallback)
-    if watchdog.fired:
-        raise KernelTimeout(watchdog.message)
-    pallas.guard.check_kernel_exits(item)
+            return pallas.guard.after_failure(item, error, watchdog)  # raises, skips or reruns
+    pallas.guard.after_success(item, watchdog)
     return result
-
-
-def _run_in_other_interpreter(item: pytest.Item, params: Any, paragraph: str) -> None:
-    """Run the test again with ``params`` after JAX's interpreter crashed inside JAX."""
-    __tracebackhide__ = True
-    import warnings
-
-    from jax.experimental.pallas import tpu as pltpu
-
-    from .._compat.tpu_interpreter import reset_interpreter_state
-
-    reset_interpreter_state()
-    pallas = _session(item.config)
-    try:
-        with pltpu.force_tpu_interpret_mode(params):
-            item.runtest()
-    except Exception as second:
-        reason = pallas.guard.cannot_interpret(paragraph, second)
-        if reason is not None:
-            pytest.skip(reason)
-        second.add_note(paragraph)
-        raise
-    warnings.warn(PallasInterpreterFallback(paragraph), stacklevel=1)
-
-
-class PallasInterpreterFallback(UserWarning):
-    """A test ran in the other interpreter because JAX's first choice crashed inside JAX."""
-
-
-def _kernel_ages(pallas: Any, item: pytest.Item) -> dict[str, float] | None:
-    """The TPU-interpreted kernels' ages; None (time the whole test) once a GPU kernel ran,
-    whose interpreter does not say when it started."""
-    from .._compat.tpu_interpreter import running_interpreted_kernel_ages
-
-    ages = running_interpreted_kernel_ages()
-    if not ages and any(k.interpreter == "gpu" for k in pallas.guard.gpu_kernels_run(item)):
-        return None
-    return ages
-
-
-def _running_kernels_text(item: pytest.Item) -> str:
-    from .._compat.tpu_interpreter import running_interpreted_kernels
-
-    kernels = running_interpreted_kernels()  # already short ('body at kernels.py:12')
-    if not kernels:
-        # A GPU-interpreted kernel: the last one this test built is the one still running.
-        gpu = [k.name for k in _session(item.config).guard.gpu_kernels_run(item)
-               if k.interpreter == "gpu"]
-        if gpu:
-            return f"Mosaic GPU kernel '{gpu[-1]}' (in {item.nodeid})"
-        return f"a kernel in {item.nodeid}"
-    names = ", ".join(f"'{kernel}'" for kernel in kernels)
-    return f"kernel {names} (in {item.nodeid})"
-
-
-def _raise_as_tpu_rule(error: BaseException) -> None:
-    """Re-raise an interpreter error that is a TPU rule (revisited block, ...) as one."""
-    __tracebackhide__ = True
-    if not isinstance(error, Exception):
-        return
-    from ..checks.runtime_rules import translate_interpreter_error
-    from ..checks.violations import TpuRuleViolation
-
-    if isinstance(error, TpuRuleViolation):
-        return
-    violation = translate_interpreter_error(error)
-    if violation is not None:
-        raise violation from error
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

@@ -2,7 +2,9 @@
 kernels' verdicts read when it ends.
 
 ``PallasSession`` holds the run's state; a ``KernelGuard`` (``session.guard``) does, per
-test: enter the backend and the per-kernel checks (``activate``), turn what the kernels
+test: enter the backend and the per-kernel checks (``activate``), watch its call for a
+hung kernel (``watchdog``), read what its exception means (``after_failure``: a TPU rule,
+a race, a GPU interpreter's limit, JAX's interpreter crashing), turn what the kernels
 left behind into a failure (a race, a semaphore off 0, a DMA pending: ``kernel_exit_failure``),
 decide when an interpreter's own crash means another interpreter or a skip
 (``interpreter_fallback``, ``gpu_interpreter_limit``), and explain a NaN read from memory
@@ -299,6 +301,113 @@ class KernelGuard:
         return describe_uninitialized_read(None, kernels)
 
     # --- seeds and reproduction ---------------------------------------------------
+
+
+    # --- the call: a watchdog around it, and what its exception means -------------------
+
+    def watchdog(self, item: pytest.Item):
+        """The ``--pallas-timeout`` watchdog for ``item``'s call (none when compiled)."""
+        from .timeout import Watchdog
+
+        compiled = self.item_backend(item).is_compiled
+        seconds = 0.0 if compiled else self.session.options.timeout_seconds
+        return Watchdog(seconds, lambda: self._running_kernels_text(item),
+                        kernel_ages=lambda: self._kernel_ages(item))
+
+    def after_success(self, item: pytest.Item, watchdog: Any) -> None:
+        """A test that returned still fails on a hang the watchdog broke or what its kernels
+        left behind (a race, a semaphore off 0, a DMA pending)."""
+        __tracebackhide__ = True
+        from .timeout import KernelTimeout
+
+        if watchdog.fired:
+            raise KernelTimeout(watchdog.message)
+        self.check_kernel_exits(item)
+
+    def after_failure(self, item: pytest.Item, error: BaseException, watchdog: Any) -> None:
+        """What the test's ``error`` means: a hang, a TPU rule, the race behind wrong values,
+        a limit of JAX's GPU interpreter (a skip), or a crash inside JAX's interpreter (the
+        test again in the other one); else ``error`` itself. Raises, or returns after the
+        rerun passed."""
+        __tracebackhide__ = True
+        from .timeout import KernelTimeout
+
+        if watchdog.fired and not isinstance(error, KernelTimeout):
+            raise KernelTimeout(watchdog.message) from error
+        if not isinstance(error, Exception):
+            raise error
+        _raise_as_tpu_rule(error)
+        exit_failure = self.kernel_exit_failure(item)
+        if exit_failure is not None:
+            raise exit_failure from error  # the race behind the wrong values, say
+        gpu_limit = self.gpu_interpreter_limit(item, error)
+        if gpu_limit is not None:
+            pytest.skip(gpu_limit)  # a GPU kernel never falls back to the TPU interpreter
+        fallback = self.interpreter_fallback(item, error)
+        if fallback is None:
+            raise error
+        self._run_in_other_interpreter(item, *fallback)
+
+    def _run_in_other_interpreter(self, item: pytest.Item, params: Any, paragraph: str) -> None:
+        """Run the test again with ``params`` after JAX's interpreter crashed inside JAX."""
+        __tracebackhide__ = True
+        import warnings
+
+        from jax.experimental.pallas import tpu as pltpu
+
+        from .._compat.tpu_interpreter import reset_interpreter_state
+
+        reset_interpreter_state()
+        try:
+            with pltpu.force_tpu_interpret_mode(params):
+                item.runtest()
+        except Exception as second:
+            reason = self.cannot_interpret(paragraph, second)
+            if reason is not None:
+                pytest.skip(reason)
+            second.add_note(paragraph)
+            raise
+        warnings.warn(PallasInterpreterFallback(paragraph), stacklevel=1)
+
+    def _kernel_ages(self, item: pytest.Item) -> dict[str, float] | None:
+        """The TPU-interpreted kernels' ages; None (time the whole test) once a GPU kernel
+        ran, whose interpreter does not say when it started."""
+        from .._compat.tpu_interpreter import running_interpreted_kernel_ages
+
+        ages = running_interpreted_kernel_ages()
+        if not ages and any(k.interpreter == "gpu" for k in self.gpu_kernels_run(item)):
+            return None
+        return ages
+
+    def _running_kernels_text(self, item: pytest.Item) -> str:
+        from .._compat.tpu_interpreter import running_interpreted_kernels
+
+        kernels = running_interpreted_kernels()  # already short ('body at kernels.py:12')
+        if not kernels:
+            # A GPU-interpreted kernel: the last one this test built is the one still running.
+            gpu = [k.name for k in self.gpu_kernels_run(item) if k.interpreter == "gpu"]
+            if gpu:
+                return f"Mosaic GPU kernel '{gpu[-1]}' (in {item.nodeid})"
+            return f"a kernel in {item.nodeid}"
+        names = ", ".join(f"'{kernel}'" for kernel in kernels)
+        return f"kernel {names} (in {item.nodeid})"
+
+
+class PallasInterpreterFallback(UserWarning):
+    """A test ran in the other interpreter because JAX's first choice crashed inside JAX."""
+
+
+def _raise_as_tpu_rule(error: BaseException) -> None:
+    """Re-raise an interpreter error that is a TPU rule (revisited block, ...) as one."""
+    __tracebackhide__ = True
+    from ..checks.runtime_rules import translate_interpreter_error
+    from ..checks.violations import TpuRuleViolation
+
+    if isinstance(error, TpuRuleViolation):
+        return
+    violation = translate_interpreter_error(error)
+    if violation is not None:
+        raise violation from error
 
 
 def _list_or_empty(recorded: list | None) -> list:
