@@ -326,29 +326,47 @@ def tokamax_tiles(sizes: np.ndarray, offset: int, cfgs: Any) -> int:
     return tiles
 
 
-def tokamax_gmm_call(row: dict[str, str], *, known_trips: bool = False
-                     ) -> tuple[Any, tuple[Any, ...], list[int]]:
-    """The function, abstract arguments and (filled on trace) m-tile counts of a row's call.
+def tokamax_gmm_call(row: dict[str, str], *, known_trips: bool = False,
+                     one_branch: bool = False) -> tuple[Any, tuple[Any, ...], dict[str, int]]:
+    """The function, abstract arguments and (filled on trace) tiling of a row's call.
+
+    The tiling: ``tiles`` (the m tiles the test's group sizes make), ``tile_m`` and
+    ``bucket_base`` (the rows of the smallest of the switch's row buckets).
 
     Built as tokamax's op (``PallasMosaicTpuV2RaggedDot._fwd``) calls the kernel for
     the perf test's arguments. With ``known_trips`` the kernel's count of m tiles,
     which it computes from the group sizes at run time, is given as the constant
     those group sizes make (the metadata is still filled as the kernel does), so
-    the pipeline's trip count is in the compiled code.
+    the pipeline's trip count is in the compiled code. With ``one_branch`` too, the
+    tiles the kernel's heuristic picks keep one row bucket (``bucket_base = tile_m``):
+    its ``lax.switch`` over buckets of rows, chosen per tile from the group sizes,
+    then holds the full-tile branch alone.
     """
+    import dataclasses
+
     import jax.numpy as jnp
 
     gmm_backend, tgmm_backend, _ = load_tokamax_gmm_v2()
+
+    def tiling(heuristic: Any) -> Any:
+        if not one_branch:
+            return heuristic
+
+        def full_tile_branch(*args: Any, **kwargs: Any) -> Any:
+            tiles = heuristic(*args, **kwargs)
+            return dataclasses.replace(tiles, bucket_base=tiles.tile_m)
+        return full_tile_branch
     case = tokamax_case(row)
     sizes, offset = tokamax_group_sizes(case)
     m, k, n, groups = case["m"], case["k"], case["n"], case["groups"]
-    tiles: list[int] = []
+    tiles: dict[str, int] = {}
     original_fill = gmm_backend.fill_metadata
 
     def fill_metadata(group_sizes_ref, group_offset_ref, metadata_ref, *, cfgs):
         counted = original_fill(group_sizes_ref, group_offset_ref, metadata_ref, cfgs=cfgs)
-        tiles.append(tokamax_tiles(sizes, offset, cfgs))
-        return tiles[-1] if known_trips else counted
+        tiles.update(tiles=tokamax_tiles(sizes, offset, cfgs), tile_m=cfgs.tiles.tile_m,
+                     bucket_base=cfgs.tiles.bucket_base)
+        return tiles["tiles"] if known_trips else counted
 
     def traced_with(fill: Any, call: Any) -> Any:
         gmm_backend.fill_metadata = fill
@@ -362,14 +380,16 @@ def tokamax_gmm_call(row: dict[str, str], *, known_trips: bool = False
         if case["grad"] is None:
             def call(lhs, grad, group_sizes):
                 return traced_with(fill_metadata, lambda: tgmm_backend.tgmm_v2(
-                    lhs, grad, group_sizes, groups, preferred_element_type=jnp.bfloat16))
+                    lhs, grad, group_sizes, groups, preferred_element_type=jnp.bfloat16,
+                    tile_info=tiling(tgmm_backend.calculate_tgmm_tiling)))
             return call, (lhs, jax_struct((m, n), jnp.bfloat16),
                           jax_struct(sizes.shape, jnp.int32)), tiles
 
         def call(lhs, grad_q, grad_scale, group_sizes):
             return traced_with(fill_metadata, lambda: tgmm_backend.tgmm_v2(
                 lhs, grad_q, group_sizes, groups, rhs_scale=grad_scale.reshape(1, 1, -1),
-                preferred_element_type=jnp.bfloat16))
+                preferred_element_type=jnp.bfloat16,
+                tile_info=tiling(tgmm_backend.calculate_tgmm_tiling)))
         return call, (lhs, jax_struct((m, n), jnp.dtype(case["grad"])),
                       jax_struct((1, 1, n), jnp.float32),
                       jax_struct(sizes.shape, jnp.int32)), tiles
@@ -384,6 +404,7 @@ def tokamax_gmm_call(row: dict[str, str], *, known_trips: bool = False
         return traced_with(fill_metadata, lambda: gmm_backend.gmm_v2(
             lhs, rhs_q, group_sizes, rhs_scale, None,
             group_offset if case["routing"] == "ullm" else None, lhs_scale,
+            tile_info=tiling(gmm_backend.calculate_tiling),
             preferred_element_type=jnp.bfloat16, maybe_quantize_lhs=True,
             zero_initialize=False, fuse_act=case["fuse_act"],
             lhs_quant_dtype=jnp.dtype(jnp.float8_e4m3fn), rhs_quant_dtype=weight))
@@ -469,34 +490,40 @@ def tokamax_limits(notes: tuple[str, ...]) -> str:
 
 
 def tokamax_rows(rows: list[dict[str, str]]) -> None:
-    """The TPU7x rows of tokamax's gmm_v2 perf test: estimated as is and at the test's m tiles."""
+    """The TPU7x rows of tokamax's gmm_v2 perf test, estimated three ways (see the legend)."""
     from pytest_pallas import estimate
     from pytest_pallas.backend import chip_timing
 
-    print("\nTPU7x rows: tokamax's gmm_v2 perf test, each call built as the test builds it. "
-          "'estimate': estimate() of the call as written (loops whose trip count the kernel "
-          "reads from the group sizes counted once). 'at m tiles': the kernel given the count "
-          "of m tiles that the test's group sizes make, as a constant. 'copies': that "
-          "estimate's copies alone (bytes over HBM bandwidth, a DMA latency per m tile).")
-    header = (f"{'case':<42} {'published ms':>12} {'estimate ms':>11} {'ratio':>7} "
-              f"{'at m tiles':>10} {'ratio':>5} {'copies':>6} {'ratio':>5} {'tiles':>5} "
-              f"{'bound':<7}  limits")
+    print("\nTPU7x rows: tokamax's gmm_v2 perf test, each call built as the test builds it.\n"
+          "  estimate: estimate() of the call as written; the loops whose trip count the "
+          "kernel reads from the group sizes are counted once.\n"
+          "  at m tiles: the kernel given, as a constant, the count of m tiles the test's "
+          "group sizes make; every row-bucket branch of its lax.switch counted each tile.\n"
+          "  one branch: as 'at m tiles', with one row bucket (the full tile) in the switch.\n"
+          "  copies: 'at m tiles' copies alone (bytes over HBM bandwidth, a DMA latency "
+          "per m tile).")
+    header = (f"{'case':<42} {'published ms':>12} {'estimate':>8} {'ratio':>7} "
+              f"{'m tiles':>7} {'ratio':>5} {'1 branch':>8} {'ratio':>5} {'copies':>6} "
+              f"{'ratio':>5} {'tiles':>5} {'buckets':>7}  limits")
     print(header)
     print("-" * len(header))
     for row in rows:
         measured = float(row["published_seconds"])
         timing = chip_timing(row["chip"])
         fn, args, _ = tokamax_gmm_call(row)
-        as_is = estimate(fn, *args, chip=row["chip"])
+        as_is = estimate(fn, *args, chip=row["chip"]).seconds
         fn, args, tiles = tokamax_gmm_call(row, known_trips=True)
-        known = estimate(fn, *args, chip=row["chip"])
-        [kernel] = known.kernels
+        [kernel] = estimate(fn, *args, chip=row["chip"]).kernels
+        fn, args, _ = tokamax_gmm_call(row, known_trips=True, one_branch=True)
+        one = estimate(fn, *args, chip=row["chip"]).seconds
         copies = (kernel.dma_bytes_per_step / timing.hbm_bytes_per_second
-                  + tiles[-1] * timing.dma_latency_seconds)
-        print(f"{row['variant']:<42} {measured * 1e3:>12.4f} {as_is.seconds * 1e3:>11.4f} "
-              f"{measured / as_is.seconds:>7.1f} {known.seconds * 1e3:>10.4f} "
-              f"{measured / known.seconds:>5.2f} {copies * 1e3:>6.4f} {measured / copies:>5.2f} "
-              f"{tiles[-1]:>5} {kernel.bound or '-':<7}  {tokamax_limits(kernel.notes)}")
+                  + tiles["tiles"] * timing.dma_latency_seconds)
+        buckets = f"{tiles['tile_m'] // tiles['bucket_base']}x{tiles['bucket_base']}"
+        print(f"{row['variant']:<42} {measured * 1e3:>12.4f} {as_is * 1e3:>8.4f} "
+              f"{measured / as_is:>7.1f} {kernel.seconds * 1e3:>7.4f} "
+              f"{measured / kernel.seconds:>5.2f} {one * 1e3:>8.4f} {measured / one:>5.2f} "
+              f"{copies * 1e3:>6.4f} {measured / copies:>5.2f} {tiles['tiles']:>5} {buckets:>7}  "
+              f"{tokamax_limits(kernel.notes)}")
 
 
 def main() -> None:
@@ -534,9 +561,12 @@ def main() -> None:
               f"{measured * 1e3:>12.3f} {seconds * 1e3:>11.3f} {ratio:>6.2f}  {note}")
     if skipped:
         print(f"\nnot estimated here ({len(skipped)} rows):")
-        for row, reason in skipped:
-            print(f"  {row['kernel']} {row['variant']} on {row['chip']}, {row['size']}: "
-                  f"published {float(row['published_seconds']) * 1e3:.4f} ms; {reason}")
+        for reason in dict.fromkeys(reason for _, reason in skipped):
+            print(f"  {reason}:")
+            for row, why in skipped:
+                if why == reason:
+                    print(f"    {row['kernel']} {row['variant']} on {row['chip']}: "
+                          f"published {float(row['published_seconds']) * 1e3:.4f} ms")
     print("\nThe plain rows written with emit_pipeline (in a pallas_call over HBM refs) and with "
           "pl.kernel on a TensorCore mesh, at the same blocks:")
     header = (f"{'formulation':<14} {'size':>5} {'blocks':<14} {'published ms':>12} "
