@@ -11,6 +11,12 @@ dispatch. The same notebook's XLA matmul of 1024^3 (about 11 us of MXU work at
 peak) took 119 us: that is the dispatch floor, and a row whose published time is
 under three floors is marked "dispatch" and left out of the 1.3x target.
 
+The TPU7x rows time tokamax's gmm_v2 (its perf test, tokamax 0.0.17): where tokamax
+loads (Python >= 3.12, jax >= 0.11.1) each call is built as the test builds it and
+estimated as written, with its data-dependent count of m tiles given, and with one
+row bucket too (docs/estimate.md, "The TPU7x rows"); elsewhere they are listed as not
+estimated, with the reason. ``--tokamax-only`` prints those rows alone.
+
     python benchmarks/estimate_calibration.py [--tokamax-only]
 """
 
