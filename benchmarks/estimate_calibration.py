@@ -11,7 +11,13 @@ dispatch. The same notebook's XLA matmul of 1024^3 (about 11 us of MXU work at
 peak) took 119 us: that is the dispatch floor, and a row whose published time is
 under three floors is marked "dispatch" and left out of the 1.3x target.
 
-    python benchmarks/estimate_calibration.py
+The TPU7x rows time tokamax's gmm_v2 (its perf test, tokamax 0.0.17): where tokamax
+loads (Python >= 3.12, jax >= 0.11.1) each call is built as the test builds it and
+estimated as written, with its data-dependent count of m tiles given, and with one
+row bucket too (docs/estimate.md, "The TPU7x rows"); elsewhere they are listed as not
+estimated, with the reason. ``--tokamax-only`` prints those rows alone.
+
+    python benchmarks/estimate_calibration.py [--tokamax-only]
 """
 
 from __future__ import annotations
@@ -248,6 +254,171 @@ def sparse_row(row: dict[str, str]) -> tuple[Any, tuple[Any, ...]]:
                                 jax_struct((2, blk, int(row["bn"])), jnp.int32))
 
 
+# --- tokamax's gmm_v2 perf-test rows (TPU7x) ------------------------------------------------
+
+# The calls of tokamax's gmm_v2_perf_test.py (tokamax 0.0.17, tokamax/_src/ops/gmm_v2/), by
+# test case: sizes, weight dtype and quantisation block along k, fused activation, expert
+# routing. "maxtext" rows draw their group sizes with gmm_util.get_group_sizes (uniform,
+# key 0); "ullm" rows route m evenly over 512 experts and run experts 256-319 of them.
+TOKAMAX_GMM_CASES: dict[str, dict[str, Any]] = {
+    "test_gmm_perf_regression_maxtext": dict(
+        op="gmm", m=262144, k=7168, n=1024, groups=256, weight="float8_e4m3fn", block=256,
+        fuse_act=None, routing="maxtext"),
+    "test_tgmm_perf_regression_maxtext": dict(
+        op="tgmm", m=262144, k=7168, n=1024, groups=256, lhs="float8_e4m3fn",
+        grad="float8_e5m2", routing="maxtext"),
+    # The same test at openxla/tokamax 1cac2df: bfloat16 lhs and gradient, unquantised.
+    "test_tgmm_perf_regression_maxtext@1cac2df": dict(
+        op="tgmm", m=262144, k=7168, n=1024, groups=256, lhs="bfloat16", grad=None,
+        routing="maxtext"),
+    **{f"ullm_{w}_{phase}_{proj}": dict(
+        op="gmm", m=81920 if phase == "prefill" else 1280,
+        k=4096 if proj == "gate_up" else 1024, n=2048 if proj == "gate_up" else 4096,
+        groups=64, weight="float8_e4m3fn" if w == "fp8" else "float4_e2m1fn",
+        block=(4096 if proj == "gate_up" else 1024) if w == "fp8" else 64,
+        fuse_act="silu" if proj == "gate_up" else None, routing="ullm")
+       for w in ("fp8", "fp4") for phase in ("prefill", "decode")
+       for proj in ("gate_up", "down")},
+}
+
+
+def tokamax_case(row: dict[str, str]) -> dict[str, Any]:
+    """The perf test's configuration a ``tokamax_gmm_v2`` row was published for."""
+    return TOKAMAX_GMM_CASES[row["variant"]]
+
+
+def load_tokamax_gmm_v2() -> tuple[Any, Any, Any]:
+    """tokamax's gmm_v2, tgmm_v2 and its test util, loaded without tokamax's ``__init__``.
+
+    Raises ``ModuleNotFoundError`` / ``SyntaxError`` / ``ImportError`` where this
+    environment cannot load them (tokamax missing, Python < 3.12).
+    """
+    import importlib.util
+
+    # By path: an installed package may own the top-level name "tests".
+    spec = importlib.util.spec_from_file_location(
+        "_kernel_modules", ROOT / "tests" / "real_kernels" / "kernel_modules.py")
+    kernel_modules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_modules)
+    load_kernel_module = kernel_modules.load_kernel_module
+
+    def load(name: str) -> Any:
+        return load_kernel_module(f"tokamax._src.ops.gmm_v2.{name}",
+                                  skip_init=("tokamax", "tokamax._src"))
+    return load("gmm_v2"), load("tgmm_v2"), load("util")
+
+
+def tokamax_group_sizes(case: dict[str, Any]) -> tuple[np.ndarray, int]:
+    """The group sizes and group offset the perf test passes, as the test draws them."""
+    if case["routing"] == "maxtext":
+        _, _, gmm_util = load_tokamax_gmm_v2()
+        return np.asarray(gmm_util.get_group_sizes(case["m"], case["groups"])), 0
+    return np.full((512,), case["m"] // 512, np.int32), 256
+
+
+def tokamax_tiles(sizes: np.ndarray, offset: int, cfgs: Any) -> int:
+    """The gm tiles gmm_v2's ``fill_metadata`` counts for these group sizes (its loop, on the host).
+
+    That count is the trip count of the kernel's ``emit_pipeline`` over m tiles; the
+    kernel reads it from the group sizes at run time.
+    """
+    sublane, tile_m = cfgs.dims.size_lhs_sublane, cfgs.tiles.tile_m
+    tiles = start = 0
+    for group in range(offset + cfgs.dims.size_group):
+        size = int(sizes[group])
+        if size > 0 and group >= offset:
+            tiles += -(-(size + start % sublane) // tile_m)
+        start += size
+    return tiles
+
+
+def tokamax_gmm_call(row: dict[str, str], *, known_trips: bool = False,
+                     one_branch: bool = False) -> tuple[Any, tuple[Any, ...], dict[str, int]]:
+    """The function, abstract arguments and (filled on trace) tiling of a row's call.
+
+    The tiling: ``tiles`` (the m tiles the test's group sizes make), ``tile_m`` and
+    ``bucket_base`` (the rows of the smallest of the switch's row buckets).
+
+    Built as tokamax's op (``PallasMosaicTpuV2RaggedDot._fwd``) calls the kernel for
+    the perf test's arguments. With ``known_trips`` the kernel's count of m tiles,
+    which it computes from the group sizes at run time, is given as the constant
+    those group sizes make (the metadata is still filled as the kernel does), so
+    the pipeline's trip count is in the compiled code. With ``one_branch`` too, the
+    tiles the kernel's heuristic picks keep one row bucket (``bucket_base = tile_m``):
+    its ``lax.switch`` over buckets of rows, chosen per tile from the group sizes,
+    then holds the full-tile branch alone.
+    """
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    gmm_backend, tgmm_backend, _ = load_tokamax_gmm_v2()
+
+    def tiling(heuristic: Any) -> Any:
+        if not one_branch:
+            return heuristic
+
+        def full_tile_branch(*args: Any, **kwargs: Any) -> Any:
+            tiles = heuristic(*args, **kwargs)
+            return dataclasses.replace(tiles, bucket_base=tiles.tile_m)
+        return full_tile_branch
+    case = tokamax_case(row)
+    sizes, offset = tokamax_group_sizes(case)
+    m, k, n, groups = case["m"], case["k"], case["n"], case["groups"]
+    tiles: dict[str, int] = {}
+    original_fill = gmm_backend.fill_metadata
+
+    def fill_metadata(group_sizes_ref, group_offset_ref, metadata_ref, *, cfgs):
+        counted = original_fill(group_sizes_ref, group_offset_ref, metadata_ref, cfgs=cfgs)
+        tiles.update(tiles=tokamax_tiles(sizes, offset, cfgs), tile_m=cfgs.tiles.tile_m,
+                     bucket_base=cfgs.tiles.bucket_base)
+        return tiles["tiles"] if known_trips else counted
+
+    def traced_with(fill: Any, call: Any) -> Any:
+        gmm_backend.fill_metadata = fill
+        try:
+            return call()
+        finally:
+            gmm_backend.fill_metadata = original_fill
+
+    if case["op"] == "tgmm":
+        lhs = jax_struct((m, k), jnp.dtype(case["lhs"]))
+        if case["grad"] is None:
+            def call(lhs, grad, group_sizes):
+                return traced_with(fill_metadata, lambda: tgmm_backend.tgmm_v2(
+                    lhs, grad, group_sizes, groups, preferred_element_type=jnp.bfloat16,
+                    tile_info=tiling(tgmm_backend.calculate_tgmm_tiling)))
+            return call, (lhs, jax_struct((m, n), jnp.bfloat16),
+                          jax_struct(sizes.shape, jnp.int32)), tiles
+
+        def call(lhs, grad_q, grad_scale, group_sizes):
+            return traced_with(fill_metadata, lambda: tgmm_backend.tgmm_v2(
+                lhs, grad_q, group_sizes, groups, rhs_scale=grad_scale.reshape(1, 1, -1),
+                preferred_element_type=jnp.bfloat16,
+                tile_info=tiling(tgmm_backend.calculate_tgmm_tiling)))
+        return call, (lhs, jax_struct((m, n), jnp.dtype(case["grad"])),
+                      jax_struct((1, 1, n), jnp.float32),
+                      jax_struct(sizes.shape, jnp.int32)), tiles
+
+    weight = jnp.dtype(case["weight"])
+
+    def call(lhs, rhs_q, rhs_scale, group_sizes, group_offset):
+        # AsQArray(lhs, float8_e4m3fn): quantised inside the kernel; the maxtext row's
+        # calibration "fixed,-224,224" is a per-tensor scale of 224 / 448.
+        lhs_scale = (jnp.full((1, 1), 224.0 / float(jnp.finfo(jnp.float8_e4m3fn).max),
+                              jnp.float32) if case["routing"] == "maxtext" else None)
+        return traced_with(fill_metadata, lambda: gmm_backend.gmm_v2(
+            lhs, rhs_q, group_sizes, rhs_scale, None,
+            group_offset if case["routing"] == "ullm" else None, lhs_scale,
+            tile_info=tiling(gmm_backend.calculate_tiling),
+            preferred_element_type=jnp.bfloat16, maybe_quantize_lhs=True,
+            zero_initialize=False, fuse_act=case["fuse_act"],
+            lhs_quant_dtype=jnp.dtype(jnp.float8_e4m3fn), rhs_quant_dtype=weight))
+    return call, (jax_struct((m, k), jnp.bfloat16), jax_struct((groups, k, n), weight),
+                  jax_struct((groups, k // case["block"], 1, n), jnp.float32),
+                  jax_struct(sizes.shape, jnp.int32), jax_struct((1,), jnp.int32)), tiles
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     """Spearman's rank correlation (average ranks for ties)."""
     def ranks(values: list[float]) -> np.ndarray:
@@ -299,16 +470,74 @@ def cannot_estimate(row: dict[str, str]) -> str | None:
     import jax
 
     # The published rows time tokamax's own kernel; the project keeps no copy of it.
-    if importlib.util.find_spec("tokamax") is None:
+    if "tokamax" not in sys.modules and importlib.util.find_spec("tokamax") is None:
         return ("tokamax's gmm_v2 is not installed; the releases that ship it (0.0.13 on) "
                 f"need Python >= 3.12 and jax >= 0.11.1 (here: Python "
                 f"{sys.version_info.major}.{sys.version_info.minor}, jax {jax.__version__})")
-    return ("estimating tokamax's gmm_v2 through its public entry point is not written yet: "
-            "the estimate of these rows is missing")
+    try:
+        load_tokamax_gmm_v2()
+    except (ImportError, SyntaxError) as error:
+        return f"tokamax's gmm_v2 does not load here: {str(error).splitlines()[0]}"
+    return None
+
+
+def tokamax_limits(notes: tuple[str, ...]) -> str:
+    """What limits a tokamax row's estimate, from its kernel's notes, in a few words."""
+    said = []
+    for note in notes:
+        count = note.split(" ", 1)[0]
+        if "trip count is read from data" in note:
+            said.append(f"{count} data-trip loop(s) once")
+        elif "inside loops" in note:
+            said.append(f"{count} data pl.when(s) every step")
+        elif "upper bound" in note:
+            said.append("copies every step")
+    return "; ".join(said)
+
+
+def tokamax_rows(rows: list[dict[str, str]]) -> None:
+    """The TPU7x rows of tokamax's gmm_v2 perf test, estimated three ways (see the legend)."""
+    from pytest_pallas import estimate
+    from pytest_pallas.backend import chip_timing
+
+    print("\nTPU7x rows: tokamax's gmm_v2 perf test, each call built as the test builds it.\n"
+          "  estimate: estimate() of the call as written; the loops whose trip count the "
+          "kernel reads from the group sizes are counted once.\n"
+          "  at m tiles: the kernel given, as a constant, the count of m tiles the test's "
+          "group sizes make; every row-bucket branch of its lax.switch counted each tile.\n"
+          "  one branch: as 'at m tiles', with one row bucket (the full tile) in the switch.\n"
+          "  copies: 'at m tiles' copies alone (bytes over HBM bandwidth, a DMA latency "
+          "per m tile).")
+    header = (f"{'case':<42} {'published ms':>12} {'estimate':>8} {'ratio':>7} "
+              f"{'m tiles':>7} {'ratio':>5} {'1 branch':>8} {'ratio':>5} {'copies':>6} "
+              f"{'ratio':>5} {'tiles':>5} {'buckets':>7}  limits")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        measured = float(row["published_seconds"])
+        timing = chip_timing(row["chip"])
+        fn, args, _ = tokamax_gmm_call(row)
+        as_is = estimate(fn, *args, chip=row["chip"]).seconds
+        fn, args, tiles = tokamax_gmm_call(row, known_trips=True)
+        [kernel] = estimate(fn, *args, chip=row["chip"]).kernels
+        fn, args, _ = tokamax_gmm_call(row, known_trips=True, one_branch=True)
+        one = estimate(fn, *args, chip=row["chip"]).seconds
+        copies = (kernel.dma_bytes_per_step / timing.hbm_bytes_per_second
+                  + tiles["tiles"] * timing.dma_latency_seconds)
+        buckets = f"{tiles['tile_m'] // tiles['bucket_base']}x{tiles['bucket_base']}"
+        print(f"{row['variant']:<42} {measured * 1e3:>12.4f} {as_is * 1e3:>8.4f} "
+              f"{measured / as_is:>7.1f} {kernel.seconds * 1e3:>7.4f} "
+              f"{measured / kernel.seconds:>5.2f} {one * 1e3:>8.4f} {measured / one:>5.2f} "
+              f"{copies * 1e3:>6.4f} {measured / copies:>5.2f} {tiles['tiles']:>5} {buckets:>7}  "
+              f"{tokamax_limits(kernel.notes)}")
 
 
 def main() -> None:
     rows = list(csv.DictReader(DATA.open()))
+    if "--tokamax-only" in sys.argv[1:]:  # the TPU7x rows alone (where tokamax loads)
+        tokamax_rows([r for r in rows if r["kernel"].startswith("tokamax_")
+                      and cannot_estimate(r) is None])
+        return
     floor = min(float(r["published_seconds"]) for r in rows if r["kernel"] == "jnp.matmul")
     print(f"dispatch floor (XLA 1024^3 matmul, same notebook): {floor * 1e3:.3f} ms")
     header = (f"{'kernel':<18} {'variant':<13} {'size':>5} {'blocks':<14} {'published ms':>12} "
@@ -317,7 +546,8 @@ def main() -> None:
     print("-" * len(header))
     published, estimated, ratios, skipped = [], [], [], []
     for row in rows:
-        if row["kernel"] == "jnp.matmul":
+        if row["kernel"] == "jnp.matmul" or (row["kernel"].startswith("tokamax_")
+                                             and cannot_estimate(row) is None):
             continue
         reason = cannot_estimate(row)
         if reason is not None:
@@ -337,9 +567,12 @@ def main() -> None:
               f"{measured * 1e3:>12.3f} {seconds * 1e3:>11.3f} {ratio:>6.2f}  {note}")
     if skipped:
         print(f"\nnot estimated here ({len(skipped)} rows):")
-        for row, reason in skipped:
-            print(f"  {row['kernel']} {row['variant']} on {row['chip']}, {row['size']}: "
-                  f"published {float(row['published_seconds']) * 1e3:.4f} ms; {reason}")
+        for reason in dict.fromkeys(reason for _, reason in skipped):
+            print(f"  {reason}:")
+            for row, why in skipped:
+                if why == reason:
+                    print(f"    {row['kernel']} {row['variant']} on {row['chip']}: "
+                          f"published {float(row['published_seconds']) * 1e3:.4f} ms")
     print("\nThe plain rows written with emit_pipeline (in a pallas_call over HBM refs) and with "
           "pl.kernel on a TensorCore mesh, at the same blocks:")
     header = (f"{'formulation':<14} {'size':>5} {'blocks':<14} {'published ms':>12} "
@@ -359,6 +592,9 @@ def main() -> None:
             blocks = f"{row['bm']}/{row['bk']}/{row['bn']}"
             print(f"{formulation:<14} {row['size']:>5} {blocks:<14} {measured * 1e3:>12.3f} "
                   f"{seconds * 1e3:>11.3f} {ratio:>6.2f} {seconds / grid:>7.2f}  {note}")
+    tokamax = [r for r in rows if r["kernel"].startswith("tokamax_") and cannot_estimate(r) is None]
+    if tokamax:
+        tokamax_rows(tokamax)
     print(f"\nSpearman rank correlation over {len(published)} rows: "
           f"{spearman(published, estimated):.3f}")
     print(f"rows not dominated by dispatch: {len(ratios)}, ratio range "

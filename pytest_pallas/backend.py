@@ -400,6 +400,15 @@ class ChipTiming:
 # stands for every chip.
 _DELAY_SLOTS = {"v4": 1, "v5e": 4, "v5p": 4, "v6e": 4, "7x": 1}
 _DMA_LATENCY_SECONDS = 0.27e-6
+# Multiply-adds libtpu's schedule completes per cycle, per MXU of JAX's table, in units of
+# mxu_column_size^2. The clock is the published bf16 peak over what the schedule does per
+# cycle, so this is read from the schedule of a large bf16 matmul block (libtpu 0.0.42.1,
+# the calibration script's guide_matmul): v4, v5e, v5p finish 4 x 128^2 per bundle (65.1k
+# to 66.9k measured), as many as their 4 MXUs of 128; v6e and 7x finish 237.5k per cycle
+# of critical path on a 1024 x 2048 x 1024 block, still rising with the block, where
+# their 2 MXUs of 256 make 131k: 2 x 256^2 x 2. With 1 there, a dense matmul's estimate on
+# v6e or 7x beats the chip's published peak 1.6-fold (docs/estimate.md).
+_SCHEDULE_MXU_PASSES = {"v4": 1, "v5e": 1, "v5p": 1, "v6e": 2, "7x": 2}
 
 
 def chip_timing(chip: str) -> ChipTiming:
@@ -411,12 +420,13 @@ def chip_timing(chip: str) -> ChipTiming:
     if chip not in _DELAY_SLOTS:
         raise ValueError(f"no schedule timing for chip {chip!r}; known: {', '.join(_DELAY_SLOTS)}")
     info = chip_info(chip)
-    macs_per_cycle = info.num_mxus * info.mxu_column_size ** 2
+    passes = _SCHEDULE_MXU_PASSES[chip]
+    macs_per_cycle = info.num_mxus * info.mxu_column_size ** 2 * passes
     peak = float(info.bf16_ops_per_second)
     jax_table = "JAX's chip table, pltpu.get_tpu_info_for_chip"
     return ChipTiming(
         chip=chip,
-        # Each MXU finishes mxu_column_size^2 multiply-adds (2 FLOPs each) per cycle.
+        # The schedule finishes macs_per_cycle multiply-adds (2 FLOPs each) per cycle.
         clock_hz=peak / (2 * macs_per_cycle),
         hbm_bytes_per_second=float(info.mem_bw_bytes_per_second),
         peak_flops_per_second=peak,
@@ -425,7 +435,9 @@ def chip_timing(chip: str) -> ChipTiming:
         dma_latency_seconds=_DMA_LATENCY_SECONDS,
         sources={
             "clock_hz": f"derived: bf16 FLOP/s / (2 x {info.num_mxus} MXUs x "
-                        f"{info.mxu_column_size}^2), all from {jax_table}",
+                        f"{info.mxu_column_size}^2 x {passes}), the FLOP/s and MXUs from "
+                        f"{jax_table}, x {passes} the multiply-adds per MXU and cycle of "
+                        "libtpu's schedule of a large bf16 matmul",
             "hbm_bytes_per_second": jax_table,
             "peak_flops_per_second": jax_table,
             "tensorcores": jax_table,

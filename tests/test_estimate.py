@@ -148,6 +148,28 @@ def test_estimate_reads_the_schedule_deterministically_and_sees_a_halved_block()
     assert halved.kernels[0].bound in ("memory", "overhead")
 
 
+# Published bfloat16 peak per chip (Google Cloud's TPU pages: v4, v5e, v5p, v6e, TPU7x) and
+# the TensorCores one chip holds; a JAX device is one chip, or one TensorCore of a 7x.
+PUBLISHED_BF16_PEAK = {"v4": (275e12, 2), "v5e": (197e12, 1), "v5p": (459e12, 2),
+                       "v6e": (918e12, 1), "7x": (2307e12, 2)}
+
+
+@needs_libtpu
+@pytest.mark.parametrize("chip", sorted(PUBLISHED_BF16_PEAK))
+def test_a_dense_matmul_is_never_estimated_faster_than_the_published_peak(chip):
+    """The schedule's cycles at the chip's clock: a large bfloat16 matmul block's compute
+    term stays at or under the published peak (and within 2x of it), on every chip."""
+    x = jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16)
+    (kernel,) = estimate(functools.partial(guide_matmul, bm=512, bk=1024, bn=1024), x, x,
+                         chip=chip).kernels
+    peak, tensorcores_per_chip = PUBLISHED_BF16_PEAK[chip]
+    timing = chip_timing(chip)
+    per_core = peak / tensorcores_per_chip
+    step_seconds = kernel.critical_path_per_step / timing.clock_hz
+    at_peak = 2 * 512 * 1024 * 1024 / per_core
+    assert at_peak <= step_seconds <= 2 * at_peak, (chip, step_seconds / at_peak)
+
+
 @needs_libtpu
 def test_float32_operands_cost_more_than_bfloat16():
     shapes = {dtype: jax.ShapeDtypeStruct((1024, 1024), dtype)

@@ -340,3 +340,36 @@ def test_without_jaxs_pipeline_module_the_observer_is_off_not_an_error(monkeypat
     original = pltpu.emit_pipeline
     with pallas_call_hooks.observe_emit_pipelines(lambda seen: None) as observing:
         assert observing is False and pltpu.emit_pipeline is original
+
+
+# --- A 2026 kernel whose pipeline runs a data-dependent number of steps -----------------
+
+
+def _tokamax_gmm_v2():
+    """tokamax's gmm_v2 module, or a pytest skip saying why it cannot be loaded here."""
+    if compile_check.libtpu_version() is None:
+        pytest.skip("needs libtpu, the TPU compiler (pip install 'pytest-pallas[tpu]')")
+    try:
+        from real_kernels.kernel_modules import load_kernel_module
+
+        return load_kernel_module("tokamax._src.ops.gmm_v2.gmm_v2",
+                                  skip_init=("tokamax", "tokamax._src"))
+    except (ImportError, SyntaxError) as error:  # tokamax >= 0.0.13 needs Python 3.12, jax 0.11.1
+        pytest.skip(f"tokamax's gmm_v2 does not load here: {str(error).splitlines()[0]}")
+
+
+def test_tokamax_gmm_v2_is_estimated_for_7x_with_its_data_trip_count_noted():
+    """tokamax's grouped matmul (pl.kernel on a TensorCore mesh, an emit_pipeline over m tiles
+    whose count the kernel computes from the group sizes) is estimated for TPU7x, and the
+    report says that loop's trip count is data (counted once: the estimate is low)."""
+    gmm_v2 = _tokamax_gmm_v2()
+    lhs = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16)
+    group_sizes = jax.ShapeDtypeStruct((4,), jnp.int32)
+    est = estimate(gmm_v2.gmm_v2, lhs, rhs, group_sizes, chip="7x")
+    [kernel] = est.kernels
+    assert kernel.name.startswith("gmm_v2") and est.chip == "7x"
+    assert kernel.seconds is not None and kernel.seconds > 0
+    assert kernel.bundles_per_step > 0 and kernel.critical_path_per_step > 0
+    assert any("trip count is read from data" in note and "group sizes" in note
+               for note in kernel.notes), kernel.notes
