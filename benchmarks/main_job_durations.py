@@ -25,8 +25,7 @@ import json
 import pathlib
 import re
 
-_DURATION = re.compile(r"^([\d.]+)s (?:setup|call|teardown)\s+\S+::\w+\[(\w+)\]")
-_TEST = re.compile(r"^([\d.]+)s (?:setup|call|teardown)\s+\S+::(test_\w+\[[\w-]+\])$")
+_DURATION = re.compile(r"^([\d.]+)s (?:setup|call|teardown)\s+\S+::(\w+)\[(\w+)\]")
 _TIME_FIELDS = {
     "wall (s)": re.compile(r"Elapsed \(wall clock\) time .*: (?:(\d+):)?(\d+):([\d.]+)"),
     "user CPU (s)": re.compile(r"User time \(seconds\): ([\d.]+)"),
@@ -34,22 +33,27 @@ _TIME_FIELDS = {
 }
 
 
+def _durations(text: str):
+    """(test function, op name, seconds) of each ``--durations`` line of a conformance test:
+    its setup, call or teardown."""
+    for line in text.splitlines():
+        match = _DURATION.match(line.strip())
+        if match:
+            yield match.group(2), match.group(3), float(match.group(1))
+
+
 def per_op(text: str) -> dict[str, float]:
     seconds: dict[str, float] = collections.defaultdict(float)
-    for line in text.splitlines():
-        match = _DURATION.match(line)
-        if match:
-            seconds[match.group(2)] += float(match.group(1))
+    for _, op_name, value in _durations(text):
+        seconds[op_name] += value
     return dict(seconds)
 
 
 def per_test(text: str) -> dict[str, float]:
     """Seconds per conformance test (``test_value[matmul]``): setup, call and teardown."""
     seconds: dict[str, float] = collections.defaultdict(float)
-    for line in text.splitlines():
-        match = _TEST.match(line.strip())
-        if match:
-            seconds[match.group(2)] += float(match.group(1))
+    for test, op_name, value in _durations(text):
+        seconds[f"{test}[{op_name}]"] += value
     return dict(seconds)
 
 
