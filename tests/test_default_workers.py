@@ -270,3 +270,18 @@ def test_a_run_on_workers_keeps_each_conformance_tests_time_for_the_next(pyteste
     # The times stay out of the test reports: JUnit XML's properties among them.
     junit = (pytester.path / "junit.xml").read_text()
     assert "test_value" in junit and "pallas_conformance_seconds" not in junit
+
+    # The next run deals the two longest to different workers. xdist sends each of the two
+    # workers two consecutive tests first; taken longest first, the two longest would share
+    # one (a worker's own --dist is "no": the controller's must reach it).
+    longest = sorted(stored)
+    seconds = dict(zip(longest, (40.0, 30.0, 20.0, 10.0)))
+    (pytester.path / ".pytest_cache" / "v" / "pallas" / "conformance-seconds").write_text(
+        json.dumps(seconds))
+    result = pytester.runpytest_subprocess(*SUITE, "-n", "2", "-v", "-p", "no:randomly",
+                                           timeout=400)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    worker_of = {match.group(2): match.group(1) for match in re.finditer(
+        r"\[(gw\d+)\].* PASSED \S*::(test_value\[\w+\])", result.stdout.str())}
+    first, second = (nodeid.rpartition("::")[2] for nodeid in longest[:2])
+    assert len(worker_of) == 4 and worker_of[first] != worker_of[second], worker_of

@@ -16,7 +16,8 @@ the run would wait on it; so the tests of those first chunks are dealt out so th
 chunk holds about as many seconds as the others.
 
 Every worker orders the same collection from the same stored times, so xdist sees one
-order, as it requires.
+order, as it requires. xdist sets a worker's own ``--dist`` to ``no``: the controller's
+mode reaches the workers through ``workerinput`` (:data:`WORKER_DIST_KEY`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ MOST_KEPT = 4096
 # Property tests in their usual order of cost, for tests never timed.
 _PROPERTY_RANK = {"test_value": 0, "test_written_and_deterministic": 1, "test_vmap": 2}
 TYPICAL_SECONDS_FILE = Path(__file__).with_name("typical_seconds.json")
+# Where a pytest-xdist worker finds its controller's --dist (config.workerinput).
+WORKER_DIST_KEY = "pallas_dist"
 
 
 def typical_seconds() -> dict[str, float]:
@@ -112,7 +115,7 @@ def order_for_workers(config: pytest.Config, items: list[pytest.Item],
     seconds, typical = stored(config), typical_seconds()
     ordered = longest_first(items, seconds, is_conformance, typical)
     workerinput = getattr(config, "workerinput", None)
-    if not workerinput or config.getoption("dist", default="load") != "load":
+    if not workerinput or workerinput.get(WORKER_DIST_KEY) != "load":
         return ordered
     workers = int(workerinput.get("workercount", 1))
     chunk = first_chunk_size(len(ordered), workers, config.getoption("maxschedchunk",
@@ -126,6 +129,12 @@ def order_for_workers(config: pytest.Config, items: list[pytest.Item],
         return untimed if known is None else known
 
     return balanced_first_chunks(ordered, seconds_of, workers, chunk)
+
+
+def worker_input(config: pytest.Config) -> dict[str, Any]:
+    """What a pytest-xdist worker must know of its controller's distribution: ``--dist``,
+    which xdist resets to ``no`` in the worker itself."""
+    return {WORKER_DIST_KEY: config.getoption("dist", default="no")}
 
 
 def stored(config: pytest.Config) -> dict[str, float]:

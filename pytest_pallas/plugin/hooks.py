@@ -412,9 +412,13 @@ def pytest_testnodedown(node, error) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     """A worker draws with the controller's seed: the one the header prints and a failure's
-    reproduce line gives (left to itself, each worker would pick its own at random)."""
+    reproduce line gives (left to itself, each worker would pick its own at random); and it
+    orders the conformance tests for the controller's ``--dist``."""
+    from .conformance_order import worker_input
+
     pallas = _session(node.config)
     node.workerinput[WORKER_SEED_KEY] = pallas.options.seed
+    node.workerinput.update(worker_input(node.config))
 
 
 @pytest.hookimpl(optionalhook=True)
