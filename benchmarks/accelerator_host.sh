@@ -20,7 +20,8 @@
 #   2. the README's main job, `pytest --pallas-conformance --pallas-seed=0`, on the default
 #      workers, then -n 8 and -n 16: all must pass, and the accelerator's memory in use
 #      (nvidia-smi, sampled every 0.5 s) must not grow: the interpreted kernels and every
-#      worker stay on the CPU;
+#      worker stay on the CPU; then each worker's CPU seconds on 16 workers
+#      (benchmarks/worker_seconds.py, its table in OUT_DIR);
 #   3. a Pallas test of the user's kind (the README's test_add.py): interpreted, and, where
 #      the plugin has --pallas-gpu / --pallas-tpu, on the accelerator; a GPU kernel author's
 #      module (tests/data/gpu_kernels) interpreted and on the GPU; the reference Mosaic GPU
@@ -104,6 +105,9 @@ run "main job, -n 8" 120 "$work" "$python" -m pytest -p no:cacheprovider \
     --pallas-conformance --pallas-seed=0 -n 8
 run "main job, -n 16" 120 "$work" "$python" -m pytest -p no:cacheprovider \
     --pallas-conformance --pallas-seed=0 -n 16
+# Each worker's CPU seconds on 16 workers (cold): with a core each, the busiest worker's is
+# the run's wall time; docs/main-job.md has the 2-core machine's table to compare.
+run "main job, -n 16, CPU per worker" 120 "$repo" "$python" benchmarks/worker_seconds.py -n 16
 run "user's test, interpreted" 120 "$work" "$python" -m pytest -p no:cacheprovider test_add.py
 for flag in --pallas-gpu --pallas-tpu; do
     if "$python" -m pytest --help 2>/dev/null | grep -q -- "$flag"; then

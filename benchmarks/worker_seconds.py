@@ -1,0 +1,85 @@
+"""Each pytest-xdist worker's CPU seconds in the main job: what a host with a free core for
+every worker would wait for, measured on a host with fewer.
+
+    python benchmarks/worker_seconds.py -n 16            # cold: an empty cache directory
+    python benchmarks/worker_seconds.py -n 16 --warm     # again, on the cache of a first run
+
+A run on N workers ends when its busiest worker does. On a host with N free cores each
+worker has a core of its own, and its wall time is about its CPU time; on a host with fewer
+cores the workers share them, the wall time says little, but each worker's CPU seconds
+(``os.times()``: its user and system time, every thread of it) still say how much work it
+was handed. So the table gives, per worker: the CPU seconds until its collection was done
+(start-up: Python, pytest, Hypothesis, JAX, the suite's modules), each test's CPU seconds
+in the order it ran, and the total. The busiest worker's total, plus the controller's
+start-up before the workers, is a floor for the wall time on a host with N free cores
+(sharing 2 cores inflates CPU time a little: caches, memory bandwidth). Nothing is
+asserted: the numbers go to docs/main-job.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PROBE_DIRECTORY = "PALLAS_WORKER_SECONDS_DIR"
+
+
+def run(workers: int, seed: int, cache_dir: pathlib.Path, out: pathlib.Path) -> tuple[float, str]:
+    """One main job on ``workers`` workers with the probe plugin; wall seconds, last line."""
+    env = {**os.environ, PROBE_DIRECTORY: str(out),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"),
+                                                       os.environ.get("PYTHONPATH")]))}
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pallas-conformance", f"--pallas-seed={seed}",
+         "-n", str(workers), "-q", "-p", "worker_seconds_probe", "-o", f"cache_dir={cache_dir}"],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    lines = result.stdout.strip().splitlines()
+    return wall, lines[-1] if lines else f"exit {result.returncode}: {result.stderr[-300:]}"
+
+
+def table(out: pathlib.Path) -> None:
+    processes = [json.loads(path.read_text()) for path in sorted(out.glob("*.json"))]
+    workers = sorted((p for p in processes if p["name"] != "controller"),
+                     key=lambda p: p["cpu"])
+    print("| process | start-up CPU s | tests CPU s | total CPU s | tests (CPU s each, in order) |")
+    print("|---|---|---|---|---|")
+    for process in [p for p in processes if p["name"] == "controller"] + workers:
+        tests = process["tests"]
+        print(f"| {process['name']} | {process['collected']:.2f} | "
+              f"{sum(s for _, s in tests):.2f} | {process['cpu']:.2f} | "
+              + ", ".join(f"{name} {seconds:.2f}" for name, seconds in tests) + " |")
+    if workers:
+        busiest = workers[-1]
+        print(f"\nbusiest worker: {busiest['name']}, {busiest['cpu']:.2f} CPU s; "
+              f"all {len(workers)} workers: {sum(p['cpu'] for p in workers):.1f} CPU s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--workers", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warm", action="store_true",
+                        help="run once to fill the cache directory, then measure the second run")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        cache_dir, out = pathlib.Path(scratch, "cache"), pathlib.Path(scratch, "out")
+        out.mkdir()
+        if args.warm:
+            run(args.workers, args.seed, cache_dir, pathlib.Path(scratch))
+        wall, last = run(args.workers, args.seed, cache_dir, out)
+        print(f"{'warm' if args.warm else 'cold'} main job on {args.workers} workers, "
+              f"{os.cpu_count()} cores here, seed {args.seed}: {wall:.1f} s wall ({last})\n")
+        table(out)
+
+
+if __name__ == "__main__":
+    main()
