@@ -77,46 +77,18 @@ def guide_matmul(x, y, *, bm, bk, bn, transpose_rhs=False, activation=lambda v: 
     )(x, y)
 
 
-def _pipelined_step(x_hbm, y_hbm, o_hbm, acc_ref, *, shape, blocks, core_axis_name=None):
-    """guide_matmul's body as a ``pltpu.emit_pipeline`` over HBM refs (same blocks, same order)."""
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    (m, k, n), (bm, bk, bn) = shape, blocks
-    grid = (m // bm, n // bn, k // bk)
-
-    def step(x_ref, y_ref, z_ref):
-        @pl.when(pl.program_id(2) == 0)
-        def _():
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-        @pl.when(pl.program_id(2) == grid[2] - 1)
-        def _():
-            z_ref[...] = acc_ref[...].astype(z_ref.dtype)
-
-    pltpu.emit_pipeline(
-        step, grid=grid,
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
-        out_specs=[pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))],
-        core_axis_name=core_axis_name,
-        dimension_semantics=(pltpu.PARALLEL, pltpu.PARALLEL, pltpu.ARBITRARY),
-    )(x_hbm, y_hbm, o_hbm)
-
-
 def emit_pipeline_matmul(x, y, *, bm, bk, bn):
-    """guide_matmul written as the TPU pipelining guide does: emit_pipeline in a pallas_call."""
+    """guide_matmul written as the TPU pipelining guide does: emit_pipeline in a pallas_call
+    (the pipeline is the reference kernel's: guide_matmul's blocks, in the same order)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    shape = (x.shape[0], x.shape[1], y.shape[1])
+    from pytest_pallas.reference_kernels.matmul import matmul_pipeline
+
     return pl.pallas_call(
-        functools.partial(_pipelined_step, shape=shape, blocks=(bm, bk, bn)),
+        functools.partial(matmul_pipeline, block_m=bm, block_k=bk, block_n=bn),
         in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
         out_specs=pl.BlockSpec(memory_space=pl.ANY),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
@@ -130,11 +102,12 @@ def mesh_kernel_matmul(x, y, *, bm, bk, bn):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    shape = (x.shape[0], x.shape[1], y.shape[1])
+    from pytest_pallas.reference_kernels.matmul import matmul_pipeline
+
     mesh = pltpu.create_tensorcore_mesh("core")
     axis = "core" if mesh.shape["core"] > 1 else None
     return pl.kernel(
-        functools.partial(_pipelined_step, shape=shape, blocks=(bm, bk, bn),
+        functools.partial(matmul_pipeline, block_m=bm, block_k=bk, block_n=bn,
                           core_axis_name=axis),
         out_type=jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), x.dtype), mesh=mesh,
         scratch_types=[pltpu.VMEM((bm, bn), jnp.float32)], name="mesh_kernel_matmul")(x, y)

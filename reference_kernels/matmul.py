@@ -9,7 +9,8 @@ Contract ops (docs/contract.md section 2):
 
 Tunable variants: ``matmul_blocked`` (the ``pallas_call`` kernel with explicit
 ``block_m, block_k, block_n``) and ``matmul_emit_pipeline`` (the same algorithm
-written with ``pl.kernel`` and ``pltpu.emit_pipeline``). Each kernel sits next to
+written with ``pl.kernel`` and ``pltpu.emit_pipeline``, whose pipeline,
+``matmul_pipeline``, any kernel over HBM refs can call). Each kernel sits next to
 its float64 NumPy oracle (``*_reference``) and its cost model (``*_cost``).
 
 The TPU ideas shown here:
@@ -64,6 +65,7 @@ __all__ = [
     "matmul_blocked",
     "matmul_cost",
     "matmul_emit_pipeline",
+    "matmul_pipeline",
     "matmul_reference",
 ]
 
@@ -414,15 +416,24 @@ def batched_matmul(x: jax.Array, y: jax.Array, *, block_m: int | None = None,
 # --- the pl.kernel + emit_pipeline formulation ----------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("block_m", "block_k", "block_n", "num_cores"))
-def _matmul_emit_pipeline(x, y, *, block_m: int, block_k: int, block_n: int, num_cores: int):
-    (m, k), n = x.shape, y.shape[1]
-    m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
-    x = pad_to(x, (m_pad, k_pad))
-    y = pad_to(y, (k_pad, n_pad))
-    grid = (m_pad // block_m, n_pad // block_n, k_pad // block_k)
+def matmul_pipeline(x_hbm, y_hbm, o_hbm, acc_ref, *, block_m: int, block_k: int,
+                    block_n: int, core_axis_name: str | None = None) -> None:
+    """``o_hbm = x_hbm @ y_hbm`` as one ``pltpu.emit_pipeline``, called inside a kernel.
 
-    def block_step(x_block, y_block, o_block, acc_ref):
+    The refs live in HBM (``pl.ANY``, the TensorCore mesh's default): nothing is
+    copied in before the kernel body runs. ``emit_pipeline`` allocates the
+    double-buffered VMEM blocks and issues the DMAs a ``pallas_call`` grid would,
+    here as a loop written inside the kernel, so the same pipeline serves in
+    ``pl.kernel``, a grid-less ``pallas_call`` or ``pl.core_map``, or several in
+    a row. ``acc_ref`` is a float32 VMEM accumulator of one output block; every
+    dimension is a multiple of its block. On a megacore chip ``core_axis_name``
+    (the TensorCore mesh's axis) gives each TensorCore a share of the parallel
+    axes.
+    """
+    (m, k), n = x_hbm.shape, y_hbm.shape[1]
+    grid = (m // block_m, n // block_n, k // block_k)
+
+    def block_step(x_block, y_block, o_block):
         k_index = pl.program_id(2)
 
         @pl.when(k_index == 0)
@@ -435,27 +446,31 @@ def _matmul_emit_pipeline(x, y, *, block_m: int, block_k: int, block_n: int, num
         def _write_back():
             o_block[...] = acc_ref[...].astype(o_block.dtype)
 
-    def kernel(x_hbm, y_hbm, o_hbm, acc_ref):
-        # The refs live in HBM (pl.ANY, the TensorCore mesh's default): nothing
-        # is copied in before the body runs. emit_pipeline allocates the
-        # double-buffered VMEM blocks and issues the DMAs a pallas_call grid
-        # would, here as a loop written inside the kernel.
-        pipeline = pltpu.emit_pipeline(
-            functools.partial(block_step, acc_ref=acc_ref),
-            grid=grid,
-            in_specs=[
-                pl.BlockSpec((block_m, block_k), lambda i, j, kk: (i, kk)),
-                pl.BlockSpec((block_k, block_n), lambda i, j, kk: (kk, j)),
-            ],
-            out_specs=[pl.BlockSpec((block_m, block_n), lambda i, j, kk: (i, j))],
-            # On a megacore chip each TensorCore takes a share of the parallel
-            # axes. With one core there is nothing to split, and naming the core
-            # axis would fail in plain interpret mode, which does not bind it.
-            core_axis_name="core" if num_cores > 1 else None,
-            dimension_semantics=(pltpu.PARALLEL, pltpu.PARALLEL, pltpu.ARBITRARY),
-        )
-        pipeline(x_hbm, y_hbm, o_hbm)
+    pltpu.emit_pipeline(
+        block_step,
+        grid=grid,
+        in_specs=[
+            pl.BlockSpec((block_m, block_k), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((block_k, block_n), lambda i, j, kk: (kk, j)),
+        ],
+        out_specs=[pl.BlockSpec((block_m, block_n), lambda i, j, kk: (i, j))],
+        core_axis_name=core_axis_name,
+        dimension_semantics=(pltpu.PARALLEL, pltpu.PARALLEL, pltpu.ARBITRARY),
+    )(x_hbm, y_hbm, o_hbm)
 
+
+@functools.partial(jax.jit, static_argnames=("block_m", "block_k", "block_n", "num_cores"))
+def _matmul_emit_pipeline(x, y, *, block_m: int, block_k: int, block_n: int, num_cores: int):
+    (m, k), n = x.shape, y.shape[1]
+    m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
+    x = pad_to(x, (m_pad, k_pad))
+    y = pad_to(y, (k_pad, n_pad))
+    # On a megacore chip each TensorCore takes a share of the parallel axes. With
+    # one core there is nothing to split, and naming the core axis would fail in
+    # plain interpret mode, which does not bind it.
+    kernel = functools.partial(matmul_pipeline, block_m=block_m, block_k=block_k,
+                               block_n=block_n,
+                               core_axis_name="core" if num_cores > 1 else None)
     out = pl.kernel(
         kernel,
         out_type=output_struct((m_pad, n_pad), x.dtype, x, y),

@@ -26,7 +26,11 @@ from pytest_pallas.bench import gate as benchmark_gate
 from pytest_pallas.bench.benchmark_estimate import tpu_estimates
 from pytest_pallas.bench.estimate import estimate, rank_blocks
 from pytest_pallas.checks import compile_check
-from pytest_pallas.reference_kernels.matmul import matmul_blocked, matmul_emit_pipeline
+from pytest_pallas.reference_kernels.matmul import (
+    matmul_blocked,
+    matmul_emit_pipeline,
+    matmul_pipeline,
+)
 
 # Two files of libtpu 0.0.42.1's dump of matmul_emit_pipeline (256^2 bfloat16, 128
 # blocks, v5e), the numeric prefix shortened to 1-.
@@ -39,38 +43,10 @@ BF16 = jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16)
 BLOCKS = {"block_m": 512, "block_k": 512, "block_n": 512}
 
 
-def _accumulate(nk):
-    def step(x_block, y_block, o_block, acc_ref):
-        @pl.when(pl.program_id(2) == 0)
-        def _():
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += jnp.dot(x_block[...], y_block[...], preferred_element_type=jnp.float32)
-
-        @pl.when(pl.program_id(2) == nk - 1)
-        def _():
-            o_block[...] = acc_ref[...].astype(o_block.dtype)
-    return step
-
-
-def _pipeline(x_hbm, y_hbm, o_hbm, acc_ref, *, shape, blocks, core_axis_name=None):
-    (m, k, n), (bm, bk, bn) = shape, blocks
-    grid = (m // bm, n // bn, k // bk)
-    pltpu.emit_pipeline(
-        functools.partial(_accumulate(grid[2]), acc_ref=acc_ref), grid=grid,
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
-        out_specs=[pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))],
-        core_axis_name=core_axis_name,
-        dimension_semantics=(pltpu.PARALLEL, pltpu.PARALLEL, pltpu.ARBITRARY),
-    )(x_hbm, y_hbm, o_hbm)
-
-
 def hbm_pipeline_matmul(x, y, *, block_m, block_k, block_n):
     """The TPU pipelining guide's way: emit_pipeline inside a pallas_call over HBM refs."""
-    shape, blocks = (x.shape[0], x.shape[1], y.shape[1]), (block_m, block_k, block_n)
     return pl.pallas_call(
-        functools.partial(_pipeline, shape=shape, blocks=blocks),
+        functools.partial(matmul_pipeline, block_m=block_m, block_k=block_k, block_n=block_n),
         in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
         out_specs=pl.BlockSpec(memory_space=pl.ANY),
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
@@ -80,18 +56,18 @@ def hbm_pipeline_matmul(x, y, *, block_m, block_k, block_n):
 def mesh_matmul(x, y, *, block_m, block_k, block_n, split=True):
     """pl.kernel on a TensorCore mesh; ``split=False`` seeds a lost megacore split (each
     TensorCore runs the whole pipeline)."""
-    shape, blocks = (x.shape[0], x.shape[1], y.shape[1]), (block_m, block_k, block_n)
     mesh = pltpu.create_tensorcore_mesh("core")
     axis = "core" if split and mesh.shape["core"] > 1 else None
     return pl.kernel(
-        functools.partial(_pipeline, shape=shape, blocks=blocks, core_axis_name=axis),
+        functools.partial(matmul_pipeline, block_m=block_m, block_k=block_k, block_n=block_n,
+                          core_axis_name=axis),
         out_type=jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), x.dtype), mesh=mesh,
         scratch_types=[pltpu.VMEM((block_m, block_n), jnp.float32)], name="mesh_matmul")(x, y)
 
 
 def core_map_matmul(x, y, *, block_m, block_k, block_n):
     """pl.core_map inside pl.run_state, the pipeline in a pl.run_scoped accumulator."""
-    shape, blocks = (x.shape[0], x.shape[1], y.shape[1]), (block_m, block_k, block_n)
+    blocks = {"block_m": block_m, "block_k": block_k, "block_n": block_n}
     mesh = pltpu.create_tensorcore_mesh("core")
     axis = "core" if mesh.shape["core"] > 1 else None
 
@@ -100,8 +76,8 @@ def core_map_matmul(x, y, *, block_m, block_k, block_n):
 
         @pl.core_map(mesh)
         def _():
-            pl.run_scoped(lambda acc: _pipeline(x_ref, y_ref, o_ref, acc, shape=shape,
-                                                blocks=blocks, core_axis_name=axis),
+            pl.run_scoped(lambda acc: matmul_pipeline(x_ref, y_ref, o_ref, acc, **blocks,
+                                                      core_axis_name=axis),
                           pltpu.VMEM((block_m, block_n), jnp.float32))
 
     _, _, out = pl.run_state(body)((x, y, jnp.zeros((x.shape[0], y.shape[1]), x.dtype)))
@@ -110,13 +86,13 @@ def core_map_matmul(x, y, *, block_m, block_k, block_n):
 
 def panels_matmul(x, y, *, block_m, block_k, block_n, panel=1024):
     """pl.kernel whose fori_loop over row panels runs a pipeline per panel: loops nest."""
-    (m, k), n = x.shape, y.shape[1]
+    m, n = x.shape[0], y.shape[1]
 
     def kernel(x_hbm, y_hbm, o_hbm, acc_ref):
         def one_panel(p, carry):
             rows = pl.ds(pl.multiple_of(p * panel, panel), panel)
-            _pipeline(x_hbm.at[rows], y_hbm, o_hbm.at[rows], acc_ref, shape=(panel, k, n),
-                      blocks=(block_m, block_k, block_n))
+            matmul_pipeline(x_hbm.at[rows], y_hbm, o_hbm.at[rows], acc_ref, block_m=block_m,
+                            block_k=block_k, block_n=block_n)
             return carry
 
         jax.lax.fori_loop(0, m // panel, one_panel, 0)
