@@ -332,12 +332,18 @@ def _matmul_kernel_call(block_m: int, block_k: int, block_n: int, activation: An
     return kernel_call
 
 
-@functools.partial(jax.jit, static_argnames=("block_m", "block_k", "block_n", "activation"))
-def _matmul_pallas(x, y, *, block_m: int, block_k: int, block_n: int, activation: Any):
+def _padded_to_blocks(x, y, block_m: int, block_k: int, block_n: int):
+    """``x`` and ``y`` padded with zeros (which add nothing to a dot product) to multiples
+    of their blocks."""
     (m, k), n = x.shape, y.shape[1]
     m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
-    x = pad_to(x, (m_pad, k_pad))
-    y = pad_to(y, (k_pad, n_pad))
+    return pad_to(x, (m_pad, k_pad)), pad_to(y, (k_pad, n_pad))
+
+
+@functools.partial(jax.jit, static_argnames=("block_m", "block_k", "block_n", "activation"))
+def _matmul_pallas(x, y, *, block_m: int, block_k: int, block_n: int, activation: Any):
+    m, n = x.shape[0], y.shape[1]
+    x, y = _padded_to_blocks(x, y, block_m, block_k, block_n)
     out = _matmul_kernel_call(block_m, block_k, block_n, activation)(x, y)
     return out[:m, :n]
 
@@ -461,10 +467,8 @@ def matmul_pipeline(x_hbm, y_hbm, o_hbm, acc_ref, *, block_m: int, block_k: int,
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_k", "block_n", "num_cores"))
 def _matmul_emit_pipeline(x, y, *, block_m: int, block_k: int, block_n: int, num_cores: int):
-    (m, k), n = x.shape, y.shape[1]
-    m_pad, k_pad, n_pad = round_up(m, block_m), round_up(k, block_k), round_up(n, block_n)
-    x = pad_to(x, (m_pad, k_pad))
-    y = pad_to(y, (k_pad, n_pad))
+    m, n = x.shape[0], y.shape[1]
+    x, y = _padded_to_blocks(x, y, block_m, block_k, block_n)
     # On a megacore chip each TensorCore takes a share of the parallel axes. With
     # one core there is nothing to split, and naming the core axis would fail in
     # plain interpret mode, which does not bind it.
@@ -473,7 +477,7 @@ def _matmul_emit_pipeline(x, y, *, block_m: int, block_k: int, block_n: int, num
                                core_axis_name="core" if num_cores > 1 else None)
     out = pl.kernel(
         kernel,
-        out_type=output_struct((m_pad, n_pad), x.dtype, x, y),
+        out_type=output_struct((x.shape[0], y.shape[1]), x.dtype, x, y),
         mesh=tpu.tensorcore_mesh("core", num_cores),
         scratch_types=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         cost_estimate=matmul_cost(x, y, block_m=block_m, block_n=block_n),
