@@ -16,7 +16,8 @@
 # the next one runs.
 #
 # It checks, in order:
-#   1. what JAX sees (its devices), with the plugin not involved;
+#   1. what JAX sees (its devices), with the plugin not involved, and how long JAX takes to
+#      start on the CPU alone (JAX_PLATFORMS=cpu, what every interpreting worker pays);
 #   2. the README's main job, `pytest --pallas-conformance --pallas-seed=0`, on the default
 #      workers, then -n 8 and -n 16: all must pass, and the accelerator's memory in use
 #      (nvidia-smi, sampled every 0.5 s) must not grow: the interpreted kernels and every
@@ -99,6 +100,10 @@ EOF
 
 run "jax devices (no plugin)" 60 "$work" "$python" -c \
     'import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.devices()); print("1 passed")'
+# What every interpreting worker pays to start JAX on the CPU: JAX_PLATFORMS=cpu still loads
+# the installed accelerator plugins (the CUDA libraries); a CPU-only host takes about 0.5 s.
+run "JAX started on the CPU alone" 60 "$work" env JAX_PLATFORMS=cpu "$python" -c \
+    'import jax; print(jax.devices()); print("1 passed")'
 run "main job, default workers" 120 "$work" "$python" -m pytest -p no:cacheprovider \
     --pallas-conformance --pallas-seed=0
 run "main job, -n 8" 120 "$work" "$python" -m pytest -p no:cacheprovider \
