@@ -42,6 +42,12 @@ else
     "$python" -m pip install --quiet --no-deps --no-build-isolation -e "$repo" \
         || "$python" -m pip install --quiet --no-deps -e "$repo"
 fi
+if ! (cd / && "$python" -c 'import pytest_pallas') 2>/dev/null; then  # not the clone's source
+    # An editable install builds with setuptools >= 77, which an offline host may lack.
+    echo "pytest-pallas did not install here: build its wheel where pip can download" \
+         "(python -m pip wheel --no-deps -w dist .) and run with PALLAS_WHEEL=dist/<wheel>" >&2
+    exit 2
+fi
 
 rows=()
 record() {  # record NAME SECONDS STATUS SUMMARY (also kept in OUT_DIR at once: a run cut
