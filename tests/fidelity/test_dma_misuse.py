@@ -15,7 +15,6 @@ What catches what (measured on these kernels):
   A copy out of bounds by constant indices already fails at trace time.
 """
 
-import contextlib
 import functools
 
 import jax
@@ -25,7 +24,6 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pytest_pallas._compat import jax_internals, pallas_call_hooks, tpu_interpreter
 from pytest_pallas.checks.kernel_check import kernel_exits_checked
 from pytest_pallas.checks.runtime_rules import translate_interpreter_error
 from pytest_pallas.checks.violations import (
@@ -84,30 +82,6 @@ def manual_copy(kernel, x, semaphore=pltpu.SemaphoreType.DMA):
 
 
 X = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
-
-
-@pytest.fixture
-def interpret():
-    """Run the body in TPU interpret mode with the given params, from fresh interpreter state.
-
-    The kernels here are broken on purpose: checks a harness runs around the
-    whole test (static checks, kernel-exit checks) are suspended inside.
-    """
-
-    @contextlib.contextmanager
-    def run(**params):
-        tpu_interpreter.reset_interpreter_state()
-        try:
-            with (
-                pallas_call_hooks.suspend_pallas_call_observers(),
-                tpu_interpreter.suspend_kernel_exit_recording(),
-                pltpu.force_tpu_interpret_mode(jax_internals.interpret_params(**params)),
-            ):
-                yield
-        finally:
-            tpu_interpreter.reset_interpreter_state()
-
-    return run
 
 
 def test_correct_dma_is_clean(interpret):

@@ -11,7 +11,6 @@ mode, which keeps whole outputs in memory and runs the grid in order:
   it; the TPU interpreter raises "Revisited block").
 """
 
-import contextlib
 import functools
 
 import jax
@@ -22,7 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
-from pytest_pallas._compat import jax_internals, pallas_call_hooks, tpu_interpreter
+from pytest_pallas._compat import pallas_call_hooks
 from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel, kernel_exits_checked
 from pytest_pallas.checks.runtime_rules import translate_interpreter_error
 from pytest_pallas.checks.violations import (
@@ -171,39 +170,14 @@ def test_jax_matmul_passes_on_a_large_grid():
 # --- dynamic: what the TPU interpreter sees when the kernel runs -------------------
 
 
-@pytest.fixture
-def interpreter():
-    """Run the body in TPU interpret mode with the given params, from fresh interpreter state.
-
-    The kernels here are broken on purpose: checks a harness runs around the
-    whole test (static checks, kernel-exit checks) are suspended inside, and
-    the interpreter's race flag is cleared on the way out.
-    """
-
-    @contextlib.contextmanager
-    def run(**params):
-        tpu_interpreter.reset_interpreter_state()
-        try:
-            with (
-                pallas_call_hooks.suspend_pallas_call_observers(),
-                tpu_interpreter.suspend_kernel_exit_recording(),
-                pltpu.force_tpu_interpret_mode(jax_internals.interpret_params(**params)),
-            ):
-                yield
-        finally:
-            tpu_interpreter.reset_interpreter_state()
-
-    return run
-
-
 def _stack(n):
     return jnp.arange(n * 8 * 128, dtype=jnp.float32).reshape(n, 8, 128) % 7
 
 
-def test_two_simulated_cores_with_race_detection_catch_the_parallel_reduction(interpreter):
+def test_two_simulated_cores_with_race_detection_catch_the_parallel_reduction(interpret):
     x = _stack(2)
     with (
-        interpreter(num_cores_or_threads=2, detect_races=True, random_seed=0),
+        interpret(num_cores_or_threads=2, detect_races=True, random_seed=0),
         pytest.raises(TpuRuleViolation) as caught,
         kernel_exits_checked(),
     ):
@@ -228,11 +202,11 @@ def test_the_plain_interpreter_computes_the_racy_reduction_right():
     np.testing.assert_allclose(out, x.sum(0))  # why the static check is needed
 
 
-def test_jax_matmul_is_race_free_on_two_cores(interpreter):
+def test_jax_matmul_is_race_free_on_two_cores(interpret):
     x = jnp.arange(256 * 256, dtype=jnp.float32).reshape(256, 256) / 65536
     y = x[:, :128]  # grid (2, 1, 2): one row block per core, a two-step reduction on each
     with (
-        interpreter(num_cores_or_threads=2, detect_races=True, random_seed=0),
+        interpret(num_cores_or_threads=2, detect_races=True, random_seed=0),
         kernel_exits_checked() as exits,
     ):
         out = jax.block_until_ready(matmul(x, y, block_shape=(128, 128), block_k=128))
@@ -240,9 +214,9 @@ def test_jax_matmul_is_race_free_on_two_cores(interpreter):
     np.testing.assert_allclose(out, x @ y, rtol=1e-5)
 
 
-def test_the_tpu_interpreter_raises_on_a_revisit_and_the_error_names_the_rule(interpreter):
+def test_the_tpu_interpreter_raises_on_a_revisit_and_the_error_names_the_rule(interpret):
     x = jnp.ones((2, 8, 256), jnp.float32)
-    with interpreter(), pytest.raises(Exception, match="Revisited block") as caught:
+    with interpret(), pytest.raises(Exception, match="Revisited block") as caught:
         jax.block_until_ready(sum_over_axis(x, reduction_first=True))
     violation = translate_interpreter_error(caught.value, "sum_over_axis")
     assert violation is not None and violation.rule == REVISIT
@@ -270,10 +244,10 @@ def gathered_sum(order, x):
     )(order, x)
 
 
-def test_data_dependent_index_maps_are_left_to_the_interpreter(interpreter):
+def test_data_dependent_index_maps_are_left_to_the_interpreter(interpret):
     order = jnp.array([1, 0], jnp.int32)
     x = jnp.ones((2, 8, 256), jnp.float32)
     (report,) = check_kernel(gathered_sum, order, x, check_options=STATIC_ONLY)
     assert report.ok and any("scalar prefetch" in note for note in report.skipped)
-    with interpreter(), pytest.raises(Exception, match="Revisited block"):
+    with interpret(), pytest.raises(Exception, match="Revisited block"):
         jax.block_until_ready(gathered_sum(order, x))
