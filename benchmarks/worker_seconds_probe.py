@@ -1,6 +1,7 @@
 """pytest plugin of ``benchmarks/worker_seconds.py``: each process's CPU seconds, written to
 ``$PALLAS_WORKER_SECONDS_DIR/<worker>.json`` when it ends (a process without the variable
-writes nothing)."""
+writes nothing). ``$PALLAS_WORKER_SECONDS_ONLY`` (test names, one per line) deselects every
+other test: one worker's share, run alone."""
 
 from __future__ import annotations
 
@@ -24,6 +25,16 @@ def pytest_runtest_protocol(item, nextitem):
     started = _cpu_seconds()
     yield
     _tests.append((item.name, round(_cpu_seconds() - started, 3)))
+
+
+def pytest_collection_modifyitems(config, items):
+    only = os.environ.get("PALLAS_WORKER_SECONDS_ONLY")
+    if not only:
+        return
+    wanted = set(only.splitlines())
+    dropped = [item for item in items if item.name not in wanted]
+    items[:] = [item for item in items if item.name in wanted]
+    config.hook.pytest_deselected(items=dropped)
 
 
 def pytest_collection_finish(session):
