@@ -31,19 +31,20 @@ import sys
 import tempfile
 import time
 
+from worker_seconds_probe import DIRECTORY_VARIABLE, ONLY_VARIABLE
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PROBE_DIRECTORY = "PALLAS_WORKER_SECONDS_DIR"
 
 
 def run(workers: int, seed: int, cache_dir: pathlib.Path, out: pathlib.Path,
         only: list[str] | None = None) -> tuple[float, str]:
     """One main job on ``workers`` workers (0: one process) with the probe plugin, of the
     tests named ``only`` if given; wall seconds, pytest's last line."""
-    env = {**os.environ, PROBE_DIRECTORY: str(out),
+    env = {**os.environ, DIRECTORY_VARIABLE: str(out),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"),
                                                        os.environ.get("PYTHONPATH")]))}
     if only:
-        env["PALLAS_WORKER_SECONDS_ONLY"] = "\n".join(only)
+        env[ONLY_VARIABLE] = "\n".join(only)
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--pallas-conformance", f"--pallas-seed={seed}",
@@ -63,22 +64,25 @@ def alone(workers: list[dict], seed: int, scratch: pathlib.Path) -> None:
         out.mkdir()
         wall, last = run(0, seed, scratch / f"cache-alone{number}", out,
                          only=[name for name, _ in worker["tests"]])
-        (record,) = [json.loads(path.read_text()) for path in out.glob("*.json")]
+        (record,) = records(out)
         walls.append(wall)
         print(f"| {worker['name']} | {wall:.2f} | {record['cpu']:.2f} | {last} |", flush=True)
     print(f"\nalone, the longest share: {max(walls):.2f} s wall "
           f"(median share {statistics.median(walls):.2f} s)")
 
 
-def workers_of(out: pathlib.Path) -> list[dict]:
+def records(out: pathlib.Path) -> list[dict]:
+    """What each process of a run wrote (the probe plugin's records)."""
+    return [json.loads(path.read_text()) for path in out.glob("*.json")]
+
+
+def workers_of(processes: list[dict]) -> list[dict]:
     """The workers' records, the busiest last."""
-    processes = [json.loads(path.read_text()) for path in out.glob("*.json")]
     return sorted((p for p in processes if p["name"] != "controller"), key=lambda p: p["cpu"])
 
 
-def table(out: pathlib.Path) -> None:
-    processes = [json.loads(path.read_text()) for path in out.glob("*.json")]
-    workers = workers_of(out)
+def table(processes: list[dict]) -> None:
+    workers = workers_of(processes)
     print("| process | start-up CPU s | tests CPU s | total CPU s | tests (CPU s each, in order) |")
     print("|---|---|---|---|---|")
     for process in [p for p in processes if p["name"] == "controller"] + workers:
@@ -109,9 +113,10 @@ def main() -> None:
         wall, last = run(args.workers, args.seed, cache_dir, out)
         print(f"{'warm' if args.warm else 'cold'} main job on {args.workers} workers, "
               f"{os.cpu_count()} cores here, seed {args.seed}: {wall:.1f} s wall ({last})\n")
-        table(out)
+        processes = records(out)
+        table(processes)
         if args.alone:
-            alone(workers_of(out), args.seed, pathlib.Path(scratch))
+            alone(workers_of(processes), args.seed, pathlib.Path(scratch))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ import pathlib
 
 import pytest
 
+# Set by benchmarks/worker_seconds.py: where each process writes its record, and the tests
+# to keep (the others deselected).
+DIRECTORY_VARIABLE = "PALLAS_WORKER_SECONDS_DIR"
+ONLY_VARIABLE = "PALLAS_WORKER_SECONDS_ONLY"
+
 _tests: list[tuple[str, float]] = []
 _collected: list[float] = []
 
@@ -28,7 +33,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_collection_modifyitems(config, items):
-    only = os.environ.get("PALLAS_WORKER_SECONDS_ONLY")
+    only = os.environ.get(ONLY_VARIABLE)
     if not only:
         return
     wanted = set(only.splitlines())
@@ -42,7 +47,7 @@ def pytest_collection_finish(session):
 
 
 def pytest_unconfigure(config):
-    directory = os.environ.get("PALLAS_WORKER_SECONDS_DIR")
+    directory = os.environ.get(DIRECTORY_VARIABLE)
     if not directory:
         return
     name = os.environ.get("PYTEST_XDIST_WORKER", "controller")

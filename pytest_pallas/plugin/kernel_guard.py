@@ -300,9 +300,6 @@ class KernelGuard:
             GpuKernelName(k.name) for k in self.gpu_kernels_run(item) if k.interpreter == "gpu"]
         return describe_uninitialized_read(None, kernels)
 
-    # --- seeds and reproduction ---------------------------------------------------
-
-
     # --- the call: a watchdog around it, and what its exception means -------------------
 
     def watchdog(self, item: pytest.Item):
