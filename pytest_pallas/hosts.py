@@ -169,7 +169,7 @@ def keep_jax_on_cpu(environ: MutableMapping[str, str],
     inherited by pytest-xdist's workers and every subprocess of the run.
 
     The caller must still tell an already-imported JAX (``jax.config``): see
-    ``_compat.jax_internals.restrict_to_cpu``.
+    ``_compat.jax_internals.restrict_imported_jax_to_cpu``.
     """
     flag = {"gpu": "--pallas-gpu", "tpu": "--pallas-tpu"}.get(host.platform or "")
     user = user_jax_platforms(environ)

@@ -1,4 +1,4 @@
-"""Every use of a private JAX, XLA, Hypothesis, pytest-benchmark or libtpu internal, one
+"""Every use of a private JAX, XLA, Hypothesis, pytest, pytest-benchmark or libtpu internal, one
 module per library, each guarded and tested at both ends of the supported range (XLA's
 debug options: ``xla_cpu_options``).
 

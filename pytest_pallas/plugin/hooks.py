@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from .._compat.pytest_internals import skip_at_test
 from ..suite.membership import (
     CONFORMANCE_DIRECTORY,
     conformance_op_name,
@@ -316,7 +317,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if pallas.uses_pallas(item):
         reason = pallas.skip_reason(item)
         if reason:
-            pytest.skip(reason)
+            skip_at_test(reason)  # reported at the test, as a skipif mark is
         pallas.guard.activate(item)
         seed_hypothesis(pallas, item)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .._compat.pytest_internals import skip_at_test
 from ..suite.membership import conformance_op_name, is_conformance_item
 
 if TYPE_CHECKING:
@@ -339,7 +340,7 @@ class KernelGuard:
             raise exit_failure from error  # the race behind the wrong values, say
         gpu_limit = self.gpu_interpreter_limit(item, error)
         if gpu_limit is not None:
-            pytest.skip(gpu_limit)  # a GPU kernel never falls back to the TPU interpreter
+            skip_at_test(gpu_limit)  # a GPU kernel never falls back to the TPU interpreter
         fallback = self.interpreter_fallback(item, error)
         if fallback is None:
             raise error
@@ -361,7 +362,7 @@ class KernelGuard:
         except Exception as second:
             reason = self.cannot_interpret(paragraph, second)
             if reason is not None:
-                pytest.skip(reason)
+                skip_at_test(reason)
             second.add_note(paragraph)
             raise
         warnings.warn(PallasInterpreterFallback(paragraph), stacklevel=1)
