@@ -5,8 +5,9 @@ installed pytest.
   hooks (a marker's ``tpu_only`` in setup, a limit of JAX's interpreters after the call), so
   ``-rs`` would name a line of pluggy's or of the plugin instead of the user's test.
   ``skip.Exception(..., _use_item_location=True)``, what pytest itself raises for a
-  ``skipif`` mark or a skip inside a fixture, names the test. A pytest without the keyword
-  (it has been there since pytest 7.0) reports the skip where it was raised.
+  ``skipif`` mark or a skip inside a fixture, names the test. pytest 8.0, the oldest the
+  project supports, has the keyword (read in its source; CI's pytest is checked by the
+  test); a pytest without it reports the skip where it was raised.
 """
 
 from __future__ import annotations
