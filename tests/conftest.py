@@ -1,5 +1,7 @@
 """Shared helpers for the plugin's own tests."""
 
+import os
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -76,3 +78,13 @@ def _inner_runs_in_one_process(monkeypatch):
     ops would otherwise start pytest-xdist workers by default (tests/test_default_workers.py
     unsets this to test that)."""
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "0")
+
+
+@pytest.fixture
+def outside_xdist(monkeypatch):
+    """An inner pytest run as a user starts it, not as a pytest-xdist worker: it inherits this
+    worker's PYTEST_XDIST_* variables, and pytest-benchmark disables (and warns about)
+    benchmarks in any process that has them."""
+    for name in list(os.environ):
+        if name.startswith("PYTEST_XDIST"):
+            monkeypatch.delenv(name)

@@ -29,7 +29,7 @@ def test_the_session_object_is_found(pytestconfig):
     assert compat.benchmark_session(object()) is None
 
 
-def test_the_round_budget_is_read_from_the_fixture(pytester):
+def test_the_round_budget_is_read_from_the_fixture(pytester, outside_xdist):
     pytester.makepyfile("""
         from pytest_pallas._compat.benchmark_internals import round_budget
 

@@ -41,13 +41,6 @@ def environment_without_xdist():
             if not name.startswith("PYTEST_XDIST")}
 
 
-@pytest.fixture
-def outside_xdist(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("PYTEST_XDIST"):
-            monkeypatch.delenv(name)
-
-
 def run_python(*args, timeout=120):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, check=False,

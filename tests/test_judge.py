@@ -4,7 +4,6 @@ reason, honest kernels pass, and the findings reach the summary and the report w
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 import jax
@@ -295,10 +294,7 @@ def test_patched_clock(pallas_benchmark):
 
 @pytest.mark.parametrize("judged", [False, True])
 def test_a_patched_clock_fails_under_judge_and_is_recorded_without(pytester, judged,
-                                                                   monkeypatch):
-    for name in list(os.environ):  # pytest-benchmark times nothing inside a worker
-        if name.startswith("PYTEST_XDIST"):
-            monkeypatch.delenv(name)
+                                                                   outside_xdist):
     pytester.makepyfile(test_clock=CLOCK_BENCHMARKS)
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-p", "no:xdist", "--benchmark-json=bench.json",
