@@ -147,6 +147,9 @@ run "project's tests, -n 14" 420 "$repo" "$python" -m pytest -p no:cacheprovider
     echo "# $(date -u +%Y-%m-%dT%H:%MZ) on $(hostname), $(nproc) cores"
     command -v nvidia-smi >/dev/null && nvidia-smi -L
     "$python" -c 'import jax, sys; print("python", sys.version.split()[0], "jax", jax.__version__)'
+    # Where it is set, every pytest process rewrites the plugins' modules again (about a
+    # second each, docs/main-job.md#time): the times above are read with it.
+    echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-(unset)}"
     printf '%-34s %9s  %-6s %s\n' step wall status summary
     printf '%s\n' "${rows[@]}"
 } | tee "$out/summary.txt"

@@ -3,6 +3,7 @@ then warm.
 
     python benchmarks/main_job_times.py --pairs 5            # HEAD of this checkout
     python benchmarks/main_job_times.py --commit 7351b36 --installs . .[tpu]
+    python benchmarks/main_job_times.py --installs . --bytecode kept not-kept
 
 For each install (``.``, the README's; ``.[tpu]``, with libtpu's compile check) the script
 clones the commit into a temporary directory, makes a virtual environment there and runs
@@ -15,6 +16,15 @@ Around every run, a fixed CPU probe (the same pure-Python loop on each core at o
 slowest core's seconds) says how fast the machine was just then: on a shared host the same
 run's time moves with it. The table gives each run's wall time, the probe before and
 after, pytest's last line and the count of ``not exercised`` lines; then the medians.
+``--bytecode`` compares how Python's compiled modules are kept: ``kept`` removes
+``PYTHONDONTWRITEBYTECODE`` from the runs' environment, ``not-kept`` sets it (as many
+container images do), ``as-is`` (the default) leaves the environment alone. pytest rewrites
+the asserts of every module of a package that provides a pytest plugin (Hypothesis,
+pytest-benchmark, pytest-xdist, this one) and keeps the result beside the source only when
+Python may write bytecode; otherwise each process, controller and workers, does it again.
+Each (install, bytecode) pair gets a clone of its own, since a module compiled in one is
+read in the other.
+
 Nothing is asserted: the numbers go to docs/main-job.md#time.
 """
 
@@ -55,11 +65,18 @@ def prepare(commit: str, install: str, where: pathlib.Path) -> pathlib.Path:
     return where / ".venv/bin"
 
 
-def main_job(clone: pathlib.Path, bin_dir: pathlib.Path) -> dict:
+BYTECODE = {"as-is": None, "kept": False, "not-kept": True}  # PYTHONDONTWRITEBYTECODE set?
+
+
+def main_job(clone: pathlib.Path, bin_dir: pathlib.Path, bytecode: str) -> dict:
     """One ``pytest --pallas-conformance`` in ``clone``: wall seconds, last line, misses."""
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
            "VIRTUAL_ENV": str(bin_dir.parent)}
     env.pop("PYTHONPATH", None)
+    if BYTECODE[bytecode] is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        if BYTECODE[bytecode]:
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
     before = probe()
     started = time.perf_counter()
     done = subprocess.run([str(bin_dir / "pytest"), "--pallas-conformance"], cwd=clone, env=env,
@@ -77,32 +94,37 @@ def main() -> None:
     parser.add_argument("--installs", nargs="+", default=[".", ".[tpu]"],
                         help="pip install targets, one fresh clone each (default: . .[tpu])")
     parser.add_argument("--pairs", type=int, default=3, help="cold/warm pairs per install")
+    parser.add_argument("--bytecode", nargs="+", choices=BYTECODE, default=["as-is"],
+                        help="PYTHONDONTWRITEBYTECODE removed (kept), set (not-kept) or as "
+                             "inherited (as-is, the default); several: a clone each")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", args.commit], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout.strip()
-    results: dict[tuple[str, str], list[float]] = {}
+    results: dict[tuple[str, str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="main-job-times-") as scratch:
         clones = {}
-        for number, install in enumerate(args.installs):
-            where = pathlib.Path(scratch) / f"clone{number}"
-            clones[install] = (where, prepare(commit, install, where))
-        print(f"\n{'commit':8} {'install':10} {'pair':>4} {'run':5} {'wall (s)':>8} "
-              f"{'probe (s)':>11} {'not exercised':>13}  pytest")
+        for install in args.installs:
+            for bytecode in args.bytecode:
+                where = pathlib.Path(scratch) / f"clone{len(clones)}"
+                clones[install, bytecode] = (where, prepare(commit, install, where))
+        print(f"\n{'commit':8} {'install':10} {'bytecode':8} {'pair':>4} {'run':5} "
+              f"{'wall (s)':>8} {'probe (s)':>11} {'not exercised':>13}  pytest")
         for pair in range(1, args.pairs + 1):
-            for install, (clone, bin_dir) in clones.items():
+            for (install, bytecode), (clone, bin_dir) in clones.items():
                 shutil.rmtree(clone / ".pytest_cache", ignore_errors=True)  # cold
                 for run in ("cold", "warm"):
-                    result = main_job(clone, bin_dir)
-                    results.setdefault((install, run), []).append(result["wall"])
+                    result = main_job(clone, bin_dir, bytecode)
+                    results.setdefault((install, bytecode, run), []).append(result["wall"])
                     probes = "/".join(f"{p:.2f}" for p in result["probe"])
-                    print(f"{commit:8} {install:10} {pair:>4} {run:5} {result['wall']:8.1f} "
-                          f"{probes:>11} {result['not_exercised']:>13}  "
+                    print(f"{commit:8} {install:10} {bytecode:8} {pair:>4} {run:5} "
+                          f"{result['wall']:8.1f} {probes:>11} {result['not_exercised']:>13}  "
                           f"{result['last']}{'' if result['rc'] == 0 else ' (FAILED)'}",
                           flush=True)
-    print(f"\n{'install':10} {'run':5} {'runs':>4} {'median (s)':>10} {'range (s)':>14}")
-    for (install, run), walls in results.items():
-        print(f"{install:10} {run:5} {len(walls):>4} {statistics.median(walls):10.1f} "
-              f"{min(walls):6.1f} to {max(walls):4.1f}")
+    print(f"\n{'install':10} {'bytecode':8} {'run':5} {'runs':>4} {'median (s)':>10} "
+          f"{'range (s)':>14}")
+    for (install, bytecode, run), walls in results.items():
+        print(f"{install:10} {bytecode:8} {run:5} {len(walls):>4} "
+              f"{statistics.median(walls):10.1f} {min(walls):6.1f} to {max(walls):4.1f}")
 
 
 if __name__ == "__main__":
