@@ -103,8 +103,9 @@ def mesh_kernel_matmul(x, y, *, bm, bk, bn):
     from jax.experimental.pallas import tpu as pltpu
 
     from pytest_pallas.reference_kernels.matmul import matmul_pipeline
+    from pytest_pallas.tpu import tensorcore_mesh
 
-    mesh = pltpu.create_tensorcore_mesh("core")
+    mesh = tensorcore_mesh("core", pltpu.get_tpu_info().num_cores)
     axis = "core" if mesh.shape["core"] > 1 else None
     return pl.kernel(
         functools.partial(matmul_pipeline, block_m=bm, block_k=bk, block_n=bn,

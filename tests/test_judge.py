@@ -361,13 +361,13 @@ honesty.judge_program = _moved
 
 
 def test_a_kernel_built_with_pl_kernel_or_core_map_counts_as_a_kernel():
-    from jax.experimental.pallas import tpu as pltpu
+    from pytest_pallas.tpu import tensorcore_mesh
 
     def body(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2.0 + jnp.exp(x_ref[...])
 
     def with_pl_kernel(x):
-        mesh = pltpu.create_tensorcore_mesh("core", num_cores=1)
+        mesh = tensorcore_mesh("core", 1)
         return pl.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh)(x)
 
     verdict = _verdict(with_pl_kernel, (8, 128), work=3 * 8 * 128)
