@@ -361,6 +361,7 @@ honesty.judge_program = _moved
 
 
 def test_a_kernel_built_with_pl_kernel_or_core_map_counts_as_a_kernel():
+    # pl.kernel binds a core_map equation (mpmd_map on jax 0.10), as pl.core_map does.
     from pytest_pallas.tpu import tensorcore_mesh
 
     def body(x_ref, o_ref):
