@@ -19,9 +19,9 @@ from pytest_pallas.checks import honesty
 from pytest_pallas.checks.jaxpr_analysis import pallas_call_params_in
 
 from .corpus import CASES
-from .corpus_2026 import CASES_2026, THIRD_PARTY_DEPRECATIONS
+from .corpus_2026 import CASES_2026, THIRD_PARTY_WARNINGS
 
-pytestmark = [pytest.mark.pallas, *THIRD_PARTY_DEPRECATIONS]
+pytestmark = [pytest.mark.pallas, *THIRD_PARTY_WARNINGS]
 
 
 def _params():

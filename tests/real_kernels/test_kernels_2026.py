@@ -16,9 +16,9 @@ import pytest
 
 from pytest_pallas import assert_allclose, check_kernel, check_uninitialized_reads
 
-from .corpus_2026 import CASES_2026, THIRD_PARTY_DEPRECATIONS
+from .corpus_2026 import CASES_2026, THIRD_PARTY_WARNINGS
 
-pytestmark = [pytest.mark.pallas, *THIRD_PARTY_DEPRECATIONS]
+pytestmark = [pytest.mark.pallas, *THIRD_PARTY_WARNINGS]
 
 
 def _installed(package: str) -> bool:

@@ -28,6 +28,7 @@ import pytest
 from pytest_pallas import assert_allclose
 
 from .corpus import _f64, _normal
+from .tpu_inference_corpus import V3_DONATION
 
 pytestmark = pytest.mark.pallas
 
@@ -212,9 +213,6 @@ def _v3_installed() -> bool:
 needs_tpu_inference = pytest.mark.skipif(
     not _v3_installed(), reason="tpu-inference is not installed: bash .ci/install-corpus-2026 "
                                 "(Python >= 3.12; docs/corpus.md)")
-# The kernel's jit donates queries, keys, values and the cache (vLLM's update in place); the
-# new keys and values match no output, so jit says their buffers were not usable.
-v3_donation = pytest.mark.filterwarnings("ignore:Some donated buffers were not usable:UserWarning")
 
 
 def _v3_module():
@@ -288,7 +286,7 @@ def _v3_model_keywords(args):
 
 
 @needs_tpu_inference
-@v3_donation
+@V3_DONATION
 def test_tpu_inference_ragged_paged_attention_v3_passes_one_call_with_its_own_inputs():
     jax.clear_caches()   # traced in this test, for the hint (as above)
     args = _v3_args()
@@ -303,7 +301,7 @@ def test_tpu_inference_ragged_paged_attention_v3_passes_one_call_with_its_own_in
 
 
 @needs_tpu_inference
-@v3_donation
+@V3_DONATION
 @pytest.mark.parametrize("bug, old, new", V3_BUGS, ids=[bug for bug, *_ in V3_BUGS])
 def test_a_planted_bug_in_tpu_inference_v3_still_fails(bug, old, new):
     args = _v3_args()
