@@ -112,3 +112,20 @@ def test_each_chip_s_device_kind_is_the_one_jax_reads_back():
         assert device_kinds.chip_version_of_device_kind(kind).value == chip
     with pytest.raises(ValueError, match="no TPU device kind is known for chip 'v9'"):
         device_kind_of_chip("v9")
+
+
+def test_a_libtpu_new_enough_is_asked_of_the_installed_libtpu():
+    # "Needs a newer libtpu" (jtu.is_cloud_tpu_at_least) is answered by the libtpu the TPU
+    # compiler check compiles with: its client's platform version carries the build date.
+    from jax._src import test_util as jtu
+
+    from pytest_pallas._compat.device_under_test import stand_in_chip_under_test
+
+    built = "PJRT C API\nTFRT TPU v5 lite\nBuilt on Jun 17 2026 11:08:48 (1781719728) cl/1"
+    with stand_in_chip_under_test("v5e", lambda: built):
+        assert jtu.is_cloud_tpu_at_least(2026, 6, 17)
+        assert not jtu.is_cloud_tpu_at_least(2026, 6, 18)
+        assert not jtu.is_cloud_tpu()  # only the build date is libtpu's
+    with stand_in_chip_under_test("v5e", lambda: None):  # no libtpu: JAX's own answer
+        assert jtu.is_cloud_tpu_at_least(2030, 1, 1)
+    assert jtu.is_cloud_tpu_at_least(2030, 1, 1)

@@ -75,6 +75,17 @@ def libtpu_version() -> str | None:
     return installed_libtpu()
 
 
+def libtpu_platform_version(chip: str) -> str | None:
+    """What the installed libtpu's client says of itself ("... Built on Jun 17 2026 ...",
+    the text JAX's ``jtu.is_cloud_tpu_at_least`` reads on a TPU), or None without libtpu."""
+    if libtpu_version() is None or chip not in COMPILER_CHIPS:
+        return None
+    try:
+        return str(topology_devices(chip, 1)[0].client.platform_version)
+    except (RuntimeError, AttributeError):
+        return None
+
+
 def quiet_libtpu_environment(environ: Any = os.environ) -> None:
     """Before JAX starts on a host without a TPU: keep libtpu's start-up warnings away.
 

@@ -102,9 +102,10 @@ class KernelGuard:
         if self.session.declares_chip_under_test(item, backend):
             # Then the test's own "am I on a TPU?" gets the stand-in chip's answer (§9).
             from .._compat.device_under_test import stand_in_chip_under_test
+            from ..checks.compile_check import libtpu_platform_version
 
-            stack.enter_context(optional(DEVICE_UNDER_TEST,
-                                         lambda: stand_in_chip_under_test(backend.chip)))
+            stack.enter_context(optional(DEVICE_UNDER_TEST, lambda: stand_in_chip_under_test(
+                backend.chip, lambda: libtpu_platform_version(backend.chip))))
         item.stash[_ACTIVE] = stack
         item.stash[_BACKEND] = backend
 
