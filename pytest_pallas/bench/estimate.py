@@ -20,6 +20,7 @@ libtpu give the same numbers.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import pickle
 import subprocess
@@ -212,11 +213,9 @@ def _traced_for_chip(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
 
     from .._compat import device_kinds, interpreter_fixes, jax_internals, pallas_call_hooks
 
-    global _TRACES
-    _TRACES += 1
     # A device kind of this trace's own: JAX keys its trace caches on the abstract
     # device, so a jitted kernel is traced again and its emit_pipelines are seen.
-    device_kind = f"{jax.devices()[0].device_kind} (estimate {_TRACES})"
+    device_kind = f"{jax.devices()[0].device_kind} (estimate {next(_TRACE_NUMBERS)})"
     with (
         pltpu.force_tpu_interpret_mode(None),
         device_kinds.device_kind_answers_as(device_kind, lambda: info),
@@ -230,7 +229,8 @@ def _traced_for_chip(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         return jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args), device_kind
 
 
-_TRACES = 0
+# Never reset: a number used again would meet JAX's trace cache of an earlier estimate.
+_TRACE_NUMBERS = itertools.count(1)
 
 
 def _compile_in_child(exported: list[Any], chip: str, delay_slots: int) -> tuple[str, list[Any]]:

@@ -68,7 +68,7 @@ from .violations import (
     dtype_bits,
     name_of_dtype,
 )
-from .vmem_footprint import check_vmem_footprint, tpu_info_for
+from .vmem_footprint import check_vmem_footprint
 
 if TYPE_CHECKING:
     from pytest_pallas.checks.kernel_model import BlockOperand, PallasCallInfo
@@ -530,12 +530,3 @@ def settle_output_races(report: KernelReport, used_outputs: Sequence[bool]) -> K
             )
     report.violations = kept
     return report
-
-
-def check_pallas_call(params: dict[str, Any], *, chip: Any = "v5e", **options: Any) -> KernelReport:
-    """Run the static checks on a pallas_call equation's params (as an observer receives them)."""
-    from pytest_pallas.checks import kernel_model
-
-    return check_pallas_call_info(
-        kernel_model.describe_pallas_call(params), tpu_info_for(chip), **options
-    )

@@ -280,6 +280,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     )  # nothing registered if never imported
     if unregister_all is not None:
         unregister_all()
+    forget_judged = imported_attribute("suite.harness", "forget_session_state")
+    if forget_judged is not None:
+        forget_judged()
     pallas = config.stash.get(SESSION_KEY, None)
     if pallas is not None:
         pallas.undo_keep_jax_on_cpu()
