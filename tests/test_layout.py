@@ -210,14 +210,20 @@ def test_imports_run_down_the_layers():
     assert not found, "imports running up (function-level ones counted): " + "; ".join(found)
 
 
-def test_an_import_running_up_inside_a_function_is_found(tmp_path):
-    package = tmp_path / "pytest_pallas"
-    for folder in ("checks", "plugin"):
+def _package_with(root: Path, *folders: str) -> Path:
+    """An empty ``pytest_pallas`` under ``root`` with these sub-packages."""
+    package = root / "pytest_pallas"
+    for folder in folders:
         (package / folder).mkdir(parents=True)
         (package / folder / "__init__.py").write_text("")
     for folder in _INSTALLED_AS:
-        (tmp_path / folder).mkdir()
+        (root / folder).mkdir()
     (package / "__init__.py").write_text("")
+    return package
+
+
+def test_an_import_running_up_inside_a_function_is_found(tmp_path):
+    package = _package_with(tmp_path, "checks", "plugin")
     (package / "plugin" / "options.py").write_text("LIBTPU = None\n")
     (package / "checks" / "compile_check.py").write_text(
         "def version():\n    from ..plugin.options import LIBTPU\n    return LIBTPU\n")
@@ -309,13 +315,7 @@ def test_plugin_holds_only_glue():
 
 
 def test_kernel_logic_in_the_plugin_is_found(tmp_path):
-    package = tmp_path / "pytest_pallas"
-    for folder in ("plugin", "_compat"):
-        (package / folder).mkdir(parents=True)
-        (package / folder / "__init__.py").write_text("")
-    for folder in _INSTALLED_AS:
-        (tmp_path / folder).mkdir()
-    (package / "__init__.py").write_text("")
+    package = _package_with(tmp_path, "plugin", "_compat")
     (package / "_compat" / "tpu_interpreter.py").write_text("def reset(): pass\n")
     (package / "plugin" / "hooks.py").write_text(
         "def pytest_runtest_setup(item):\n"
@@ -325,3 +325,44 @@ def test_kernel_logic_in_the_plugin_is_found(tmp_path):
         "pytest_pallas.plugin.kernel_guard (not a hook, option, fixture or session wiring "
         "module)",
         "pytest_pallas.plugin.hooks imports pytest_pallas._compat.tpu_interpreter"]
+
+
+def design_tree(text: str) -> dict[str, set[str]]:
+    """docs/design.md's tree of the package: folder ('' for the top) -> the modules it names."""
+    tree: dict[str, set[str]] = {"": set()}
+    folder = None
+    for line in text.splitlines():
+        if line.strip() == "pytest_pallas/":
+            folder = ""
+            continue
+        if folder is None:
+            continue
+        if not line.startswith("      "):
+            if tree[""] or len(tree) > 1:
+                break  # past the package: reference_kernels/, tests/, ...
+            continue
+        name = line.split()[0]
+        if line.startswith("        ") and name.endswith(".py"):
+            tree[folder].add(name)
+        elif name.endswith("/"):
+            folder = name.rstrip("/")
+            tree.setdefault(folder, set())
+        elif name.endswith(".py"):
+            folder = ""
+            tree[""].add(name)
+    return tree
+
+
+def test_the_design_page_maps_every_module_of_the_package():
+    tree = design_tree((ROOT / "docs" / "design.md").read_text())
+    package = ROOT / "pytest_pallas"
+    actual = {"": {path.name for path in package.glob("*.py") if path.name != "__init__.py"}}
+    for folder in sorted(path for path in package.iterdir() if (path / "__init__.py").exists()):
+        actual[folder.name] = {path.name for path in folder.glob("*.py")
+                               if path.name != "__init__.py"}
+    missing = {folder: sorted(names - tree.get(folder, set()))
+               for folder, names in actual.items() if names - tree.get(folder, set())}
+    stale = {folder: sorted(names - actual.get(folder, set()))
+             for folder, names in tree.items() if names - actual.get(folder, set())}
+    assert not missing and not stale, (
+        f"docs/design.md's tree: modules it does not name {missing}, names of no module {stale}")

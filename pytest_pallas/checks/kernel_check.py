@@ -26,12 +26,12 @@ from typing import Any
 from pytest_pallas._compat import (
     device_kinds,
     gpu_interpreter,
-    interpreter_fixes,
     jax_internals,
     pallas_call_hooks,
     tpu_interpreter,
 )
 from pytest_pallas.checks import jaxpr_analysis, kernel_model
+from pytest_pallas.checks.chip_tracing import tracing_for_chip
 from pytest_pallas.checks.runtime_rules import kernel_exit_violations
 from pytest_pallas.checks.static_rules import (
     ALL_CHECKS,
@@ -134,7 +134,6 @@ def check_kernel(
         check_kernel(matmul, x, x, block_shape=(512, 512), chip="v5e")
     """
     import jax
-    from jax.experimental.pallas import tpu as pltpu
 
     options = check_options or CheckOptions()
     info = tpu_info_for(_chip_or_the_tests(chip))
@@ -149,14 +148,7 @@ def check_kernel(
     # rules) must answer for the chip being checked. Observers a harness
     # installed would check the same kernels with their own options.
     device_kind = jax.devices()[0].device_kind
-    with (
-        pltpu.force_tpu_interpret_mode(None),
-        device_kinds.device_kind_answers_as(device_kind, lambda: info),
-        jax_internals.optional_feature(
-            "the stand-in chip as JAX's abstract device",
-            lambda: interpreter_fixes.chip_as_abstract_device(device_kind, info.num_cores)),
-        pallas_call_hooks.suspend_pallas_call_observers(),
-    ):
+    with tracing_for_chip(device_kind, info):
         closed = jax.make_jaxpr(target)(*args)
         calls = list(jaxpr_analysis.pallas_call_equations_in(closed))
         # Which outputs the program keeps: a race on an output it drops is no bug.
