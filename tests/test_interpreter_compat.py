@@ -333,8 +333,9 @@ SMEM_OPERAND = textwrap.dedent('''
 
 def test_an_operand_constrained_to_smem_runs_in_the_tpu_interpreter(pytester, run_pytest):
     pytester.makepyfile(test_smem_operand=SMEM_OPERAND)
-    result = run_pytest("--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist",
-                        "-W", "error::pytest_pallas.plugin.kernel_guard.PallasInterpreterFallback")
+    result = run_pytest(
+        "--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist",
+        "-W", "error::pytest_pallas.supervision.kernel_run.PallasInterpreterFallback")
     result.assert_outcomes(passed=1)
 
 
