@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .._compat.pytest_internals import skip_at_test
+from .._compat.pytest_internals import skip_at_test, take_unittest_error
 from ..suite.membership import (
     CONFORMANCE_DIRECTORY,
     conformance_op_name,
@@ -335,6 +335,10 @@ def pytest_runtest_call(item: pytest.Item):
     with run.watchdog() as watchdog:
         try:
             result = yield
+            # A unittest.TestCase test records its error instead of raising it.
+            recorded = take_unittest_error(item)
+            if recorded is not None:
+                raise recorded
         except BaseException as error:
             restate_hypothesis_notes(item, error)
             return run.after_failure(error, watchdog)  # raises, skips or reruns

@@ -23,7 +23,7 @@ import pytest
 
 from .._compat import gpu_interpreter, jax_internals, tpu_interpreter
 from .._compat.device_under_test import stand_in_chip_under_test
-from .._compat.pytest_internals import skip_at_test
+from .._compat.pytest_internals import run_test_again, skip_at_test
 from ..backend import Backend, make_interpret_params
 from ..checks.compile_check import compiling_pallas_calls, libtpu_platform_version
 from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
@@ -261,7 +261,7 @@ class KernelRun:
         tpu_interpreter.reset_interpreter_state()
         try:
             with pltpu.force_tpu_interpret_mode(params):
-                self.item.runtest()
+                run_test_again(self.item)
         except Exception as second:
             reason = diagnoses.cannot_interpret(paragraph, second)
             if reason is not None:
