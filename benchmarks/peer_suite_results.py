@@ -68,12 +68,13 @@ def normalise(reason: str) -> str:
     one cause with different shapes or sizes is one class."""
     line = (reason.strip().splitlines() or [""])[0]
     line = re.sub(r"^.*?\.py:\d+: ", "", line)          # a skip's "file.py:12: " prefix
+    line = re.sub(r"\b(?:\w+\.)+(\w+(?:Error|Exception|Violation|Timeout)\b)", r"\1", line)
     line = re.sub(r"0x[0-9a-fA-F]+", "0x…", line)
     line = re.sub(r"'[^']{40,}'", "'…'", line)
     line = re.sub(r"\([^()]*\bshape[^()]*\)", "(…)", line)
     line = _NUMBER.sub("N", line)
     line = re.sub(r"\s+", " ", line).strip()
-    return line[:110] + ("…" if len(line) > 110 else "")
+    return line[:160] + ("…" if len(line) > 160 else "")
 
 
 # (pattern searched in the outcome and the reason, the cause in words). First match wins, so
@@ -87,10 +88,14 @@ CAUSES: list[tuple[str, str]] = [
      "JAX interpreter limit: jax.empty_ref in a kernel (no discharge rule for io_callback)"),
     (r"cost_analysis|used_scoped_memory|scoped_memory_configs|as_text|mlir|MLIR|debug",
      "reads a compiled artefact (cost analysis, the HLO's memory configs, debug MLIR)"),
+    (r"Only interpret mode is supported on CPU backend",
+     "false alarm: the compile check lowered an interpret-only kernel for the CPU"),
     (r"MosaicError|Only i1 and i32|LoweringException|MLIRError",
      "expects the chip's rejection (Mosaic lowering or the TPU compiler)"),
     (r"TpuRuleViolation", "the plugin's TPU check rejected the kernel"),
     (r"Megacore|megacore", "Megacore only: the stand-in chip has one TensorCore"),
+    (r"(?i)interpret not supported|non-interpret mode|fail on interpreter",
+     "the test declines the interpreter (it runs compiled only)"),
     (r"Only run interpret tests on CPU|interpret.*on CPU",
      "interpret-mode test: runs only where the device under test is the CPU"),
     (r"Device kind cpu is not supported|device kind",
