@@ -129,6 +129,8 @@ class FileRow:
     failed_on: int = 0
     skipped_on: int = 0
     lost: int = 0                 # passed with the plugin off, not opted in
+    seconds_off: float = 0.0      # the tests' own time (setup, call, teardown), summed
+    seconds_on: float = 0.0
 
 
 def compare(off: list[Result], on: list[Result] | None):
@@ -146,10 +148,12 @@ def compare(off: list[Result], on: list[Result] | None):
         row.ids += 1
         row.passed_off += before.outcome == PASSED
         row.skipped_off += before.outcome == SKIPPED
+        row.seconds_off += before.seconds
         if on is None:
             if before.outcome != PASSED:
                 classes[_class_of(before)] += 1
             continue
+        row.seconds_on += after.seconds
         if before.outcome == SKIPPED:
             row.run_on += after.outcome != SKIPPED
             row.passed_on += after.outcome == PASSED
@@ -170,19 +174,18 @@ def _class_of(result: Result) -> tuple[str, str, str]:
 def table(rows: list[FileRow], opted_in: bool = True) -> str:
     if opted_in:
         header = ("file", "ids", "skipped off", "passed off", "run on", "passed on",
-                  "failed on", "skipped on", "lost on")
-        body = [(r.file, r.ids, r.skipped_off, r.passed_off, r.run_on, r.passed_on,
-                 r.failed_on, r.skipped_on, r.lost) for r in rows]
+                  "failed on", "skipped on", "lost on", "test s off", "test s on")
         total = FileRow("total")
         for row in rows:
             for field in dataclasses.fields(FileRow)[1:]:
                 setattr(total, field.name, getattr(total, field.name) + getattr(row, field.name))
-        body.append((total.file, total.ids, total.skipped_off, total.passed_off, total.run_on,
-                     total.passed_on, total.failed_on, total.skipped_on, total.lost))
+        body = [(r.file, r.ids, r.skipped_off, r.passed_off, r.run_on, r.passed_on,
+                 r.failed_on, r.skipped_on, r.lost, f"{r.seconds_off:.0f}", f"{r.seconds_on:.0f}")
+                for r in [*rows, total]]
     else:
-        header = ("file", "ids", "passed", "skipped", "failed")
-        body = [(r.file, r.ids, r.passed_off, r.skipped_off, r.ids - r.passed_off - r.skipped_off)
-                for r in rows]
+        header = ("file", "ids", "passed", "skipped", "failed", "test s")
+        body = [(r.file, r.ids, r.passed_off, r.skipped_off, r.ids - r.passed_off - r.skipped_off,
+                 f"{r.seconds_off:.0f}") for r in rows]
     return _markdown(header, body)
 
 

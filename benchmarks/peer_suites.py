@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,9 @@ JAX_SUPPORT = {
     "jax/_src/pallas/pallas_test_util.py": "pallas_test_util.py",
     "jax/_src/hypothesis_test_util.py": "hypothesis_test_util.py",
 }
+# A tokamax test file is a TPU one when its path names the TPU or its text asks for one.
+TOKAMAX_PATH = r"(?i)tpu"
+TOKAMAX_ASKS = r"[!=]= *['\"]tpu['\"]|get_tpu_info"
 NO_SOURCE = ("no JAX source: give --jax-source PATH (or PEER_SUITES_JAX_SOURCE), a clone of "
              "https://github.com/jax-ml/jax, e.g. git clone --bare https://github.com/jax-ml/jax")
 
@@ -141,8 +145,9 @@ def measure(workdir: pathlib.Path, paths, args) -> None:
         print(peer_suite_results.report(xml_off, xml_on))
 
 
-def tokamax_test_files(select: str) -> tuple[pathlib.Path, list[pathlib.Path]]:
-    """The installed tokamax's test files whose path names the TPU (``select``: a substring)."""
+def tokamax_test_files(exclude: str) -> tuple[pathlib.Path, list[pathlib.Path]]:
+    """The installed tokamax's TPU test files (TOKAMAX_PATH, TOKAMAX_ASKS) whose path does not
+    match ``exclude``."""
     out = subprocess.run([sys.executable, "-c", "import tokamax, os; "
                           "print(os.path.dirname(tokamax.__file__))"],
                          capture_output=True, text=True)
@@ -150,8 +155,11 @@ def tokamax_test_files(select: str) -> tuple[pathlib.Path, list[pathlib.Path]]:
         raise SystemExit("tokamax is not installed: pip install tokamax==0.0.17 "
                          "(it needs jax 0.12 and Python 3.12+).")
     root = pathlib.Path(out.stdout.strip())
-    files = sorted(path for path in root.rglob("*_test.py") if select in str(path.relative_to(root))
-                   or select in path.read_text(errors="replace"))
+    files = sorted(
+        path for path in root.rglob("*_test.py")
+        if not re.search(exclude, str(path.relative_to(root)))
+        and (re.search(TOKAMAX_PATH, str(path.relative_to(root)))
+             or re.search(TOKAMAX_ASKS, path.read_text(errors="replace"))))
     return root, files
 
 
@@ -164,8 +172,9 @@ def main(argv=None) -> None:
                         "jax-v<installed version>; 'worktree' uses a checkout's files as they are)")
     parser.add_argument("--files", nargs="+", default=list(JAX_FILES),
                         help="JAX test files under tests/pallas (default: the six TPU files)")
-    parser.add_argument("--tokamax-select", default="tpu",
-                        help="tokamax test files whose path or text has this string")
+    parser.add_argument("--tokamax-exclude", default="torch",
+                        help="leave out tokamax test files whose path matches this regular "
+                        "expression (default: the PyTorch front end's)")
     parser.add_argument("--workdir", type=pathlib.Path,
                         help="where the tests, the XML and the logs go (default: a new temp dir)")
     parser.add_argument("--mode", choices=("off", "on", "both"), default="both")
@@ -189,7 +198,7 @@ def main(argv=None) -> None:
         print(f"JAX's tests from {used}, jax {_installed_jax_version()} installed", flush=True)
         paths = [pathlib.Path("tests", "pallas", name) for name in args.files]
     else:
-        root, paths = tokamax_test_files(args.tokamax_select)
+        root, paths = tokamax_test_files(args.tokamax_exclude)
         print(f"tokamax's tests from {root}: {len(paths)} files", flush=True)
     measure(workdir, paths, args)
 
