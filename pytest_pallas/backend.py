@@ -130,7 +130,8 @@ class Backend:
                     self.device_kind, self.tpu_info.num_cores)))
             import jax
 
-            if jax.default_backend() != "cpu" and hosts.user_jax_platforms() is None:
+            if (jax_internals.default_platform() != "cpu"
+                    and hosts.user_jax_platforms() is None):
                 # JAX started on an accelerator before the plugin could keep it on the CPU
                 # (plugin.session's header line says so): the test's arrays stay on the CPU.
                 stack.enter_context(jax.default_device(jax.devices("cpu")[0]))
@@ -145,6 +146,8 @@ class Backend:
             stack.enter_context(interpreter_fixes.empty_slices_in_bounds())
             stack.enter_context(interpreter_fixes.zero_byte_waits_return())
             stack.enter_context(interpreter_fixes.empty_accesses_race_with_nothing())
+            # pltpu.pack_elementwise and unpack_elementwise, which JAX's CPU cannot run.
+            stack.enter_context(interpreter_fixes.packing_on_the_cpu())
             # Operands constrained to SMEM or VMEM, as to HBM.
             stack.enter_context(interpreter_fixes.memory_space_constraints_accepted())
             # Loads, stores and DMAs from and to ref.reshape(...) and ref.bitcast(...) views.

@@ -11,6 +11,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash_attention
 from jax.experimental.pallas.ops.tpu.matmul import matmul as jax_matmul
 
@@ -481,3 +482,41 @@ def test_observers_with_avals_see_each_call_and_compiles_step_out_of_the_trace()
         return x
 
     jax.make_jaxpr(traced)(1.0)
+
+
+def test_a_kernel_without_operands_is_compiled_for_the_chip():
+    # Nothing to take a device from: its outputs are placed on the chip's device too.
+    from jax.experimental import pallas as pl
+
+    def fill(o_ref):
+        o_ref[...] = jnp.full(o_ref.shape, 3.0, o_ref.dtype)
+
+    def call():
+        return pl.pallas_call(fill, out_shape=jax.ShapeDtypeStruct((4096,), jnp.float32),
+                              out_specs=pl.BlockSpec((2048,), lambda i: i), grid=2)()
+
+    reports = check_kernel(call, chip="v5e")
+    assert reports[0].compile_verdict.compiled, reports[0].compile_verdict.message
+
+
+def test_a_rejection_is_the_error_jax_raises_on_the_chip():
+    # A test written for the chip expects MosaicError or JaxRuntimeError for a kernel the
+    # compiler rejects; the plugin's own type and its one-line reason stay.
+    from jax._src.pallas.mosaic.error_handling import MosaicError
+    from jax.experimental import pallas as pl
+
+    def scalar_divide(x_ref, o_ref):
+        o_ref[0] = x_ref[1] // x_ref[2]
+
+    def call(x):
+        return pl.pallas_call(scalar_divide, in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+                              out_specs=pl.BlockSpec(memory_space=pltpu.SMEM),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    with pytest.raises(TpuRuleViolation) as raised:
+        check_kernel(call, jax.ShapeDtypeStruct((3,), jnp.int8), chip="v5e")
+    assert isinstance(raised.value, MosaicError)
+    assert isinstance(raised.value, jax.errors.JaxRuntimeError)
+    assert "Only i1 and i32 scalars are supported" in str(raised.value) or (
+        "Only i32" in str(raised.value))
+    assert str(raised.value).startswith("TPU rule [compiler-")

@@ -336,3 +336,44 @@ def test_an_operand_constrained_to_smem_runs_in_the_tpu_interpreter(pytester, ru
     result = run_pytest("--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist",
                         "-W", "error::pytest_pallas.plugin.kernel_guard.PallasInterpreterFallback")
     result.assert_outcomes(passed=1)
+
+
+# pltpu.pack_elementwise and unpack_elementwise, which JAX gives no CPU rule: the values of
+# JAX's own tests' construction (tests/pallas/tpu_ops_test.py), low bits first.
+PACKING = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    @pytest.mark.pallas
+    @pytest.mark.parametrize("wide, narrow", [(jnp.float32, jnp.bfloat16), (jnp.int32, jnp.int8),
+                                              (jnp.int16, jnp.int8)])
+    def test_pack_then_unpack(wide, narrow):
+        bits = 8 * jnp.dtype(narrow).itemsize
+        factor = jnp.dtype(wide).itemsize * 8 // bits
+        rng = np.random.default_rng(0)
+        xs = (rng.standard_normal((factor, 8, 128)) * 50).astype(wide)
+        word = f"uint{8 * jnp.dtype(wide).itemsize}"
+
+        def pack(xs_ref, o_ref):
+            o_ref[...] = pltpu.pack_elementwise([xs_ref[i] for i in range(factor)],
+                                                packed_dtype=narrow)
+
+        packed = pl.pallas_call(pack, out_shape=jax.ShapeDtypeStruct((8, 128), word))(xs)
+        expected = np.zeros((8, 128), np.uint64)
+        for i in range(factor):
+            low = np.asarray(jnp.asarray(xs[i]).astype(narrow).view(f"uint{bits}"))
+            expected |= low.astype(np.uint64) << np.uint64(i * bits)
+        np.testing.assert_array_equal(np.asarray(packed).astype(np.uint64), expected)
+        for index in range(factor):
+            def unpack(x_ref, o_ref):
+                o_ref[...] = pltpu.unpack_elementwise(x_ref[...], index=index,
+                                                      packed_dtype=narrow, unpacked_dtype=wide)
+            out = pl.pallas_call(unpack, out_shape=jax.ShapeDtypeStruct((8, 128), wide))(packed)
+            np.testing.assert_array_equal(out, jnp.asarray(xs[index]).astype(narrow).astype(wide))
+''')
+
+
+def test_pack_and_unpack_elementwise_run_in_the_tpu_interpreter(pytester, run_pytest):
+    pytester.makepyfile(test_packing=PACKING)
+    run_pytest("-p", "no:xdist", "--pallas-compile=none").assert_outcomes(passed=3)

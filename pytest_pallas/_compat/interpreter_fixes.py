@@ -336,3 +336,91 @@ def empty_accesses_race_with_nothing() -> Iterator[bool]:
     finally:
         for name, original in originals.items():
             setattr(state_class, name, original)
+
+
+_TPU_PRIMITIVES = "jax._src.pallas.mosaic.primitives"
+
+
+def _unsigned(bits: int) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.dtype(f"uint{bits}")
+
+
+def _bits(dtype: Any) -> int:
+    """The width of ``dtype``'s values (4 for int4, which takes a byte in memory)."""
+    import jax.numpy as jnp
+
+    return (jnp.finfo(dtype).bits if jnp.issubdtype(dtype, jnp.floating)
+            else jnp.iinfo(dtype).bits)
+
+
+def _pack_elementwise_on_cpu(*xs: Any, packed_dtype: Any) -> Any:
+    """``pltpu.pack_elementwise`` as Mosaic computes it: each source narrowed to
+    ``packed_dtype`` (float32 to bfloat16 rounds to nearest even; integers keep their low
+    bits), the first in the lowest bits of the word."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    wide_bits, narrow_bits = _bits(xs[0].dtype), _bits(packed_dtype)
+    word = jnp.zeros(xs[0].shape, _unsigned(wide_bits))
+    for position, x in enumerate(xs):
+        if jnp.issubdtype(packed_dtype, jnp.floating):
+            bits = lax.bitcast_convert_type(x.astype(packed_dtype), _unsigned(narrow_bits))
+            bits = bits.astype(_unsigned(wide_bits))
+        else:
+            bits = lax.bitcast_convert_type(x, _unsigned(wide_bits)) & ((1 << narrow_bits) - 1)
+        word = word | (bits << (position * narrow_bits))
+    return word
+
+
+def _unpack_elementwise_on_cpu(x: Any, *, index: int, packed_dtype: Any,
+                               unpacked_dtype: Any) -> Any:
+    """``pltpu.unpack_elementwise``: the ``index``-th narrow value of each word, widened to
+    ``unpacked_dtype`` (a signed integer sign-extended, bfloat16 to float32 exactly)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    wide_bits, narrow_bits = _bits(unpacked_dtype), _bits(packed_dtype)
+    floating = jnp.issubdtype(packed_dtype, jnp.floating)
+    word = lax.bitcast_convert_type(x, _unsigned(wide_bits))
+    bits = (word >> (index * narrow_bits)) & ((1 << narrow_bits) - 1)
+    if floating:
+        narrow = lax.bitcast_convert_type(bits.astype(_unsigned(narrow_bits)), packed_dtype)
+        return narrow.astype(unpacked_dtype)
+    if jnp.issubdtype(packed_dtype, jnp.signedinteger):
+        # Move the narrow value's sign bit to the word's and shift back arithmetically.
+        shift = wide_bits - narrow_bits
+        signed = lax.bitcast_convert_type(bits << shift, jnp.dtype(f"int{wide_bits}"))
+        return (signed >> shift).astype(unpacked_dtype)
+    return bits.astype(unpacked_dtype)
+
+
+@contextlib.contextmanager
+def packing_on_the_cpu() -> Iterator[bool]:
+    """``pltpu.pack_elementwise`` and ``unpack_elementwise`` run on the CPU.
+
+    Mosaic lowers them to one TPU instruction each and JAX gives them no other rule, so a
+    kernel using them crashed in the TPU interpreter ("MLIR translation rule for primitive
+    'pack_elementwise' not found for platform cpu"). Registered for the CPU only while the
+    block runs; yields False where this JAX has no such primitives.
+    """
+    try:
+        primitives = [private_attribute(_TPU_PRIMITIVES, name)
+                      for name in ("pack_elementwise_p", "unpack_elementwise_p")]
+        mlir = private_attribute("jax._src.interpreters.mlir")
+        cpu_rules = mlir._platform_specific_lowerings["cpu"]
+    except (JaxInternalsChanged, AttributeError, KeyError):
+        yield False
+        return
+    implementations = (_pack_elementwise_on_cpu, _unpack_elementwise_on_cpu)
+    added = [primitive for primitive in primitives if primitive not in cpu_rules]
+    for primitive, implementation in zip(primitives, implementations):
+        if primitive in added:
+            mlir.register_lowering(primitive, mlir.lower_fun(
+                implementation, multiple_results=False), platform="cpu")
+    try:
+        yield True
+    finally:
+        for primitive in added:
+            cpu_rules.pop(primitive, None)

@@ -174,10 +174,26 @@ def restrict_imported_jax_to_cpu() -> str | None:
     if jax is None or not hasattr(jax, "config"):
         return None
     if backends_are_initialized():
-        platform = jax.default_backend()
+        platform = default_platform()
         return None if platform == "cpu" else platform
     jax.config.update("jax_platforms", "cpu")
     return None
+
+
+def default_platform() -> str:
+    """The platform of JAX's default backend, as JAX's own modules read it: unlike the
+    public ``jax.default_backend``, never the stand-in chip's answer (``device_under_test``)."""
+    return private_attribute("jax._src.xla_bridge", "default_backend")()
+
+
+def start_persistent_compilation_cache() -> None:
+    """Open JAX's persistent compilation cache now, not at the first compile.
+
+    JAX opens it lazily, inside whichever test compiles first, and then changes a config
+    value of its own; JAX's test cases (``jtu.JaxTestCase``) fail a test in which the cache
+    object or a config value changed.
+    """
+    private_attribute("jax._src.compilation_cache", "_initialize_cache")()
 
 
 def pallas_call_primitive() -> Any:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from . import jax_internals
+
 # LLVM's optimisation level: the one option that makes the compiled code itself slower.
 OPTIMIZATION_LEVEL = "xla_backend_optimization_level"
 
@@ -56,9 +58,7 @@ def fast_compile_options(*, long_run: bool = False) -> dict[str, Any]:
 
 @functools.cache
 def _accepted_options() -> dict[str, Any]:
-    import jax
-
-    if jax.default_backend() != "cpu":
+    if jax_internals.default_platform() != "cpu":
         return {}
     everything = dict(CANDIDATES)
     if _accepted(everything):

@@ -40,7 +40,7 @@ from typing import Any
 from .._compat import device_kinds, gpu_interpreter, jax_internals, pallas_call_hooks
 from . import jaxpr_analysis, kernel_model
 from .libtpu_environment import host_has_tpu, quiet_libtpu_environment_for  # noqa: F401
-from .violations import MIB, TpuRuleViolation, Violation
+from .violations import MIB, Violation, rule_violation
 from .vmem_footprint import tpu_info_for
 
 UNIMPLEMENTED = "compiler-unimplemented"
@@ -268,7 +268,9 @@ def _compile(params: dict[str, Any], avals: Sequence[Any], chip: str,
 
         sharding = SingleDeviceSharding(devices[0])
         shapes = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]
-        target = call
+        # The outputs on the chip too: a kernel without operands would otherwise be
+        # placed on JAX's default device, the CPU, which compiles no Mosaic kernel.
+        target = jax.jit(call, out_shardings=sharding)
     info = tpu_info_for(chip)
     host_kind = jax.devices()[0].device_kind
     with (pltpu.force_tpu_interpret_mode(None),
@@ -383,7 +385,7 @@ def pallas_call_compiler(
             if not verdict.compiled:
                 rejected.append(verdict.violation())
         if rejected:
-            raise TpuRuleViolation(rejected)
+            raise rule_violation(rejected)
 
     return observe
 

@@ -49,6 +49,7 @@ from pytest_pallas.checks.violations import (
     TpuRuleViolation,
     Violation,
     raise_for,
+    rule_violation,
 )
 from pytest_pallas.checks.vmem_footprint import tpu_info_for
 
@@ -234,7 +235,7 @@ def _compile_each(calls: Sequence[Any], reports: list[KernelReport], chip: str) 
             report.violations.append(violation)
             rejected.append(violation)
     if rejected:
-        raise TpuRuleViolation(rejected)
+        raise rule_violation(rejected)
 
 
 def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[tuple[Any, Any]]:
@@ -287,7 +288,7 @@ def _lower_for_tpu(target: Callable[..., Any], args: Sequence[Any], info: Any, n
         summary = " ".join(lines[:3])
         if len(summary) > 600:
             summary = summary[:600] + " ..."
-        raise TpuRuleViolation(
+        raise rule_violation(
             [
                 Violation(
                     MOSAIC_LOWERING,
@@ -363,7 +364,7 @@ def pallas_call_checker(
             return
         now = [v for v in report.violations if not is_output_race(v)]
         if now:
-            raise TpuRuleViolation(now)
+            raise rule_violation(now)
         if len(now) < len(report.violations):
             with lock:
                 pending[id(params.get("jaxpr"))] = (params.get("jaxpr"), report)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"
 TPU_COMPILER_CHECK = "the TPU compiler check"
 GPU_RACE_CHECK = "the GPU interpreter's race report"
+DEVICE_UNDER_TEST = "the stand-in chip as the device under test"
 
 _ACTIVE = pytest.StashKey[contextlib.ExitStack]()
 _BACKEND = pytest.StashKey["Backend"]()
@@ -98,6 +99,12 @@ class KernelGuard:
         # assert_allclose in the test then allows for the backend's matmul rounding.
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
         stack.enter_context(backend.activate(on_gpu_kernel=gpu_kernels.append))
+        if self.session.declares_chip_under_test(item, backend):
+            # Then the test's own "am I on a TPU?" gets the stand-in chip's answer (§9).
+            from .._compat.device_under_test import stand_in_chip_under_test
+
+            stack.enter_context(optional(DEVICE_UNDER_TEST,
+                                         lambda: stand_in_chip_under_test(backend.chip)))
         item.stash[_ACTIVE] = stack
         item.stash[_BACKEND] = backend
 

@@ -49,6 +49,12 @@ def enable_jax_cache(config: pytest.Config) -> str | None:
     jax.config.update("jax_compilation_cache_dir", directory)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    from .._compat import jax_internals
+
+    try:
+        jax_internals.start_persistent_compilation_cache()
+    except jax_internals.JaxInternalsChanged:
+        pass  # JAX opens it at the first compile instead, as it does for every user
     return directory
 
 

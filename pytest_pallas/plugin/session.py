@@ -199,6 +199,15 @@ class PallasSession:
 
     # --- per test ---------------------------------------------------------------
 
+    def declares_chip_under_test(self, item: pytest.Item, backend: Backend) -> bool:
+        """Whether ``item``'s own device questions get the stand-in chip's answers: in an
+        opted-in run interpreting for a TPU, for every test but those written to run
+        interpreted on the CPU (JAX's ``INTERPRET = True`` test classes, which skip
+        themselves off the CPU)."""
+        if backend.is_compiled or not (self.options.session_opted_in or self.scope_all):
+            return False
+        return getattr(getattr(item, "cls", None), "INTERPRET", None) is not True
+
     def skip_reason(self, item: pytest.Item) -> str | None:
         backend = self.backend
         if item.get_closest_marker("tpu_only") and not backend.is_tpu:
@@ -269,10 +278,19 @@ class PallasSession:
             devices = (f"; {self.devices_note} simulated, for multi-device kernels "
                        "(--pallas-devices=N to change; tests that need an exact count skip "
                        "under another)")
+        declared = ""
+        if not options.compiled and (options.session_opted_in or self.scope_all):
+            from .._compat.device_under_test import device_kind_of_chip
+
+            declared = (f"; device under test: TPU {options.chip} for JAX's test utilities "
+                        f"and jax.default_backend() (device kind "
+                        f"{device_kind_of_chip(options.chip)!r}; INTERPRET = True test "
+                        "classes see the CPU)")
         compile_text = self.compile_header()
         return (
             f"pallas: {backend}{devices}; {seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
+            + declared
             + (f"; {compile_text}" if compile_text else "")
         )
 

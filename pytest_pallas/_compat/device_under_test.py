@@ -1,0 +1,144 @@
+"""The stand-in chip as the device under test: what JAX's test utilities and
+``jax.default_backend()`` answer inside an opted-in test (contract §9).
+
+Kernel libraries' TPU tests gate on the device: ``jtu.test_device_matches(["tpu"])``,
+``jtu.is_device_tpu(5, "e")``, ``jtu.is_device_tpu_at_least(4)``, ``jtu.get_tpu_version()``,
+``jtu.device_kind_match(...)`` (``jax._src.test_util``), or ``jax.default_backend() == "tpu"``.
+On a CPU they skip, though their kernels run interpreted. Inside :func:`stand_in_chip_under_test`
+those questions get the stand-in chip's answers, read through JAX's own functions (their
+special cases of device kinds stay JAX's), while JAX's internals keep seeing the CPU:
+
+- ``jax._src.test_util.device_under_test`` answers ``"tpu"``, so every utility built on it
+  (device tags, ``supported_dtypes``, ``is_device_tpu_at_least``) answers for a TPU;
+- the utilities that read ``xla_bridge.devices()[0].device_kind`` read the chip's device
+  kind (``"TPU v5 lite"``) while they run, and only then: the same module builds meshes
+  from the real devices;
+- the public ``jax.default_backend`` answers ``"tpu"``; JAX's own modules call
+  ``xla_bridge.default_backend``, which still answers ``"cpu"``.
+
+Device objects (``jax.devices()[0].platform``, ``.device_kind``,
+``jax.extend.backend.get_default_device()``) are JAX's own, handed to meshes, shardings and
+``device_put``: they stay CPU devices, and a test that asks them skips as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .jax_internals import JaxInternalsChanged
+
+TEST_UTIL_MODULE = "jax._src.test_util"
+
+# The device kind a chip's devices report (``jax.devices()[0].device_kind`` on that chip),
+# as JAX's own table reads them back (tpu_info.chip_version_from_device_kind; checked by
+# tests/test_device_under_test.py at both ends of the supported range).
+DEVICE_KIND_OF_CHIP = {
+    "v4": "TPU v4",
+    "v5e": "TPU v5 lite",
+    "v5p": "TPU v5",
+    "v6e": "TPU v6 lite",
+    "7x": "TPU7x",
+}
+
+# JAX's test utilities that read the device kind from xla_bridge.devices().
+_DEVICE_KIND_READERS = ("get_tpu_version", "is_device_tpu", "device_kind_match")
+
+
+def device_kind_of_chip(chip: str) -> str:
+    """The ``device_kind`` string of ``chip``'s devices (``"v5e"`` -> ``"TPU v5 lite"``)."""
+    try:
+        return DEVICE_KIND_OF_CHIP[chip]
+    except KeyError:
+        raise ValueError(
+            f"no TPU device kind is known for chip {chip!r}; use one of "
+            f"{', '.join(DEVICE_KIND_OF_CHIP)}") from None
+
+
+def answered_questions(test_util_loaded: bool) -> list[str]:
+    """What the declaration answers, for the run's header."""
+    answered = ["jax.default_backend()"]
+    if test_util_loaded:
+        answered[:0] = ["JAX's test utilities (jtu.test_device_matches, is_device_tpu, "
+                        "get_tpu_version, device_kind_match)"]
+    return answered
+
+
+@contextlib.contextmanager
+def stand_in_chip_under_test(chip: str) -> Iterator[None]:
+    """Inside the block, JAX's test utilities and ``jax.default_backend()`` answer for
+    ``chip`` (see the module docstring); everything is restored on exit."""
+    import jax
+
+    device_kind = device_kind_of_chip(chip)
+    with contextlib.ExitStack() as stack:
+        _replace(stack, jax, "default_backend", lambda: "tpu")
+        test_util = sys.modules.get(TEST_UTIL_MODULE)
+        if test_util is not None:  # a suite that never imported them asks nothing of them
+            _answer_test_utilities(stack, test_util, device_kind)
+        yield
+
+
+def _answer_test_utilities(stack: contextlib.ExitStack, test_util: Any,
+                           device_kind: str) -> None:
+    for name in ("device_under_test", "xla_bridge", *_DEVICE_KIND_READERS):
+        if not hasattr(test_util, name):
+            raise JaxInternalsChanged(
+                f"{TEST_UTIL_MODULE}.{name} is gone on this JAX: its test utilities cannot "
+                "answer for the stand-in chip")
+    _replace(stack, test_util, "device_under_test", lambda: "tpu")
+    devices_view = _XlaBridgeView(test_util.xla_bridge, device_kind)
+    for name in _DEVICE_KIND_READERS:
+        _replace(stack, test_util, name,
+                 _reading_devices_through(getattr(test_util, name), test_util, devices_view))
+
+
+def _replace(stack: contextlib.ExitStack, owner: Any, name: str, value: Any) -> None:
+    previous = getattr(owner, name)
+    setattr(owner, name, value)
+    stack.callback(setattr, owner, name, previous)
+
+
+def _reading_devices_through(function: Callable, module: Any, view: Any) -> Callable:
+    """``function`` (a function of ``module``) run with ``module.xla_bridge`` set to ``view``."""
+
+    @functools.wraps(function)
+    def answering(*args: Any, **kwargs: Any) -> Any:
+        real = module.xla_bridge
+        module.xla_bridge = view
+        try:
+            return function(*args, **kwargs)
+        finally:
+            module.xla_bridge = real
+
+    return answering
+
+
+class _XlaBridgeView:
+    """``xla_bridge`` whose ``devices()`` report the stand-in chip's device kind."""
+
+    def __init__(self, xla_bridge: Any, device_kind: str) -> None:
+        self._xla_bridge = xla_bridge
+        self._device_kind = device_kind
+
+    def devices(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return [_DeviceView(device, self._device_kind)
+                for device in self._xla_bridge.devices(*args, **kwargs)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._xla_bridge, name)
+
+
+class _DeviceView:
+    """A device that reports the stand-in chip's kind and platform (read, never used)."""
+
+    def __init__(self, device: Any, device_kind: str) -> None:
+        self._device = device
+        self.device_kind = device_kind
+        self.platform = "tpu"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._device, name)

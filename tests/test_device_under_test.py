@@ -1,0 +1,114 @@
+"""An existing TPU test suite, written with JAX's test utilities, runs on the CPU once the run
+opts in: the stand-in chip is the device under test (contract §9), while JAX's devices stay
+CPU devices and JAX's interpret-mode test classes keep running on the CPU."""
+
+import textwrap
+
+import pytest
+
+# A TPU test module as kernel libraries write them: absltest classes that gate on JAX's test
+# utilities, a kernel called without interpret=, and an interpret-mode class for the CPU.
+JAX_STYLE_TPU_TESTS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np
+    from absl.testing import absltest
+    from jax._src import test_util as jtu
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def add_one(x):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1.0
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    class TpuOnlyTest(jtu.JaxTestCase):
+        INTERPRET = False
+
+        def setUp(self):
+            if not jtu.test_device_matches(["tpu"]):
+                self.skipTest("Test requires TPUs")
+            super().setUp()
+
+        def test_kernel_runs(self):
+            x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+            np.testing.assert_array_equal(add_one(x), x + 1.0)
+
+        def test_the_generation(self):
+            if not jtu.is_device_tpu_at_least(4):
+                self.skipTest("needs TPU v4 or newer")
+            print("GENERATION", jtu.get_tpu_version(), jtu.is_device_tpu(5, "e"),
+                  jtu.is_device_tpu(7, "x"), jtu.device_kind_match("TPU v5 lite$") is not None,
+                  jax.default_backend(), jax.devices()[0].platform,
+                  pltpu.get_tpu_info().generation)
+
+    class InterpretTest(jtu.JaxTestCase):
+        INTERPRET = True
+
+        def setUp(self):
+            if not jtu.test_device_matches(["cpu"]) and self.INTERPRET:
+                self.skipTest("Only run interpret tests on CPU.")
+            super().setUp()
+
+        def test_interpreted(self):
+            print("INTERPRET SEES", jtu.device_under_test(), jax.default_backend())
+            x = jnp.ones((8, 128), jnp.float32)
+            out = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+                                 out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                 interpret=True)(x)
+            np.testing.assert_array_equal(out, x * 2)
+''')
+
+
+def test_tpu_tests_run_on_the_cpu_as_the_stand_in_chip(pytester, run_pytest):
+    pytester.makepyfile(test_tpu_suite=JAX_STYLE_TPU_TESTS)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-s")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([
+        "pallas: *device under test: TPU v5e for JAX's test utilities and "
+        "jax.default_backend() (device kind 'TPU v5 lite'*",
+        # The chip's answers where a test asks; JAX's devices stay CPU devices.
+        "*GENERATION 5 True False True tpu cpu 5",
+        "*INTERPRET SEES cpu cpu",
+    ])
+
+
+def test_the_chip_flag_picks_the_generation_they_see(pytester, run_pytest):
+    pytester.makepyfile(test_tpu_suite=JAX_STYLE_TPU_TESTS)
+    result = run_pytest("--pallas-chip=7x", "-p", "no:xdist", "-s", "-k", "generation")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*GENERATION 7 False True False tpu cpu 7"])
+
+
+@pytest.mark.parametrize("args", [(), ("-p", "no:pallas")], ids=["no flag", "plugin off"])
+def test_without_opting_in_the_suite_runs_as_without_the_plugin(pytester, run_pytest, args):
+    pytester.makepyfile(test_tpu_suite=JAX_STYLE_TPU_TESTS)
+    result = run_pytest("-p", "no:xdist", "-s", *args)
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*INTERPRET SEES cpu cpu"])
+
+
+def test_the_answers_are_undone_after_the_test():
+    import jax
+    from jax._src import test_util as jtu
+
+    from pytest_pallas._compat.device_under_test import stand_in_chip_under_test
+
+    before = (jax.default_backend(), jtu.device_under_test(), jtu.test_device_matches(["tpu"]))
+    with stand_in_chip_under_test("v6e"):
+        assert jtu.is_device_tpu(6, "e") and jtu.get_tpu_version() == 6
+        assert jax.default_backend() == "tpu"
+        # JAX's own modules still see the CPU, and so do its devices.
+        from jax._src import xla_bridge
+        assert xla_bridge.default_backend() == "cpu"
+        assert jax.devices()[0].platform == "cpu"
+    assert (jax.default_backend(), jtu.device_under_test(),
+            jtu.test_device_matches(["tpu"])) == before == ("cpu", "cpu", False)
+
+
+def test_each_chip_s_device_kind_is_the_one_jax_reads_back():
+    from pytest_pallas._compat import device_kinds
+    from pytest_pallas._compat.device_under_test import DEVICE_KIND_OF_CHIP, device_kind_of_chip
+
+    for chip, kind in DEVICE_KIND_OF_CHIP.items():
+        assert device_kinds.chip_version_of_device_kind(kind).value == chip
+    with pytest.raises(ValueError, match="no TPU device kind is known for chip 'v9'"):
+        device_kind_of_chip("v9")
