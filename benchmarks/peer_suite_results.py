@@ -1,0 +1,249 @@
+"""The results of a peer-suite run (JUnit XML), classed by cause and tabulated.
+
+Pure: reads the XML pytest wrote with ``--junitxml`` (``-o junit_family=xunit1``, which keeps
+each test's file), and returns tables as text. benchmarks/peer_suites.py runs the suites;
+this module only reads what they left. ``python benchmarks/peer_suite_results.py OFF.xml ON.xml``
+prints the tables again from the files of an earlier run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import re
+import xml.etree.ElementTree as ET
+
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    test_id: str      # file::Class::name, as pytest names it
+    file: str         # the test file's name (tpu_pallas_test.py)
+    outcome: str      # passed, failed (a failure or an error) or skipped (skip or xfail)
+    reason: str       # "ExceptionType: first line" of a failure, a skip's reason
+    seconds: float
+
+
+def read_junit(path) -> list[Result]:
+    """Every test case of a JUnit XML file, in file order."""
+    results = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        classname, name = case.get("classname", ""), case.get("name", "")
+        file = case.get("file") or classname.replace(".", "/").rsplit("/", 1)[0] + ".py"
+        test_id = f"{file}::{classname.rsplit('.', 1)[-1]}::{name}" if "." in classname \
+            else f"{file}::{name}"
+        outcome, reason = PASSED, ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome, reason = FAILED, _failure_reason(child)
+                break
+            if child.tag == "skipped":
+                outcome, reason = SKIPPED, child.get("message") or child.text or ""
+                break
+        results.append(Result(test_id, file.rsplit("/", 1)[-1], outcome, reason,
+                              float(case.get("time") or 0.0)))
+    return results
+
+
+def _failure_reason(element) -> str:
+    """'Type: first line' of a failure: pytest's message attribute is the exception's repr
+    line; where it has no type (an assert rewritten by pytest), the E-lines of the text say it."""
+    message = (element.get("message") or "").strip()
+    text = element.text or ""
+    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    typed = next((line for line in reversed(errors)
+                  if re.match(r"^[\w.]+(Error|Exception|Timeout|Violation|Failure)\b", line)), None)
+    if typed and not re.match(r"^[\w.]+(Error|Exception|Timeout|Violation|Failure)\b", message):
+        return typed
+    return message or (errors[-1] if errors else element.get("type", "failure"))
+
+
+_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(\.\d+)?(e[-+]?\d+)?")
+
+
+def normalise(reason: str) -> str:
+    """The first line of a reason with numbers, addresses and long quotes blanked, so that
+    one cause with different shapes or sizes is one class."""
+    line = (reason.strip().splitlines() or [""])[0]
+    line = re.sub(r"^.*?\.py:\d+: ", "", line)          # a skip's "file.py:12: " prefix
+    line = re.sub(r"\b(?:\w+\.)+(\w+(?:Error|Exception|Violation|Timeout)\b)", r"\1", line)
+    line = re.sub(r"0x[0-9a-fA-F]+", "0x…", line)
+    line = re.sub(r"'[^']{40,}'", "'…'", line)
+    line = re.sub(r"\([^()]*\bshape[^()]*\)", "(…)", line)
+    line = _NUMBER.sub("N", line)
+    line = re.sub(r"\s+", " ", line).strip()
+    return line[:160] + ("…" if len(line) > 160 else "")
+
+
+# (pattern searched in the outcome and the reason, the cause in words). First match wins, so
+# the specific come before the general. Each cause is what the measurement found behind it.
+CAUSES: list[tuple[str, str]] = [
+    (r"PeerSuiteTimeout|Timeout", "timeout: the test ran past the per-test limit"),
+    (r"(un)?pack_elementwise",
+     "JAX interpreter limit: pack_elementwise/unpack_elementwise have no CPU rule"),
+    (r"dma_sem", "JAX interpreter limit: an uninitialised DMA semaphore (nan + dma_sem)"),
+    (r"io_callback|empty_ref",
+     "JAX interpreter limit: jax.empty_ref in a kernel (no discharge rule for io_callback)"),
+    (r"cost_analysis|used_scoped_memory|scoped_memory_configs|as_text|mlir|MLIR|debug",
+     "reads a compiled artefact (cost analysis, the HLO's memory configs, debug MLIR)"),
+    (r"Only interpret mode is supported on CPU backend",
+     "false alarm: the compile check lowered an interpret-only kernel for the CPU"),
+    (r"MosaicError|Only i1 and i32|LoweringException|MLIRError",
+     "expects the chip's rejection (Mosaic lowering or the TPU compiler)"),
+    (r"TpuRuleViolation", "the plugin's TPU check rejected the kernel"),
+    (r"Megacore|megacore", "Megacore only: the stand-in chip has one TensorCore"),
+    (r"(?i)interpret not supported|non-interpret mode|fail on interpreter",
+     "the test declines the interpreter (it runs compiled only)"),
+    (r"Only run interpret tests on CPU|interpret.*on CPU",
+     "interpret-mode test: runs only where the device under test is the CPU"),
+    (r"Device kind cpu is not supported|device kind",
+     "asks the device kind: the CPU is no TPU generation"),
+    (r"(?i)tpu|device_under_test|not supported on (the )?cpu|requires? .*(accelerator|device)",
+     "gates on a TPU: skipped on the CPU"),
+    (r"Not equal to tolerance|Arrays are not|Mismatch|allclose|not close",
+     "value comparison: the result differs from the test's expectation"),
+    (r"hypothesis|Hypothesis", "Hypothesis health check or its settings"),
+]
+UNCLASSED = "unclassed"
+
+
+def cause(outcome: str, reason: str) -> str:
+    if outcome == PASSED:
+        return ""
+    for pattern, words in CAUSES:
+        if re.search(pattern, reason):
+            return words
+    return UNCLASSED
+
+
+@dataclasses.dataclass
+class FileRow:
+    file: str
+    ids: int = 0
+    skipped_off: int = 0          # with the plugin off: the TPU-only tests
+    passed_off: int = 0
+    run_on: int = 0               # of the TPU-only tests, opted in: run (not skipped)
+    passed_on: int = 0
+    failed_on: int = 0
+    skipped_on: int = 0
+    lost: int = 0                 # passed with the plugin off, not opted in
+    seconds_off: float = 0.0      # the tests' own time (setup, call, teardown), summed
+    seconds_on: float = 0.0
+
+
+def compare(off: list[Result], on: list[Result] | None):
+    """Per file, the counts of both runs, and the classes of what did not pass opted in:
+    {(outcome, cause, normalised reason): count}. Without ``on``, the classes of ``off``'s skips
+    and failures. A test absent from one run (a run cut short) is not counted in either."""
+    on_by_id = {result.test_id: result for result in on or []}
+    rows: dict[str, FileRow] = {}
+    classes: collections.Counter = collections.Counter()
+    for before in off:
+        after = on_by_id.get(before.test_id) if on is not None else None
+        if on is not None and after is None:
+            continue
+        row = rows.setdefault(before.file, FileRow(before.file))
+        row.ids += 1
+        row.passed_off += before.outcome == PASSED
+        row.skipped_off += before.outcome == SKIPPED
+        row.seconds_off += before.seconds
+        if on is None:
+            if before.outcome != PASSED:
+                classes[_class_of(before)] += 1
+            continue
+        row.seconds_on += after.seconds
+        if before.outcome == SKIPPED:
+            row.run_on += after.outcome != SKIPPED
+            row.passed_on += after.outcome == PASSED
+            row.failed_on += after.outcome == FAILED
+            row.skipped_on += after.outcome == SKIPPED
+            if after.outcome != PASSED:
+                classes[_class_of(after)] += 1
+        elif before.outcome == PASSED and after.outcome != PASSED:
+            row.lost += 1
+            classes[("lost: " + after.outcome, *_class_of(after)[1:])] += 1
+    return list(rows.values()), classes
+
+
+def _class_of(result: Result) -> tuple[str, str, str]:
+    return (result.outcome, cause(result.outcome, result.reason), normalise(result.reason))
+
+
+def table(rows: list[FileRow], opted_in: bool = True) -> str:
+    if opted_in:
+        header = ("file", "ids", "skipped off", "passed off", "run on", "passed on",
+                  "failed on", "skipped on", "lost on", "test s off", "test s on")
+        total = FileRow("total")
+        for row in rows:
+            for field in dataclasses.fields(FileRow)[1:]:
+                setattr(total, field.name, getattr(total, field.name) + getattr(row, field.name))
+        body = [(r.file, r.ids, r.skipped_off, r.passed_off, r.run_on, r.passed_on,
+                 r.failed_on, r.skipped_on, r.lost, f"{r.seconds_off:.0f}", f"{r.seconds_on:.0f}")
+                for r in [*rows, total]]
+    else:
+        header = ("file", "ids", "passed", "skipped", "failed", "test s")
+        body = [(r.file, r.ids, r.passed_off, r.skipped_off, r.ids - r.passed_off - r.skipped_off,
+                 f"{r.seconds_off:.0f}") for r in rows]
+    return _markdown(header, body)
+
+
+def class_table(classes: collections.Counter) -> str:
+    body = [(count, outcome, words, f"`{reason}`")
+            for (outcome, words, reason), count in sorted(
+                classes.items(), key=lambda item: (-item[1], item[0]))]
+    return _markdown(("count", "outcome", "cause", "exception or reason (normalised)"), body)
+
+
+def cause_table(classes: collections.Counter) -> str:
+    """The classes summed per cause: one line each."""
+    per_cause: collections.Counter = collections.Counter()
+    for (outcome, words, _), count in classes.items():
+        per_cause[(outcome, words)] += count
+    body = [(count, outcome, words) for (outcome, words), count in sorted(
+        per_cause.items(), key=lambda item: (-item[1], item[0]))]
+    return _markdown(("count", "outcome", "cause"), body)
+
+
+def slowest(results: list[Result], count: int = 10) -> str:
+    body = [(f"{r.seconds:.1f}", r.outcome, r.test_id)
+            for r in sorted(results, key=lambda r: -r.seconds)[:count]]
+    return _markdown(("seconds", "outcome", "test"), body)
+
+
+def _markdown(header, body) -> str:
+    lines = ["| " + " | ".join(map(str, header)) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |"
+              for row in body]
+    return "\n".join(lines)
+
+
+def report(off_path, on_path=None) -> str:
+    off = read_junit(off_path)
+    on = read_junit(on_path) if on_path else None
+    rows, classes = compare(off, on)
+    parts = [table(rows, opted_in=on is not None), "", cause_table(classes), "",
+             class_table(classes)]
+    if on is not None:
+        tpu_only = sum(row.skipped_off for row in rows)
+        passed = sum(row.passed_on for row in rows)
+        if tpu_only:
+            parts += ["", f"TPU-only tests passing opted in: {passed} of {tpu_only} "
+                          f"({100 * passed / tpu_only:.1f}%)"]
+    parts += ["", "slowest opted in:" if on is not None else "slowest:",
+              slowest(on if on is not None else off)]
+    return "\n".join(parts)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("off", help="JUnit XML of the run with the plugin off")
+    parser.add_argument("on", nargs="?", help="JUnit XML of the opted-in run")
+    args = parser.parse_args(argv)
+    print(report(args.off, args.on))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""JAX's and tokamax's own TPU tests on the CPU: with the plugin off, then opted in, and the table.
+
+    # JAX's tests/pallas TPU files at the tag of the installed jax, from a clone of JAX
+    # (a checkout, or a bare git directory: git clone --bare https://github.com/jax-ml/jax)
+    python benchmarks/peer_suites.py jax --jax-source ~/src/jax --sample 10 -n 2
+
+    # tokamax's TPU tests, from its installed wheel (pip install tokamax==0.0.17)
+    python benchmarks/peer_suites.py tokamax --sample 10 -n 2
+
+    # the tables again, from the JUnit XML of an earlier run
+    python benchmarks/peer_suite_results.py WORK/off.xml WORK/on.xml
+
+Each suite runs twice in a work folder (``--workdir``, default a fresh temporary one): with
+``-p no:pallas``, then opted in (``--opt-in``, default ``--pallas-interpret=tpu``); each run
+writes JUnit XML there (off.xml, on.xml) and its ``--durations`` output (off.log, on.log).
+The tables (docs/peer-suites.md) count, per file, the TPU-only tests (skipped with the plugin
+off) and what became of them opted in, and class every skip and failure by cause.
+
+JAX's test files come from the JAX source at the tag ``jax-v<installed version>`` (``--ref``
+to name another); a checkout without git is used as it is. The wheel lacks two of their
+utilities (``jax._src.pallas.pallas_test_util``, ``jax._src.hypothesis_test_util``): they are
+copied from the same source beside the tests and served by benchmarks/peer_suite_shim.py
+(copied there, loaded with ``-p``), which also keeps every K-th test id (``--sample K``) and ends
+a test past ``--timeout`` seconds. The installed jax is not modified. JAX's own pytest settings
+(its pyproject.toml, at the same tag) apply, as in JAX's CI: warnings are errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import peer_suite_results  # noqa: E402  (beside this script)
+
+JAX_FILES = (
+    "tpu_pallas_test.py",
+    "tpu_ops_test.py",
+    "tpu_paged_attention_kernel_test.py",
+    "tpu_pallas_pipeline_test.py",
+    "tpu_pallas_async_test.py",
+    "tpu_ragged_paged_attention_test.py",
+)
+JAX_SUPPORT = {
+    "jax/_src/pallas/pallas_test_util.py": "pallas_test_util.py",
+    "jax/_src/hypothesis_test_util.py": "hypothesis_test_util.py",
+}
+# A tokamax test file is a TPU one when its path names the TPU or its text asks for one.
+TOKAMAX_PATH = r"(?i)tpu"
+TOKAMAX_ASKS = r"[!=]= *['\"]tpu['\"]|get_tpu_info"
+NO_SOURCE = ("no JAX source: give --jax-source PATH (or PEER_SUITES_JAX_SOURCE), a clone of "
+             "https://github.com/jax-ml/jax, e.g. git clone --bare https://github.com/jax-ml/jax")
+
+
+def _installed_jax_version() -> str:
+    out = subprocess.run([sys.executable, "-c", "import jax; print(jax.__version__)"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def _git_dir(source: pathlib.Path) -> pathlib.Path | None:
+    for candidate in (source / ".git", source):
+        if (candidate / "objects").is_dir() and (candidate / "HEAD").exists():
+            return candidate
+    return None
+
+
+def fetch_jax_files(source: pathlib.Path, ref: str | None, files, workdir: pathlib.Path) -> str:
+    """Copies JAX's test files and their two utilities into ``workdir``; returns what was used."""
+    wanted = {f"tests/pallas/{name}": workdir / "tests" / "pallas" / name for name in files}
+    wanted.update({path: workdir / "_jax_test_support" / name
+                   for path, name in JAX_SUPPORT.items()})
+    wanted["pyproject.toml"] = workdir / "pyproject.toml"
+    git = _git_dir(source)
+    if git is not None and ref != "worktree":
+        ref = ref or f"jax-v{_installed_jax_version()}"
+        for path, target in wanted.items():
+            shown = subprocess.run(["git", "--git-dir", str(git), "show", f"{ref}:{path}"],
+                                   capture_output=True)
+            if shown.returncode:
+                raise SystemExit(f"{git} has no {path} at {ref}: fetch the tag "
+                                 f"(git -C {source} fetch --tags) or name one with --ref.")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(shown.stdout)
+        commit = subprocess.run(["git", "--git-dir", str(git), "rev-parse", ref],
+                                capture_output=True, text=True).stdout.strip()
+        return f"{ref} ({commit[:12]})"
+    for path, target in wanted.items():
+        if not (source / path).exists():
+            raise SystemExit(f"{source} has no {path}: give the root of a JAX checkout.")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / path, target)
+    return f"the checkout {source}"
+
+
+def prepare_workdir(workdir: pathlib.Path) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    # Loaded with -p (not as a conftest.py), so that it also serves tests outside the folder.
+    shutil.copyfile(HERE / "peer_suite_shim.py", workdir / "peer_suite_shim.py")
+
+
+def run_pytest(workdir: pathlib.Path, paths, label: str, plugin_args, args) -> pathlib.Path:
+    """One pytest run over ``paths`` in ``workdir``; returns its JUnit XML."""
+    xml = workdir / f"{label}.xml"
+    command = [sys.executable, "-m", "pytest", *map(str, paths), "-p", "peer_suite_shim",
+               *plugin_args,
+               f"--junitxml={xml}", "-o", "junit_family=xunit1", "-q", "-rN",
+               f"--durations={args.durations}", "-p", "no:cacheprovider"]
+    command += ["-n", str(args.workers)] if args.workers else ["-p", "no:xdist"]
+    command += args.pytest_args
+    path = os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PEER_SUITE_SAMPLE=str(args.sample),
+               PEER_SUITE_TIMEOUT=str(args.timeout), PYTHONHASHSEED="0", PYTHONPATH=path)
+    print(f"$ (cd {workdir} && PEER_SUITE_SAMPLE={args.sample} "
+          f"PEER_SUITE_TIMEOUT={args.timeout} {' '.join(command[1:])})", flush=True)
+    start = time.monotonic()
+    with open(workdir / f"{label}.log", "w") as log:
+        status = subprocess.run(command, cwd=workdir, env=env, stdout=log,
+                                stderr=subprocess.STDOUT).returncode
+    print(f"  exit {status}, {time.monotonic() - start:.0f} s wall; log {workdir / label}.log",
+          flush=True)
+    if not xml.exists():
+        raise SystemExit(f"pytest wrote no {xml}; see {workdir / label}.log")
+    return xml
+
+
+def measure(workdir: pathlib.Path, paths, args) -> None:
+    xml_off = xml_on = None
+    if args.mode in ("off", "both"):
+        xml_off = run_pytest(workdir, paths, "off", ["-p", "no:pallas"], args)
+    if args.mode in ("on", "both"):
+        xml_on = run_pytest(workdir, paths, "on", args.opt_in.split(), args)
+    if xml_off is None:
+        print(peer_suite_results.report(xml_on))
+    else:
+        print(peer_suite_results.report(xml_off, xml_on))
+
+
+def tokamax_test_files(exclude: str) -> tuple[pathlib.Path, list[pathlib.Path]]:
+    """The installed tokamax's TPU test files (TOKAMAX_PATH, TOKAMAX_ASKS) whose path does not
+    match ``exclude``."""
+    out = subprocess.run([sys.executable, "-c", "import tokamax, os; "
+                          "print(os.path.dirname(tokamax.__file__))"],
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit("tokamax is not installed: pip install tokamax==0.0.17 "
+                         "(it needs jax 0.12 and Python 3.12+).")
+    root = pathlib.Path(out.stdout.strip())
+    files = sorted(
+        path for path in root.rglob("*_test.py")
+        if not re.search(exclude, str(path.relative_to(root)))
+        and (re.search(TOKAMAX_PATH, str(path.relative_to(root)))
+             or re.search(TOKAMAX_ASKS, path.read_text(errors="replace"))))
+    return root, files
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("suite", choices=("jax", "tokamax"))
+    parser.add_argument("--jax-source", default=os.environ.get("PEER_SUITES_JAX_SOURCE"),
+                        help="a JAX checkout or git directory (jax suite)")
+    parser.add_argument("--ref", help="git tag or commit of the tests (default "
+                        "jax-v<installed version>; 'worktree' uses a checkout's files as they are)")
+    parser.add_argument("--files", nargs="+", default=list(JAX_FILES),
+                        help="JAX test files under tests/pallas (default: the six TPU files)")
+    parser.add_argument("--tokamax-exclude", default="torch",
+                        help="leave out tokamax test files whose path matches this regular "
+                        "expression (default: the PyTorch front end's)")
+    parser.add_argument("--workdir", type=pathlib.Path,
+                        help="where the tests, the XML and the logs go (default: a new temp dir)")
+    parser.add_argument("--mode", choices=("off", "on", "both"), default="both")
+    parser.add_argument("--opt-in", default="--pallas-interpret=tpu",
+                        help="the pytest arguments of the opted-in run")
+    parser.add_argument("--sample", type=int, default=1, help="keep every K-th test id per file")
+    parser.add_argument("-n", "--workers", type=int, default=0, help="pytest-xdist workers")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds a test may run (0: no limit)")
+    parser.add_argument("--durations", type=int, default=25)
+    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    args = parser.parse_args(argv)
+
+    workdir = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix=f"peer-{args.suite}-"))
+    prepare_workdir(workdir)
+    if args.suite == "jax":
+        if not args.jax_source:
+            raise SystemExit(NO_SOURCE)
+        used = fetch_jax_files(pathlib.Path(args.jax_source).expanduser(), args.ref,
+                               args.files, workdir)
+        print(f"JAX's tests from {used}, jax {_installed_jax_version()} installed", flush=True)
+        paths = [pathlib.Path("tests", "pallas", name) for name in args.files]
+    else:
+        root, paths = tokamax_test_files(args.tokamax_exclude)
+        print(f"tokamax's tests from {root}: {len(paths)} files", flush=True)
+    measure(workdir, paths, args)
+
+
+if __name__ == "__main__":
+    main()

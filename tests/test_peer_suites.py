@@ -1,0 +1,127 @@
+"""benchmarks/peer_suites.py's pure parts: the work folder's plugin (sampling, the per-test
+limit) and the classing and tables of benchmarks/peer_suite_results.py, on a small suite run
+twice by an inner pytest, as the measurement runs JAX's: gated off, then "opted in"."""
+
+import pathlib
+import sys
+import textwrap
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import peer_suite_results as results  # noqa: E402
+import peer_suites  # noqa: E402
+
+# A TPU suite in miniature: its tests skip unless the device under test is a TPU (here an
+# environment variable), one interpret-mode test runs only on the CPU.
+SUITE = textwrap.dedent("""
+    import os, time
+    import pytest
+
+    ON_TPU = os.environ.get("FAKE_DEVICE_UNDER_TEST") == "tpu"
+
+    @pytest.mark.parametrize("case", range(6))
+    def test_kernel(case):
+        if not ON_TPU:
+            pytest.skip("Test requires TPUs")
+        if case == 2:
+            raise NotImplementedError(
+                "Unimplemented primitive in Pallas TPU lowering for tc: pack_elementwise")
+        if case == 4:
+            time.sleep(30)
+        if case == 5:
+            pytest.skip("Megacore is only available on TPU v4 or TPU v5p")
+
+    def test_interpret_only():
+        if ON_TPU:
+            pytest.skip("Only run interpret tests on CPU.")
+""")
+
+
+def _run(pytester, label, *args):
+    xml = pytester.path / f"{label}.xml"
+    pytester.runpytest("-p", "peer_suite_shim", "-p", "no:pallas", "-p", "no:cacheprovider",
+                       "-o", "junit_family=xunit1", f"--junitxml={xml}", *args)
+    return xml
+
+
+@pytest.fixture
+def suite(pytester, monkeypatch):
+    pytester.syspathinsert(BENCHMARKS)
+    pytester.makepyfile(tpu_fake_test=SUITE)
+    monkeypatch.setenv("PEER_SUITE_TIMEOUT", "0.5")
+    return pytester
+
+
+def test_off_and_on_runs_are_counted_and_every_outcome_classed(suite, monkeypatch):
+    off = _run(suite, "off")
+    monkeypatch.setenv("FAKE_DEVICE_UNDER_TEST", "tpu")
+    on = _run(suite, "on")
+
+    rows, classes = results.compare(results.read_junit(off), results.read_junit(on))
+
+    [row] = rows
+    assert (row.file, row.ids, row.skipped_off, row.passed_off) == ("tpu_fake_test.py", 7, 6, 1)
+    assert (row.run_on, row.passed_on, row.failed_on, row.skipped_on, row.lost) == (5, 3, 2, 1, 1)
+    assert classes == {
+        ("failed", "timeout: the test ran past the per-test limit",
+         "PeerSuiteTimeout: ran past N s"): 1,
+        ("failed",
+         "JAX interpreter limit: pack_elementwise/unpack_elementwise have no CPU rule",
+         "NotImplementedError: Unimplemented primitive in Pallas TPU lowering for tc: "
+         "pack_elementwise"): 1,
+        ("skipped", "Megacore only: the stand-in chip has one TensorCore",
+         "Megacore is only available on TPU v4 or TPU v5p"): 1,
+        ("lost: skipped",
+         "interpret-mode test: runs only where the device under test is the CPU",
+         "Only run interpret tests on CPU."): 1,
+    }
+    text = results.report(off, on)
+    assert "| tpu_fake_test.py | 7 | 6 | 1 | 5 | 3 | 2 | 1 | 1 |" in text
+    assert "TPU-only tests passing opted in: 3 of 6 (50.0%)" in text
+
+
+def test_sampling_keeps_every_kth_id_of_each_file(suite, monkeypatch):
+    monkeypatch.setenv("PEER_SUITE_SAMPLE", "3")
+    kept = [result.test_id.rsplit("::", 1)[-1]
+            for result in results.read_junit(_run(suite, "sampled"))]
+    assert kept == ["test_kernel[0]", "test_kernel[3]", "test_interpret_only"]
+
+
+def test_a_run_of_the_plugin_off_alone_classes_its_skips(suite):
+    rows, classes = results.compare(results.read_junit(_run(suite, "off")), None)
+    assert (rows[0].ids, rows[0].skipped_off, rows[0].passed_off) == (7, 6, 1)
+    assert classes == {("skipped", "gates on a TPU: skipped on the CPU", "Test requires TPUs"): 6}
+
+
+@pytest.mark.parametrize(("outcome", "reason", "expected"), [
+    ("failed", "ValueError: Device kind cpu is not supported",
+     "asks the device kind: the CPU is no TPU generation"),
+    ("failed", "NotImplementedError: nan + dma_sem",
+     "JAX interpreter limit: an uninitialised DMA semaphore (nan + dma_sem)"),
+    ("failed", "jax._src.pallas.mosaic.lowering.LoweringException: MosaicError: Only i1 and i32",
+     "expects the chip's rejection (Mosaic lowering or the TPU compiler)"),
+    ("failed", "AssertionError: \nNot equal to tolerance rtol=0.02, atol=0.01",
+     "value comparison: the result differs from the test's expectation"),
+    ("skipped", "Only supports TPU generation 5 or above", "gates on a TPU: skipped on the CPU"),
+    ("failed", "KeyError: 'something nobody has seen'", results.UNCLASSED),
+    ("passed", "", ""),
+])
+def test_a_reason_is_classed_by_its_cause(outcome, reason, expected):
+    assert results.cause(outcome, reason) == expected
+
+
+def test_shapes_and_sizes_do_not_split_a_class():
+    first = "ValueError: block (8, 128) of f32[16,256] at 0x7f00ab does not fit: 12.5 MiB"
+    second = "ValueError: block (16, 128) of f32[32,512] at 0x7f11cd does not fit: 50 MiB"
+    assert results.normalise(first) == results.normalise(second)
+
+
+def test_no_jax_source_is_one_line_naming_how_to_get_one(monkeypatch, tmp_path):
+    monkeypatch.delenv("PEER_SUITES_JAX_SOURCE", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        peer_suites.main(["jax", "--workdir", str(tmp_path)])
+    assert str(stopped.value) == peer_suites.NO_SOURCE
+    assert "git clone" in peer_suites.NO_SOURCE and "\n" not in peer_suites.NO_SOURCE
