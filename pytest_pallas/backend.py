@@ -156,6 +156,9 @@ class Backend:
             stack.enter_context(interpreter_fixes.memory_space_constraints_accepted())
             # Loads, stores and DMAs from and to ref.reshape(...) and ref.bitcast(...) views.
             stack.enter_context(ref_views.reshaped_and_bitcast_refs())
+            # A load through pl.ds(i, n, stride=0) reads element i n times, as on the chip
+            # (after the views: it rewrites the load before they see it).
+            stack.enter_context(interpreter_fixes.zero_stride_reads_broadcast())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
             # A pallas_call built before (at import time) is interpreted too.
             stack.enter_context(pallas_call_hooks.forced_interpreter_when_called())
