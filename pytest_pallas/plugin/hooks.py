@@ -34,6 +34,7 @@ from .hypothesis_settings import (
     seed_hypothesis,
 )
 from .options import WORKER_SEED_KEY
+from .processes import worker_process as processes_worker
 from .run_records import imported_attribute
 from .session import MARKERS, SESSION_KEY, PallasSession, session_of
 
@@ -64,6 +65,10 @@ _session = session_of
 @pytest.hookimpl(wrapper=True)
 def pytest_cmdline_main(config: pytest.Config):
     option = config.option
+    if option.pallas_processes or processes_worker():
+        from .processes import configure as configure_processes
+
+        configure_processes(config)  # before pytest_configure: JAX joins the other processes
     if option.pallas_tpu or option.pallas_gpu:
         from .workers import one_device_per_worker
 

@@ -1,0 +1,58 @@
+"""One verdict per test of a ``--pallas-processes`` run, from every process's reports.
+
+Process 0's reports are the test's (its captured output, its records for the conformance
+report); a phase that failed in any process fails, its message made of each failing
+process's, under ``process K:``. A test some process did not finish (it died, or hung past
+``--pallas-timeout``) fails with the controller's reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+_PHASES = ("setup", "call", "teardown")
+
+
+def merged_reports(item: pytest.Item, per_process: list[list[pytest.TestReport]],
+                   problem: str | None) -> list[pytest.TestReport]:
+    """The reports pytest shows for ``item``: one per phase that some process reached."""
+    by_phase = [{report.when: report for report in reports} for reports in per_process]
+    merged = []
+    for when in _PHASES:
+        reports = [(number, phases[when]) for number, phases in enumerate(by_phase)
+                   if when in phases]
+        if not reports:
+            continue
+        base = dict(reports)[0] if 0 in dict(reports) else reports[0][1]
+        failures = [(number, report) for number, report in reports if report.failed]
+        if failures:
+            base.outcome = "failed"
+            base.longrepr = "\n\n".join(
+                f"process {number}: {_message(report)}" for number, report in failures)
+            for number, report in failures:
+                if number != 0:
+                    base.sections.extend(
+                        (f"{title} (process {number})", text) for title, text in report.sections)
+        merged.append(base)
+    if problem is not None:
+        merged = [report for report in merged if report.when == "setup" and report.passed]
+        merged.append(_report(item, "call", problem))
+        if any(report.failed for reports in per_process for report in reports):
+            merged[-1].longrepr = "\n\n".join(
+                [f"process {number}: {_message(report)}"
+                 for number, reports in enumerate(per_process)
+                 for report in reports if report.failed] + [problem])
+    return merged
+
+
+def _message(report: pytest.TestReport) -> str:
+    """The failure's one line (pytest's short summary shows it), then its whole text."""
+    text = report.longreprtext.strip()
+    crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
+    if crash:
+        return f"{crash.splitlines()[0]}\n{text}"
+    return text or report.outcome
+
+
+def _report(item: pytest.Item, when: str, text: str) -> pytest.TestReport:
+    return pytest.TestReport(item.nodeid, item.location, {}, "failed", text, when, (), 0.0)
