@@ -16,32 +16,31 @@ _PHASES = ("setup", "call", "teardown")
 def merged_reports(item: pytest.Item, per_process: list[list[pytest.TestReport]],
                    problem: str | None) -> list[pytest.TestReport]:
     """The reports pytest shows for ``item``: one per phase that some process reached."""
+    failures = [f"process {number}: {_message(report)}"
+                for number, reports in enumerate(per_process)
+                for report in reports if report.failed]
     by_phase = [{report.when: report for report in reports} for reports in per_process]
     merged = []
     for when in _PHASES:
-        reports = [(number, phases[when]) for number, phases in enumerate(by_phase)
-                   if when in phases]
+        reports = dict((number, phases[when]) for number, phases in enumerate(by_phase)
+                       if when in phases)
         if not reports:
             continue
-        base = dict(reports)[0] if 0 in dict(reports) else reports[0][1]
-        failures = [(number, report) for number, report in reports if report.failed]
-        if failures:
-            base.outcome = "failed"
-            base.longrepr = "\n\n".join(
-                f"process {number}: {_message(report)}" for number, report in failures)
-            for number, report in failures:
+        base = reports.get(0) or next(iter(reports.values()))
+        failed = [(number, report) for number, report in reports.items() if report.failed]
+        if failed:
+            for number, report in failed:
                 if number != 0:
                     base.sections.extend(
                         (f"{title} (process {number})", text) for title, text in report.sections)
+            base.longrepr = "\n\n".join(
+                f"process {number}: {_message(report)}" for number, report in failed)
+            base.outcome = "failed"
         merged.append(base)
     if problem is not None:
+        # The phases every process finished stay; the rest is the one failure that says why.
         merged = [report for report in merged if report.when == "setup" and report.passed]
-        merged.append(_report(item, "call", problem))
-        if any(report.failed for reports in per_process for report in reports):
-            merged[-1].longrepr = "\n\n".join(
-                [f"process {number}: {_message(report)}"
-                 for number, reports in enumerate(per_process)
-                 for report in reports if report.failed] + [problem])
+        merged.append(_report(item, "call", "\n\n".join(failures + [problem])))
     return merged
 
 

@@ -104,7 +104,8 @@ def _check_combination(config: pytest.Config, count: int) -> None:
     if devices % count:
         raise pytest.UsageError(
             f"--pallas-devices={devices} cannot be split among --pallas-processes={count}; "
-            f"give a multiple of {count} (e.g. --pallas-devices={count * max(1, devices // count)}).")
+            f"give a multiple of {count} "
+            f"(e.g. --pallas-devices={count * max(1, devices // count)}).")
 
 
 def _devices(config: pytest.Config) -> int:
@@ -225,7 +226,9 @@ class ProcessController:
             while True:
                 for each in results:
                     each.read()
-                if any(index in each.started for each in results) and not started:
+                # Timed once every process has started it: a process restarted with the
+                # others may still be starting (importing JAX, joining them).
+                if not started and all(index in each.started for each in results):
                     started, clock = True, time.monotonic()
                 finished = [index in each.finished for each in results]
                 if all(finished):
@@ -268,8 +271,9 @@ class ProcessController:
                         + _log_tail(os.path.join(self.exchange, f"process-{number}.log")))
         unfinished = ", ".join(f"process {n}" for n, done in enumerate(finished) if not done)
         if not started:
-            if now - clock > max(_START_SECONDS, timeout):
-                return f"{unfinished} did not start this test within {max(_START_SECONDS, timeout):g}s"
+            limit = max(_START_SECONDS, timeout)
+            if now - clock > limit:
+                return f"{unfinished} did not start this test within {limit:g}s"
             return None
         if timeout and now - clock > timeout:
             return (f"{unfinished} did not finish this test within --pallas-timeout="
@@ -366,7 +370,7 @@ def _configure_worker(config: pytest.Config, index: int, count: int) -> None:
                           "workerid": f"process{index}"}
     join_processes(os.environ[COORDINATOR_ENV], count, index)
     config.pluginmanager.register(
-        ProcessWorker(index, count, os.environ[EXCHANGE_ENV],
+        ProcessWorker(config, index, count, os.environ[EXCHANGE_ENV],
                       int(os.environ.get(FIRST_TEST_ENV, "0"))), "pallas-process-worker")
 
 
@@ -385,13 +389,18 @@ def join_processes(coordinator: str | None, count: int | None, index: int | None
         jax.distributed.initialize(coordinator, count, index)
     else:
         jax.distributed.initialize()
+    # Every process starts its backend now, together: starting one exchanges the devices of
+    # all, and a process that ran no test would leave the others waiting in their first.
+    jax.devices()
     install_process_local_barriers()
 
 
 class ProcessWorker:
     """One of the N processes: the controller's tests in its order, its reports to a file."""
 
-    def __init__(self, index: int, count: int, exchange: str, first: int) -> None:
+    def __init__(self, config: pytest.Config, index: int, count: int, exchange: str,
+                 first: int) -> None:
+        self._config = config
         self.index = index
         self.count = count
         self.exchange = exchange
@@ -407,6 +416,23 @@ class ProcessWorker:
         by_id = {item.nodeid: item for item in items}
         self.position = {nodeid: number for number, nodeid in enumerate(order)}
         items[:] = [by_id[nodeid] for nodeid in order[self.first:] if nodeid in by_id]
+        for index, nodeid in enumerate(order[self.first:], start=self.first):
+            if nodeid not in by_id:
+                self._not_collected(index, nodeid)
+
+    def _not_collected(self, index: int, nodeid: str) -> None:
+        """A test process 0 runs and this process did not collect: the others see it at
+        their agreement check; the controller gets this process's failure at once."""
+        why = f"did not collect {nodeid}"
+        with open(os.path.join(self.exchange, f"agree-{index}-{self.index}"), "w") as file:
+            file.write(why)
+        report = pytest.TestReport(nodeid, (nodeid.partition("::")[0], None, nodeid), {},
+                                   "failed", why + "; every process must collect the same "
+                                   "tests (a conftest or an option that differs by process?)",
+                                   "call", (), 0.0)
+        self._write(event="start", index=index)
+        self.pytest_runtest_logreport(report)
+        self._write(event="finish", index=index)
 
     def _write(self, **event: Any) -> None:
         self.results.write(json.dumps(event) + "\n")
@@ -422,9 +448,6 @@ class ProcessWorker:
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         self._write(event="finish", index=self.position.get(nodeid, -1))
-
-    def pytest_configure(self, config: pytest.Config) -> None:
-        self._config = config
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
