@@ -69,6 +69,10 @@ def pytest_cmdline_main(config: pytest.Config):
         from .processes import configure as configure_processes
 
         configure_processes(config)  # before pytest_configure: JAX joins the other processes
+    if option.pallas_tpu and not hasattr(config, "workerinput"):
+        from .tpu_slice import configure as configure_slice
+
+        configure_slice(config)  # several hosts of a slice: join them before JAX starts
     if option.pallas_tpu or option.pallas_gpu:
         from .workers import one_device_per_worker
 

@@ -374,21 +374,23 @@ def _configure_worker(config: pytest.Config, index: int, count: int) -> None:
                       int(os.environ.get(FIRST_TEST_ENV, "0"))), "pallas-process-worker")
 
 
-def join_processes(coordinator: str | None, count: int | None, index: int | None) -> None:
-    """``jax.distributed.initialize`` with CPU collectives, before JAX's backends start;
-    JAX's TPU interpreter made to run across the processes. Arguments None: JAX's own
-    cluster detection (a TPU slice)."""
-    if coordinator is not None:
+def join_processes(coordinator: str, count: int, index: int, *,
+                   on_this_host: bool = True) -> None:
+    """``jax.distributed.initialize`` before JAX's backends start, and JAX's TPU interpreter
+    made to run across the processes. ``on_this_host``: N processes of this CPU, with gloo
+    collectives on the loopback interface; else the hosts of a TPU slice."""
+    if on_this_host:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
     from .._compat.interpreter_processes import install_process_local_barriers
 
-    if coordinator is not None:
+    if on_this_host:
+        from .._compat.cpu_collectives import gloo_on_loopback
+
+        gloo_on_loopback()
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator, count, index)
-    else:
-        jax.distributed.initialize()
+    jax.distributed.initialize(coordinator, count, index)
     # Every process starts its backend now, together: starting one exchanges the devices of
     # all, and a process that ran no test would leave the others waiting in their first.
     jax.devices()
