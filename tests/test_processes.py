@@ -90,7 +90,7 @@ SHARDED_MODULE = textwrap.dedent('''
             me = jax.lax.axis_index("x")
             copy = pltpu.make_async_remote_copy(
                 x_ref, o_ref, send, receive, device_id=((me + 1) % 4,),
-                device_id_type=pltpu.DeviceIdType.MESH)
+                device_id_type=pl.DeviceIdType.MESH)
             copy.start()
             copy.wait()
 
@@ -122,11 +122,13 @@ DIFFERING_CONFTEST = textwrap.dedent('''
 ''')
 
 
-def _our_processes_left():
-    """Processes of this user still carrying a --pallas-processes worker's environment."""
+def _workers_left_in(directory):
+    """Processes running in ``directory`` with a --pallas-processes worker's environment."""
     left = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            if os.readlink(f"/proc/{pid}/cwd") != str(directory):
+                continue
             with open(f"/proc/{pid}/environ", "rb") as file:
                 if b"PYTEST_PALLAS_COORDINATOR=" in file.read():
                     left.append(pid)
@@ -135,10 +137,17 @@ def _our_processes_left():
     return left
 
 
+def _describe(pid):
+    try:
+        with open(f"/proc/{pid}/status") as status, open(f"/proc/{pid}/cmdline", "rb") as line:
+            return status.read().splitlines()[:8], line.read().replace(b"\0", b" ")[:300]
+    except OSError as error:
+        return str(error)
+
+
 def test_two_processes_one_verdict_per_test(run_pytest, pytester):
     pytester.makepyfile(test_sharded=SHARDED_MODULE)
     pytester.makeconftest(DIFFERING_CONFTEST)
-    before = set(_our_processes_left())
     result = run_pytest("-p", "no:xdist", "--pallas-processes=2", "--pallas-devices=4",
                         "--pallas-timeout=8", "--pallas-examples=4", "-rfs", timeout=400)
     output = result.stdout.str()
@@ -156,7 +165,8 @@ def test_two_processes_one_verdict_per_test(run_pytest, pytester):
     assert "process 0: AssertionError" not in output
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_sharded.py:*: a kernel copies to or "
                                  "signals another device (dma_start)*--pallas-processes=1"])
-    assert set(_our_processes_left()) <= before  # no worker outlives the run
+    left = _workers_left_in(pytester.path)
+    assert not left, [_describe(pid) for pid in left]  # no worker outlives the run
 
 
 @pytest.mark.parametrize(("args", "message"), [

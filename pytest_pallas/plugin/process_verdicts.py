@@ -48,8 +48,10 @@ def _message(report: pytest.TestReport) -> str:
     """The failure's one line (pytest's short summary shows it), then its whole text."""
     text = report.longreprtext.strip()
     crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
-    if crash:
+    if crash and text.splitlines()[-1:] != [crash] and text not in crash:
         return f"{crash.splitlines()[0]}\n{text}"
+    if crash:
+        return crash
     return text or report.outcome
 
 

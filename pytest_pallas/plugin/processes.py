@@ -427,7 +427,7 @@ class ProcessWorker:
         their agreement check; the controller gets this process's failure at once."""
         why = f"did not collect {nodeid}"
         with open(os.path.join(self.exchange, f"agree-{index}-{self.index}"), "w") as file:
-            file.write(why)
+            file.write("no test (it did not collect this one)")
         report = pytest.TestReport(nodeid, (nodeid.partition("::")[0], None, nodeid), {},
                                    "failed", why + "; every process must collect the same "
                                    "tests (a conftest or an option that differs by process?)",
