@@ -174,6 +174,7 @@ LAYERS = (
     ("ops and kernels", ("pytest_pallas.ops", "pytest_pallas.reference_kernels",
                          "pytest_pallas.strategies", "pytest_pallas.tpu", "pytest_pallas.gpu")),
     ("settings and compatibility", ("pytest_pallas.settings", "pytest_pallas.hosts",
+                                    "pytest_pallas.slice_hosts",
                                     "pytest_pallas.dtypes", "pytest_pallas.tiling",
                                     "pytest_pallas._compat")),
 )

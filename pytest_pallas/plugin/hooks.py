@@ -77,7 +77,8 @@ def pytest_cmdline_main(config: pytest.Config):
         from .workers import one_device_per_worker
 
         one_device_per_worker(config)
-    elif option.pallas_conformance or option.pallas_impl or option.pallas_ops:
+    elif ((option.pallas_conformance or option.pallas_impl or option.pallas_ops)
+          and not (option.pallas_processes or processes_worker())):  # N processes, no -n
         from .workers import set_default_workers
 
         set_default_workers(config)
