@@ -173,7 +173,9 @@ class ProcessController:
         from .session import session_of
 
         seed = session_of(self.config).options.seed
-        arguments = [*self.config.invocation_params.args, "-p", "no:cacheprovider"]
+        # The controller alone stops early (-x, --maxfail): a worker that stopped would
+        # leave the others waiting in the next test's collectives.
+        arguments = [*self.config.invocation_params.args, "--maxfail=0"]
         environment = dict(os.environ)
         environment.pop("JAX_NUM_CPU_DEVICES", None)  # the controller's count, not a share
         # Each its share of the devices; a count the user put in XLA_FLAGS stays, per process.
@@ -410,6 +412,7 @@ class ProcessWorker:
         self.position: dict[str, int] = {}
         self.disagreement: dict[str, str] = {}
         self.results = open(os.path.join(exchange, f"results-{index}.jsonl"), "a")
+        _end_with_the_controller()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -506,3 +509,17 @@ def _wait_for(path: str) -> str:
                 return file.read()
         except FileNotFoundError:
             time.sleep(0.01)
+
+
+def _end_with_the_controller() -> None:
+    """A worker whose controller died (killed before it could stop its workers) ends too."""
+    import threading
+
+    controller = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == controller:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="pallas-processes-controller", daemon=True).start()
