@@ -174,6 +174,7 @@ def test_two_processes_one_verdict_per_test(run_pytest, pytester):
     (["--pallas-processes=2", "--pallas-devices=3"],
      "--pallas-devices=3 cannot be split among --pallas-processes=2"),
     (["--pallas-processes=2", "-n", "2"], "does not combine with pytest-xdist's -n"),
+    (["--pallas-processes=2", "--pallas-tpu"], "start `pytest --pallas-tpu` on every host"),
 ])
 def test_usage_errors(pytester, args, message):
     pytester.makepyfile("def test_nothing(): pass")
@@ -190,3 +191,58 @@ def test_usage_errors(pytester, args, message):
 ])
 def test_the_interpreter_waits_for_this_processes_devices(mesh, local, total, expected):
     assert local_participants(mesh, local, total) == expected
+
+
+def _kernel_jaxprs(kernel, **call):
+    """The kernel bodies of a pallas_call traced inside a shard_map over 2 devices."""
+    import jax
+    import numpy as np
+    from jax.experimental import pallas as pl
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from pytest_pallas._compat.pallas_call_hooks import observe_pallas_calls
+
+    seen = []
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+
+    def body(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              interpret=True, **call)(x)
+
+    program = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                            check_vma=False)
+    with observe_pallas_calls(lambda params: seen.append(params["jaxpr"])):
+        jax.make_jaxpr(program)(np.zeros((16, 128), np.float32))
+    return seen
+
+
+def test_a_remote_copy_is_found_and_a_local_one_is_not():
+    import jax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from pytest_pallas._compat.interpreter_processes import remote_device_operations
+
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 devices")
+    memory = {"in_specs": [pl.BlockSpec(memory_space=pl.ANY)],
+              "out_specs": pl.BlockSpec(memory_space=pl.ANY),
+              "scratch_shapes": [pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA]}
+
+    def remote(x_ref, o_ref, send, receive):
+        copy = pltpu.make_async_remote_copy(
+            x_ref, o_ref, send, receive, device_id=(1 - jax.lax.axis_index("x"),),
+            device_id_type=pl.DeviceIdType.MESH)
+        copy.start()
+        copy.wait()
+
+    def local(x_ref, o_ref, send, receive):
+        copy = pltpu.make_async_copy(x_ref, o_ref, send)
+        copy.start()
+        copy.wait()
+
+    [remote_body] = _kernel_jaxprs(remote, **memory)
+    [local_body] = _kernel_jaxprs(local, **memory)
+    assert remote_device_operations(remote_body) == ["dma_start"]
+    assert remote_device_operations(local_body) == []
