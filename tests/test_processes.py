@@ -89,8 +89,7 @@ SHARDED_MODULE = textwrap.dedent('''
         def kernel(x_ref, o_ref, send, receive):
             me = jax.lax.axis_index("x")
             copy = pltpu.make_async_remote_copy(
-                x_ref, o_ref, send, receive, device_id=((me + 1) % 4,),
-                device_id_type=pl.DeviceIdType.MESH)
+                x_ref, o_ref, send, receive, device_id=((me + 1) % 4,))
             copy.start()
             copy.wait()
 
@@ -232,8 +231,7 @@ def test_a_remote_copy_is_found_and_a_local_one_is_not():
 
     def remote(x_ref, o_ref, send, receive):
         copy = pltpu.make_async_remote_copy(
-            x_ref, o_ref, send, receive, device_id=(1 - jax.lax.axis_index("x"),),
-            device_id_type=pl.DeviceIdType.MESH)
+            x_ref, o_ref, send, receive, device_id=(1 - jax.lax.axis_index("x"),))
         copy.start()
         copy.wait()
 
