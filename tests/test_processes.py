@@ -3,7 +3,7 @@
 One run of one module carries the behaviours that need the processes (each start of N JAX
 processes costs seconds): a Pallas kernel in a shard_map across both processes, Hypothesis
 draws under a collective, a test wrong in one process, a test that hangs in one, a remote
-DMA across processes, and a test one process did not collect.
+DMA across processes, a test one process did not collect, and a process that dies.
 """
 
 import os
@@ -14,6 +14,8 @@ import pytest
 from pytest_pallas._compat.interpreter_processes import local_participants
 
 SHARDED_MODULE = textwrap.dedent('''
+    import os
+
     import jax
     import numpy as np
     import pytest
@@ -106,6 +108,12 @@ SHARDED_MODULE = textwrap.dedent('''
 
 
     @pytest.mark.pallas
+    def test_process_1_dies():
+        if jax.process_index() == 1:
+            os._exit(3)
+
+
+    @pytest.mark.pallas
     def test_the_run_goes_on():
         got, expected = doubled_and_summed(8)
         np.testing.assert_allclose(got, expected)
@@ -153,13 +161,14 @@ def test_two_processes_one_verdict_per_test(run_pytest, pytester):
     assert output.count("pallas: 2 JAX processes joined by jax.distributed") == 1, output
     outcomes = result.parseoutcomes()
     assert (outcomes.get("passed"), outcomes.get("failed"), outcomes.get("skipped")) == (
-        3, 3, 1), output
+        3, 4, 1), output
     # Each failure under the name of the process it happened in.
     for expected in (
             "process 1: AssertionError: process 1 sees a wrong value",
             "process 0 did not finish this test within --pallas-timeout=8s",
             "process 0: Failed: the processes disagree on test 4",
-            "process 1: did not collect test_sharded.py::test_not_collected_in_process_1"):
+            "process 1: did not collect test_sharded.py::test_not_collected_in_process_1",
+            "process 1 exited (code 3) before finishing this test"):
         assert expected in output, output
     assert "process 0: AssertionError" not in output
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_sharded.py:*: a kernel copies to or "
