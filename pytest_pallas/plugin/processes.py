@@ -95,7 +95,7 @@ def _check_combination(config: pytest.Config, count: int) -> None:
     if workers not in (None, 0, "0") or getattr(option, "dist", "no") != "no":
         raise pytest.UsageError(
             f"--pallas-processes={count} runs each test in {count} JAX processes and does not "
-            "combine with pytest-xdist's -n/--dist; drop -n (or run with -p no:xdist).")
+            "combine with pytest-xdist's -n/--dist; drop -n and --dist.")
     if option.pallas_tpu or option.pallas_gpu:
         raise pytest.UsageError(
             f"--pallas-processes={count} simulates the hosts of a slice on this CPU; on a "
@@ -135,7 +135,6 @@ class ProcessController:
         self.devices = _devices(config)
         self.workers: list[subprocess.Popen] = []
         self.exchange = ""
-        self.restarts = 0
 
     def pytest_report_header(self, config: pytest.Config) -> str:
         return header_line(self.count, self.devices)
@@ -242,7 +241,6 @@ class ProcessController:
                     problem = None
                 if problem:
                     self._report(item, results, index, problem)
-                    self.restarts += 1
                     return index + 1
                 time.sleep(0.05)
             self._report(item, results, index, None)
