@@ -173,52 +173,89 @@ def compare_arrays(
 
     a = actual_array.astype(np.float64)
     e = expected_array.astype(np.float64)
-    lines: list[str] = []
-    a_nan, e_nan = np.isnan(a), np.isnan(e)
-    a_inf, e_inf = np.isinf(a), np.isinf(e)
-    special_mismatch = (a_nan != e_nan) | ((a_inf | e_inf) & ~(a_nan | e_nan) & (a != e))
-    finite = np.isfinite(e) & np.isfinite(a)
     finite_expected = e[np.isfinite(e)]
     scale = float(np.max(np.abs(finite_expected))) if finite_expected.size else 0.0
-    if rtol is None or atol is None:
-        default = default_tolerance(out_dtype if out_dtype.name in EPSILON else "float32",
-                                    scale=scale, reduction_length=reduction_length,
-                                    matmul_precision=matmul_precision)
-        tolerance = Tolerance(
-            rtol=default.rtol if rtol is None else rtol,
-            atol=default.atol if atol is None else atol,
-            why=default.why if rtol is None and atol is None else "given by the caller",
-        )
-    else:
-        tolerance = Tolerance(rtol=rtol, atol=atol, why="given by the caller")
+    tolerance = _tolerance(out_dtype, scale, rtol=rtol, atol=atol,
+                           reduction_length=reduction_length,
+                           matmul_precision=matmul_precision)
     if additional_atol:
         tolerance = Tolerance(rtol=tolerance.rtol, atol=tolerance.atol + additional_atol,
                               why=f"{tolerance.why}; {additional_reason}")
+    errors = _ElementErrors.of(a, e, tolerance)
+    if errors.count == 0:
+        return Comparison(True, errors.worst, tolerance, "")
+    lines = [f"Arrays are not close: {header}.",
+             f"Mismatched elements: {errors.count} / {size} "
+             f"({100.0 * errors.count / size:.3g}%)",
+             *_worst_differences(a, e, errors),
+             f"Tolerance: |actual - expected| <= atol + rtol * |expected| with "
+             f"rtol={tolerance.rtol:.3g}, atol={tolerance.atol:.3g} ({tolerance.why})",
+             f"Worst error: {errors.worst:.3g} x tolerance"]
+    lines += _pattern(a, e, errors.mismatched, tolerance, blocks, without_step)
+    lines += _nan_where_finite_hint(a, e)
+    return Comparison(False, errors.worst, tolerance, "\n".join(lines))
 
-    with np.errstate(invalid="ignore", over="ignore"):
-        difference = np.where(finite, np.abs(a - e), 0.0)
-    bound = tolerance.bound(np.where(finite, e, 0.0))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        in_units = np.where(difference > 0, difference / np.where(bound > 0, bound, np.nan), 0.0)
-    in_units = np.where(np.isnan(in_units), np.inf, in_units)
-    in_units = np.where(special_mismatch, np.inf, in_units)
-    mismatched = (difference > bound) | special_mismatch
-    count = int(np.count_nonzero(mismatched))
-    worst_error = float(np.max(in_units)) if size else 0.0
-    if count == 0:
-        return Comparison(True, worst_error, tolerance, "")
 
-    lines.append(f"Arrays are not close: {header}.")
-    lines.append(f"Mismatched elements: {count} / {size} ({100.0 * count / size:.3g}%)")
-    special_count = int(np.count_nonzero(special_mismatch))
+def _tolerance(out_dtype: np.dtype, scale: float, *, rtol: float | None, atol: float | None,
+               reduction_length: int | None, matmul_precision: str) -> Tolerance:
+    """The caller's ``rtol`` and ``atol``, the default tolerance for what they left None."""
+    if rtol is not None and atol is not None:
+        return Tolerance(rtol=rtol, atol=atol, why="given by the caller")
+    default = default_tolerance(out_dtype if out_dtype.name in EPSILON else "float32",
+                                scale=scale, reduction_length=reduction_length,
+                                matmul_precision=matmul_precision)
+    return Tolerance(
+        rtol=default.rtol if rtol is None else rtol,
+        atol=default.atol if atol is None else atol,
+        why=default.why if rtol is None and atol is None else "given by the caller",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _ElementErrors:
+    """Each element's error against ``tolerance``: where both are finite, the difference;
+    a NaN or Inf where the other side has none (or another Inf) is a mismatch of its own."""
+
+    difference: np.ndarray  # |actual - expected| where both are finite, else 0
+    finite: np.ndarray
+    special: np.ndarray  # NaN or Inf at different places
+    mismatched: np.ndarray
+    count: int
+    worst: float  # in units of the tolerance
+
+    @classmethod
+    def of(cls, a: np.ndarray, e: np.ndarray, tolerance: Tolerance) -> _ElementErrors:
+        a_nan, e_nan = np.isnan(a), np.isnan(e)
+        a_inf, e_inf = np.isinf(a), np.isinf(e)
+        special = (a_nan != e_nan) | ((a_inf | e_inf) & ~(a_nan | e_nan) & (a != e))
+        finite = np.isfinite(e) & np.isfinite(a)
+        with np.errstate(invalid="ignore", over="ignore"):
+            difference = np.where(finite, np.abs(a - e), 0.0)
+        bound = tolerance.bound(np.where(finite, e, 0.0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            in_units = np.where(difference > 0,
+                                difference / np.where(bound > 0, bound, np.nan), 0.0)
+        in_units = np.where(np.isnan(in_units), np.inf, in_units)
+        in_units = np.where(special, np.inf, in_units)
+        mismatched = (difference > bound) | special
+        return cls(difference, finite, special, mismatched,
+                   int(np.count_nonzero(mismatched)),
+                   float(np.max(in_units)) if a.size else 0.0)
+
+
+def _worst_differences(a: np.ndarray, e: np.ndarray, errors: _ElementErrors) -> list[str]:
+    """The failure's lines on the NaN or Inf out of place and the worst differences."""
+    lines = []
+    special_count = int(np.count_nonzero(errors.special))
     if special_count:
-        first = int(np.flatnonzero(special_mismatch)[0])
+        first = int(np.flatnonzero(errors.special)[0])
         lines.append(
             f"NaN/Inf at different places: {special_count} elements, first at index "
             f"{_format_index(first, a.shape)}: actual {_format_value(a.flat[first])}, "
             f"expected {_format_value(e.flat[first])}"
         )
-    if np.any(finite):
+    if np.any(errors.finite):
+        finite, difference = errors.finite, errors.difference
         worst_abs = int(np.argmax(difference))
         with np.errstate(divide="ignore", invalid="ignore"):
             relative = np.where(finite & (e != 0), difference / np.abs(e), 0.0)
@@ -234,14 +271,7 @@ def compare_arrays(
             f"{_format_index(worst_rel, a.shape)}: actual {_format_value(a.flat[worst_rel])}, "
             f"expected {_format_value(e.flat[worst_rel])}"
         )
-    lines.append(
-        f"Tolerance: |actual - expected| <= atol + rtol * |expected| with "
-        f"rtol={tolerance.rtol:.3g}, atol={tolerance.atol:.3g} ({tolerance.why})"
-    )
-    lines.append(f"Worst error: {worst_error:.3g} x tolerance")
-    lines += _pattern(a, e, mismatched, tolerance, blocks, without_step)
-    lines += _nan_where_finite_hint(a, e)
-    return Comparison(False, worst_error, tolerance, "\n".join(lines))
+    return lines
 
 
 def _compare_exact(actual: np.ndarray, expected: np.ndarray, header: str,
@@ -431,29 +461,14 @@ def assert_allclose(
     must sit at the same places. Returns the worst error in units of the
     tolerance (<= 1.0), which the conformance report prints.
     ``matmul_precision`` (which widens the allowance of a reduction) defaults to
-    the precision of the backend the test runs on: ``"bfloat16"`` on a TPU,
-    ``"tensorfloat32"`` on a GPU, ``"float32"`` interpreted on the CPU or outside a
-    Pallas test. Pass ``matmul_precision="float32"`` for a kernel that promises float32
-    products (``precision=HIGHEST``) on every backend.
-    ``op`` and ``inputs`` add the error model the conformance suite applies to
-    that op (``pytest_pallas.error_models``): ``op="attention", inputs=(q, k, v)``
-    allows for the rounding of the logits (pass ``q * sm_scale`` for a scaled
-    kernel); ``op="matmul_activation", inputs=(x, y),
-    op_params={"activation": "gelu"}`` for the activation's. Paged and ragged paged
-    attention take the kernel's own arguments, one call for the whole output:
-    ``op="paged_attention", inputs=(q, k_pages, v_pages, lengths, page_indices)``;
-    ``op="ragged_paged_attention", inputs=(q, kv_pages, kv_lens, page_indices, cu_q_lens,
-    num_seqs), op_params={"sm_scale": s}`` (JAX's layout; tpu-inference's v3 passes its 8
-    arguments), which also size the reduction by the sequences' kv lengths.
-
-    A failure ends with the pattern of the mismatches, each line only when it holds
-    for every mismatched element: which output blocks hold them, whether only the
-    ragged last block, whether actual is a constant times expected, or its transpose.
-    Blocks are ``block_shape``'s (a ``pl.BlockSpec``'s block shape), else, in a Pallas
-    test, those of the output BlockSpec of the kernel the test traced with this output
-    shape, else (8, 128) tiles. ``without_step`` maps a step of a reduction to the
-    expected result without that step, e.g. ``{"the last k block": x[:, :-bk] @ y[:-bk]}``,
-    and the failure then says if exactly that step's contribution is missing.
+    the precision of the backend the test runs on (``dtypes.MATMUL_PRECISIONS``).
+    ``op``, ``inputs`` and ``op_params`` add the error model the conformance suite
+    applies to that op (``ops.error_models``, ``ops.registry.op_allowance``); which ops
+    have one and the arguments each takes: docs/comparator.md. A failure ends with the
+    pattern of its mismatches, located in blocks of ``block_shape`` (else the output
+    BlockSpec of the kernel the test traced, else (8, 128) tiles); ``without_step`` maps a
+    step of a reduction to the expected result without it (docs/comparator.md, "Where
+    and how it is wrong").
 
     >>> import numpy as np
     >>> assert_allclose(np.float32([1.0, 2.0]), np.array([1.0, 2.0])) <= 1.0

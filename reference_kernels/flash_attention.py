@@ -164,7 +164,10 @@ def flash_attention_error_allowance(q: Any, k: Any, v: Any, *, causal: bool = Fa
     ``eps32 * sm_scale * max_ij sum_d |q_id k_jd| * (max v - min v)``: see the
     module docstring for the derivation. Add it to the default ``atol`` of the
     output dtype with reduction length t. (``causal`` only narrows the maximum,
-    so it is ignored: the bound stays valid.)
+    so it is ignored: the bound stays valid.) Where a backend's dot rounds float32
+    operands (``pytest_pallas.dtypes.dot_rounding``: bfloat16 on a TPU, TF32 on a GPU),
+    the suite and ``assert_allclose(op="flash_attention")`` scale it by that precision's
+    epsilon over float32's (``ops.builtins.flash_attention_allowance``).
     """
     del causal
     q64, k64 = np.abs(_float64(q)), _grouped(np.asarray(q), np.abs(_float64(k)))

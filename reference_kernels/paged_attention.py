@@ -133,7 +133,8 @@ def paged_attention_error_allowance(q: Any, k_pages: Any, v_pages: Any, lengths:
 
     ``eps32 * max_i (max_j sum_d |q_id k_jd|) * (max v - min v)`` over each
     sequence's visible keys and values: ``flash_attention_error_allowance``'s
-    derivation with ``sm_scale = 1``.
+    derivation with ``sm_scale = 1``, scaled the same way to the precision a backend's dot
+    rounds float32 operands to (``ops.builtins.paged_attention_allowance``).
     """
     worst = 0.0
     for qi, k, v in _sequences(q, k_pages, v_pages, lengths, page_indices):

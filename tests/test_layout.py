@@ -372,3 +372,15 @@ def test_the_design_page_maps_every_module_of_the_package():
              for folder, names in tree.items() if names - actual.get(folder, set())}
     assert not missing and not stale, (
         f"docs/design.md's tree: modules it does not name {missing}, names of no module {stale}")
+
+
+def test_every_package_of_the_source_is_installed():
+    """pyproject.toml lists the packages a wheel holds: one left out installs without it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    found = {".".join(path.parent.relative_to(ROOT).parts)
+             for path in (ROOT / "pytest_pallas").rglob("__init__.py")}
+    found |= set(_INSTALLED_AS.values())
+    assert found <= listed, f"packages pyproject.toml does not install: {sorted(found - listed)}"

@@ -339,11 +339,33 @@ def _weighted_step(schedule: Any, params: dict[str, Any] | None, grid: tuple[int
     """
     import numpy as np
 
-    notes = []
+    notes: list[str] = []
     start, end = schedule.loop_start, schedule.loop_end
-    weight = np.ones(end - start)
     inner = [loop for loop in schedule.loops
              if not loop.grid and start <= loop.start and loop.end <= end]
+    weight = _region_weights(schedule, inner, params, grid, kernel_grid, notes)
+    cycles = weight + _stall_cycles(schedule) * weight
+    trips = np.ones(end - start)
+    for loop in inner:
+        trips[loop.start - start:loop.end - start] *= loop.trips or 1
+    bundles = float((weight * trips).sum())
+    critical = float((cycles * trips).sum())
+    seconds, bound, copied = _StepLoops(inner, cycles, start, timing).span(start, end)
+    if any(loop.dma_bytes and not loop.copies_from_index_maps for loop in inner):
+        notes.append("copies inside a loop are counted every iteration, those a predicate "
+                     "skips (a block whose index did not change) included: an upper bound")
+    return bundles, critical, _StepTime(seconds, bound, copied), notes
+
+
+def _region_weights(schedule: Any, inner: list[Any], params: dict[str, Any] | None,
+                    grid: tuple[int, ...], kernel_grid: Any, notes: list[str]) -> Any:
+    """Per bundle of the step, the share of runs that execute it: a ``pl.when`` region of
+    the kernel by the share of grid steps that run it, one inside a loop by the loop's own
+    region shares (each note on what could not be weighted appended to ``notes``)."""
+    import numpy as np
+
+    start, end = schedule.loop_start, schedule.loop_end
+    weight = np.ones(end - start)
 
     def in_a_loop(region: Any) -> bool:
         return any(loop.start <= region.start < loop.end for loop in inner)
@@ -383,34 +405,51 @@ def _weighted_step(schedule: Any, params: dict[str, Any] | None, grid: tuple[int
     if unweighted:
         notes.append(f"{unweighted} predicated region(s) inside loops (pl.when in an "
                      "emit_pipeline or fori_loop body): counted as run every iteration")
+    return weight
+
+
+def _stall_cycles(schedule: Any) -> Any:
+    """Per bundle of the step, the cycles a block's latency stalls past the bundles that
+    follow it before the next block."""
+    import numpy as np
+
+    start, end = schedule.loop_start, schedule.loop_end
     stalls = np.zeros(end - start)
     placed = sorted((b for b in schedule.blocks if b.address is not None
                      and start <= b.address < end), key=lambda b: b.address)
     addresses = [b.address for b in placed] + [end]
     for block, following in zip(placed, addresses[1:]):
         stalls[block.address - start] = max(0, block.cycles - (following - block.address))
-    cycles = weight + stalls * weight
-    trips = np.ones(end - start)
-    for loop in inner:
-        trips[loop.start - start:loop.end - start] *= loop.trips or 1
-    bundles = float((weight * trips).sum())
-    critical = float((cycles * trips).sum())
+    return stalls
 
-    def parent(loop: Any) -> Any:
-        enclosing = [o for o in inner if o is not loop and o.start <= loop.start
+
+class _StepLoops:
+    """The loops inside one grid step, nested: each iteration takes the longer of its own
+    schedule and the copies it issues."""
+
+    def __init__(self, inner: list[Any], cycles: Any, start: int, timing: Any) -> None:
+        self._inner = inner
+        self._parents = [self._parent(loop) for loop in inner]
+        self._cycles = cycles
+        self._start = start
+        self._timing = timing
+
+    def _parent(self, loop: Any) -> Any:
+        enclosing = [o for o in self._inner if o is not loop and o.start <= loop.start
                      and loop.end <= o.end]
         return min(enclosing, key=lambda o: o.end - o.start) if enclosing else None
 
-    parents = [parent(loop) for loop in inner]
-
-    def span(lo: int, hi: int, of: Any = None) -> tuple[float, str, float]:
+    def span(self, lo: int, hi: int, of: Any = None) -> tuple[float, str, float]:
         """Seconds of bundles [lo, hi) run once, what bounds them, the bytes their loops copy."""
-        children = [loop for loop, up in zip(inner, parents) if up is of]
+        import numpy as np
+
+        timing = self._timing
+        children = [loop for loop, up in zip(self._inner, self._parents) if up is of]
         own = np.ones(hi - lo, dtype=bool)
         seconds, copied, bounds = 0.0, 0.0, []
         for child in children:
             own[child.start - lo:child.end - lo] = False
-            body, bound, below = span(child.start, child.end, child)
+            body, bound, below = self.span(child.start, child.end, child)
             dma = child.dma_bytes
             copy = (timing.dma_latency_seconds + dma / timing.hbm_bytes_per_second
                     if dma else 0.0)
@@ -420,16 +459,11 @@ def _weighted_step(schedule: Any, params: dict[str, Any] | None, grid: tuple[int
             bounds.append(bound if body >= copy else "memory" if
                           dma / timing.hbm_bytes_per_second >= timing.dma_latency_seconds
                           else "overhead")
-        seconds += float(cycles[lo - start:hi - start][own].sum()) / timing.clock_hz
+        start = self._start
+        seconds += float(self._cycles[lo - start:hi - start][own].sum()) / timing.clock_hz
         bound = "compute" if not bounds or all(b == "compute" for b in bounds) else (
             "memory" if "memory" in bounds else "overhead")
         return seconds, bound, copied
-
-    seconds, bound, copied = span(start, end)
-    if any(loop.dma_bytes and not loop.copies_from_index_maps for loop in inner):
-        notes.append("copies inside a loop are counted every iteration, those a predicate "
-                     "skips (a block whose index did not change) included: an upper bound")
-    return bundles, critical, _StepTime(seconds, bound, copied), notes
 
 
 # --- Ranking block sizes ------------------------------------------------------------------

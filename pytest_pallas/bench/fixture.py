@@ -7,57 +7,9 @@ result's ``extra_info`` with what a kernel author wants beside the time: the
 cost model's FLOPs and bytes, the chip's roofline and the fraction of it reached,
 and the plain XLA version of the op timed in the same rounds.
 
-The timing protocol:
-
-* ``fn`` is wrapped in ``jax.jit``; the first call (tracing, compilation and
-  the first execution) is made and timed apart, as ``first_call_seconds``, and
-  never enters the statistics. A second, untimed call warms the caches.
-* Each timed call ends with ``jax.block_until_ready`` on the result: JAX
-  dispatches asynchronously, and a clock stopped at dispatch measures nothing.
-* The XLA version runs once before each timed round of the kernel, in the same
-  process and the same seconds, with the same timer (pytest-benchmark's
-  ``pedantic(setup=...)``, which is not timed). A machine that is slower, or
-  busier for a moment, slows both; their ratio is what ``benchmark_gate`` judges.
-* The number of rounds follows pytest-benchmark's ``--benchmark-max-time`` and
-  ``--benchmark-min-rounds`` (or a ``@pytest.mark.benchmark(...)`` marker), with
-  one call per round.
-* The clock is pytest-benchmark's ``--benchmark-timer``. Left at its default, a
-  run on the CPU uses ``time.process_time``: the interpreted kernel and XLA's
-  code are work done by this process, and their CPU time does not count the
-  moments a shared machine gives to others. On a TPU or a GPU the default wall
-  clock (``time.perf_counter``) stays: it is read after ``jax.block_until_ready`` of
-  every output, so it holds the device's time plus one dispatch (JAX exposes no
-  CUDA events or CUPTI to read the GPU's own clock).
-* Under ``--pallas-gpu`` each round starts with a cold L2: the untimed setup
-  overwrites ``CACHE_FLUSH_BYTES`` (256 MiB, as Triton's ``do_bench``) of device
-  memory after the XLA version's run (``cache_flushed_bytes`` in ``extra_info``).
-* Under ``--benchmark-disable`` (pytest-benchmark's smoke-test mode) the kernel is
-  compiled and run once, untimed, and the XLA version is not run at all.
-
-What ``extra_info`` holds (pytest-benchmark saves it in its JSON):
-
-* the call: ``operation``, ``implementation``, ``shapes``, ``dtypes``, ``blocks``,
-  ``kwargs``, ``devices``;
-* the cost model: ``flops``, ``transcendentals``, ``bytes_accessed``,
-  ``arithmetic_intensity`` (FLOPs per byte), and from the median time
-  ``achieved_flops_per_second`` and ``achieved_bytes_per_second``;
-* the roofline: ``peak_flops_per_second``, ``peak_bytes_per_second``,
-  ``roofline_seconds`` (the least time the cost allows), ``roofline_bound``
-  (``compute`` or ``memory``), ``fraction_of_roofline`` (roofline time over the
-  median) and ``roofline_meaningful`` (true on a TPU, and on a GPU of
-  ``pytest_pallas.gpu``'s table);
-* XLA: ``xla_version``, ``xla_median`` and ``xla_min`` (seconds per call),
-  ``speedup_vs_xla`` (XLA median over kernel median), ``kernel_over_xla`` (the
-  median over rounds of kernel time over the XLA time of the same round) and
-  ``kernel_over_xla_min`` (fastest kernel round over fastest XLA round): the two
-  ratios ``benchmark_gate`` judges;
-* the judge (contract §8): ``judge_findings``, a one-line finding when the median time is
-  below the roofline (the timer did not measure the work); under ``--pallas-judge`` it
-  fails the test;
-* the run: ``first_call_seconds`` (compilation and first call, not in the
-  statistics), ``rounds``, ``timer``, ``xla_calls_per_round``, ``backend``,
-  ``platform``, ``interpreter``, ``chip``, ``device_kind``, ``device_count``,
-  ``python``, ``jax``, ``jaxlib``, ``libtpu``, ``pytest_pallas``.
+How it times (the first call apart, ``jax.block_until_ready``, XLA's version before
+each round, the clock, the cold L2 under ``--pallas-gpu``) and every key of
+``extra_info``: docs/benchmarks.md, "The timing protocol" and "What extra_info holds".
 
 The roofline is the chip's: peak bfloat16 FLOP/s and HBM bytes/s per TensorCore
 (``pltpu.TpuInfo``) times the TensorCores of a logical device, times the devices
@@ -75,6 +27,7 @@ This module imports no JAX at import time; the terminal table is ``bench.table``
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -180,6 +133,18 @@ def random_array(key: Any, shape: tuple[int, ...], dtype: Any = "float32") -> An
     return jax.random.normal(key, shape, jnp.float32).astype(dtype)
 
 
+
+@dataclasses.dataclass(frozen=True)
+class _Rounds:
+    """How a benchmark's rounds were timed (``PallasBenchmark._timed_rounds``)."""
+
+    first_call_seconds: float
+    rounds: int
+    timer: str
+    xla_calls_per_round: int | None
+    cache_flushed_bytes: int | None
+    xla_times: list[float]
+
 class PallasBenchmark:
     """What the ``pallas_benchmark`` fixture gives a test: pytest-benchmark plus the Pallas facts.
 
@@ -276,12 +241,45 @@ class PallasBenchmark:
             xla_fn = op.load_xla() if op is not None else None
         if cost is _DEFAULT:
             cost = _default_cost(op, args, kwargs)
-        kernel = jax.jit(functools.partial(fn, **kwargs, **(blocks or {})))
+        bound = functools.partial(fn, **kwargs, **(blocks or {}))
+        kernel = jax.jit(bound)
         if self.benchmark.disabled:
             # --benchmark-disable: a smoke test that the kernel compiles and runs, untimed
             # (pytest-benchmark's pedantic then makes the one call).
             return self.benchmark.pedantic(lambda *a: jax.block_until_ready(kernel(*a)),
                                            args=args)
+        result, rounds = self._timed_rounds(op_name, kernel, xla_fn, args, kwargs)
+        info = self._describe(op_name, implementation, args, kwargs, blocks, devices)
+        info.update({
+            "first_call_seconds": rounds.first_call_seconds,
+            "rounds": rounds.rounds,
+            "timer": rounds.timer,
+            "xla_version": None if xla_fn is None else _callable_name(xla_fn),
+            "xla_calls_per_round": rounds.xla_calls_per_round,
+            "cache_flushed_bytes": rounds.cache_flushed_bytes,
+        })
+        info.update(self._timing_facts(cost, devices, rounds.xla_times))
+        # --pallas-judge (contract §8): a time below the roofline is a finding, not a record.
+        finding = faster_than_roofline(info.get("roofline_seconds"),
+                                       self.benchmark.stats.stats.median)
+        info["judge_findings"] = [finding.line()] if finding is not None else []
+        if self.estimate_chips:
+            from .benchmark_estimate import tpu_estimates
+
+            info["tpu_estimate"] = tpu_estimates(bound, args, self.estimate_chips)
+        # extra_info is the dict pytest-benchmark serialises: update it, never replace it.
+        self.benchmark.extra_info.update(info)
+        self._record(self.benchmark.stats.stats.median, info)
+        if finding is not None and self._config is not None and self._config.getoption(
+                "--pallas-judge", default=False):
+            pytest.fail(f"{operation}: {finding.line()}", pytrace=False)
+        return result
+
+    def _timed_rounds(self, op_name: str, kernel: Callable, xla_fn: Callable | None,
+                      args: tuple, kwargs: dict[str, Any]) -> tuple[Any, _Rounds]:
+        """Time ``kernel`` in pytest-benchmark's rounds, the XLA baseline (``xla_fn``) before
+        each, outside the kernel's timed region; the kernel's result and how it was timed."""
+        import jax
 
         timer = timer_of(self.benchmark)
         first_call_seconds = _time_call(timer, kernel, args)  # tracing, compiling, running
@@ -311,32 +309,12 @@ class PallasBenchmark:
         result = self.benchmark.pedantic(timed, args=args, setup=run_baseline, rounds=rounds,
                                          warmup_rounds=_WARMUP_ROUNDS)
         del xla_times[:_WARMUP_ROUNDS]
-        info = self._describe(op_name, implementation, args, kwargs, blocks, devices)
-        info.update({
-            "first_call_seconds": first_call_seconds,
-            "rounds": rounds,
-            "timer": getattr(timer, "__qualname__", str(timer)),
-            "xla_version": None if xla_fn is None else _callable_name(xla_fn),
-            "xla_calls_per_round": xla_calls if baseline is not None else None,
-            "cache_flushed_bytes": CACHE_FLUSH_BYTES if flush is not None else None,
-        })
-        info.update(self._timing_facts(cost, devices, xla_times))
-        # --pallas-judge (contract §8): a time below the roofline is a finding, not a record.
-        finding = faster_than_roofline(info.get("roofline_seconds"),
-                                       self.benchmark.stats.stats.median)
-        info["judge_findings"] = [finding.line()] if finding is not None else []
-        if self.estimate_chips:
-            from .benchmark_estimate import tpu_estimates
-
-            info["tpu_estimate"] = tpu_estimates(
-                functools.partial(fn, **kwargs, **(blocks or {})), args, self.estimate_chips)
-        # extra_info is the dict pytest-benchmark serialises: update it, never replace it.
-        self.benchmark.extra_info.update(info)
-        self._record(self.benchmark.stats.stats.median, info)
-        if finding is not None and self._config is not None and self._config.getoption(
-                "--pallas-judge", default=False):
-            pytest.fail(f"{operation}: {finding.line()}", pytrace=False)
-        return result
+        return result, _Rounds(
+            first_call_seconds=first_call_seconds, rounds=rounds,
+            timer=getattr(timer, "__qualname__", str(timer)),
+            xla_calls_per_round=xla_calls if baseline is not None else None,
+            cache_flushed_bytes=CACHE_FLUSH_BYTES if flush is not None else None,
+            xla_times=xla_times)
 
     def _plan(self, timer, kernel, baseline, args) -> tuple[int, int]:
         """Rounds to run, and XLA calls per round, from one more (timed) call of each."""

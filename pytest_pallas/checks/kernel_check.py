@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from pytest_pallas._compat import (
     device_kinds,
     gpu_interpreter,
@@ -30,8 +32,10 @@ from pytest_pallas._compat import (
     pallas_call_hooks,
     tpu_interpreter,
 )
-from pytest_pallas.checks import jaxpr_analysis, kernel_model
+from pytest_pallas.checks import compile_check, jaxpr_analysis, kernel_model
 from pytest_pallas.checks.chip_tracing import tracing_for_chip
+from pytest_pallas.checks.mismatch import bitwise_differences
+from pytest_pallas.checks.running import active_backend
 from pytest_pallas.checks.runtime_rules import kernel_exit_violations
 from pytest_pallas.checks.static_rules import (
     ALL_CHECKS,
@@ -195,7 +199,6 @@ def _as_the_chip_compiles(target: Callable[..., Any], args: Sequence[Any],
 
 def _compiler_chip(info: Any, use_compiler: bool | None) -> str | None:
     """The chip name to compile for, or None when the static rules judge alone."""
-    from . import compile_check
 
     if use_compiler is False:
         return None
@@ -213,7 +216,6 @@ def _compiler_chip(info: Any, use_compiler: bool | None) -> str | None:
 
 
 def _compile_each(calls: Sequence[Any], reports: list[KernelReport], chip: str) -> None:
-    from . import compile_check
 
     rejected = []
     for (params, avals, mesh_axes), report in zip(calls, reports):
@@ -502,7 +504,6 @@ def run_on_fresh_memory(call: Callable[[], Any], memory: str,
     (NaN, the integer maximum, True) or "zero"; race detection off."""
     from jax.experimental.pallas import tpu as pltpu
 
-    from .running import active_backend
 
     backend = active_backend()
     if not isinstance(interpret_params, pltpu.InterpretParams):
@@ -543,7 +544,6 @@ def poison_differs_from_zero(kernels: Sequence[kernel_model.PallasCallInfo]) -> 
 
 
 def _plain_poison_is_nonzero(dtype: Any) -> bool:
-    import numpy as np
 
     try:
         dtype = np.dtype(dtype)
@@ -565,7 +565,6 @@ def _plain_poison_is_nonzero(dtype: Any) -> bool:
 
 def uninitialized_read_violation(kernel: str, poisoned: Any, zeroed: Any) -> Violation | None:
     """The violation, if the NaN-poisoned and the zeroed runs' results differ; else None."""
-    import numpy as np
 
     difference = first_difference(poisoned, zeroed)
     if difference is None:
@@ -588,9 +587,7 @@ def first_difference(one: Any, other: Any) -> tuple[str, Any, Any, Any] | None:
     """The first output where two results of one kernel differ in shape, dtype or any bit:
     ``(label, one's array, other's array, mask of differing elements)``; None if they agree."""
     import jax
-    import numpy as np
 
-    from .mismatch import bitwise_differences
 
     one_leaves = jax.tree_util.tree_flatten_with_path(one)[0]
     other_leaves = jax.tree.leaves(other)
@@ -619,7 +616,6 @@ def _chip_or_the_tests(chip: Any) -> Any:
     """``chip``, or the chip the running Pallas test stands in for (v5e outside one)."""
     if chip is not None:
         return chip
-    from .running import active_backend
 
     backend = active_backend()
     return backend.tpu_info if backend is not None else "v5e"

@@ -202,19 +202,22 @@ class PallasSession:
 
     def open_kernel_run(self, item: pytest.Item) -> KernelRun:
         """At a Pallas test's setup: its ``KernelRun`` (``supervision.kernel_run``), opened."""
-        backend = self.backend_for(item)  # first: JAX's devices are fixed before its import
+        # The backend first: JAX's devices are fixed before the run's modules import it.
+        run = self._new_kernel_run(item, self.backend_for(item))
+        item.stash[KERNEL_RUN_KEY] = run
+        run.open()
+        return run
+
+    def _new_kernel_run(self, item: pytest.Item, backend: Backend) -> KernelRun:
         from ..supervision.kernel_run import KernelRun
 
         conformance = is_conformance_item(item)
         op_name = conformance_op_name(item) if conformance else None
         # A conformance test's report records whether its op's kernels compiled.
-        run = KernelRun(item, backend, self.options, conformance=conformance,
-                        chip_under_test=self.declares_chip_under_test(item, backend),
-                        on_compile_verdict=None if op_name is None else (
-                            lambda verdict: self.recorder.compiled(op_name, verdict)))
-        item.stash[KERNEL_RUN_KEY] = run
-        run.open()
-        return run
+        return KernelRun(item, backend, self.options, conformance=conformance,
+                         chip_under_test=self.declares_chip_under_test(item, backend),
+                         on_compile_verdict=None if op_name is None else (
+                             lambda verdict: self.recorder.compiled(op_name, verdict)))
 
     def close_kernel_run(self, item: pytest.Item) -> None:
         """At a Pallas test's teardown: its ``KernelRun`` closed (kept for the report)."""
@@ -223,7 +226,11 @@ class PallasSession:
             run.close()
 
     def kernel_run(self, item: pytest.Item) -> KernelRun:
-        return item.stash[KERNEL_RUN_KEY]
+        """``item``'s ``KernelRun``; one that entered nothing if its setup did not open one."""
+        run = item.stash.get(KERNEL_RUN_KEY, None)
+        if run is None:
+            run = item.stash[KERNEL_RUN_KEY] = self._new_kernel_run(item, self.backend_for(item))
+        return run
 
     def item_backend(self, item: pytest.Item) -> Backend:
         """The backend of ``item``'s kernels (``backend_for`` before its run opened)."""
@@ -237,14 +244,10 @@ class PallasSession:
         command = self.reproduce_command(_rerunnable_nodeid(item),
                                          sweep_case=_failed_sweep_case(item, report))
         text = f"seed {self.options.seed}; reproduce with:\n  {command}"
-        run = item.stash.get(KERNEL_RUN_KEY, None)
-        if run is not None:
-            note, kept = run.failure_notes(call.excinfo.value if call.excinfo else None)
-        else:
-            note, kept = None, "\n".join(self.backend_for(item).own_params_changed)
+        note, kept = self.kernel_run(item).failure_notes(
+            call.excinfo.value if call.excinfo else None)
         text = f"{kept}\n{text}" if kept else text
         return f"{note}\n\n{text}" if note else text
-
 
     def skip_reason(self, item: pytest.Item) -> str | None:
         backend = self.backend
