@@ -358,6 +358,8 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         text = f"seed {pallas.options.seed}; reproduce with:\n  {command}"
         note = (pallas.guard.uninitialized_read_note(item, call.excinfo.value)
                 if call.excinfo else None)
+        rounding = pallas.guard.rounding_note(item)
+        note = "\n".join(filter(None, (note, rounding))) or None
         kept = "\n".join(pallas.guard.item_backend(item).own_params_changed)
         text = f"{kept}\n{text}" if kept else text
         report.sections.append(("pallas", f"{note}\n\n{text}" if note else text))

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"
 TPU_COMPILER_CHECK = "the TPU compiler check"
 GPU_RACE_CHECK = "the GPU interpreter's race report"
+ROUNDED_DOTS_NOTE = "the failure's note on float32 dots the chip rounds"
 
 _ACTIVE = pytest.StashKey[contextlib.ExitStack]()
 _BACKEND = pytest.StashKey["Backend"]()
@@ -36,6 +37,7 @@ _KERNEL_EXITS = pytest.StashKey[list]()
 _KERNEL_REPORTS = pytest.StashKey[list]()  # the static checks' report of each pallas_call traced
 _GPU_KERNELS = pytest.StashKey[list]()  # the GPU kernels the test ran on the CPU, and where
 _GPU_RACES = pytest.StashKey[list]()  # True per GPU-interpreted kernel that ended with a race
+_ROUNDED_DOTS = pytest.StashKey[list]()  # kernels with a float32 dot the chip rounds
 
 
 class KernelGuard:
@@ -95,6 +97,12 @@ class KernelGuard:
         stack.enter_context(traced_output_blocks(lambda: [
             TracedOutput(report.kernel, array_shape, block_shape)
             for report in reports for array_shape, block_shape in report.output_blocks]))
+        if backend.float32_dot_rounding is not None:
+            # A failure then says which kernels had a dot the chip rounds.
+            from ..numerics import kernels_with_rounded_dots
+
+            item.stash[_ROUNDED_DOTS] = _list_or_empty(stack.enter_context(optional(
+                ROUNDED_DOTS_NOTE, kernels_with_rounded_dots)))
         # assert_allclose in the test then allows for the backend's matmul rounding.
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
         stack.enter_context(backend.activate(on_gpu_kernel=gpu_kernels.append))
@@ -300,6 +308,14 @@ class KernelGuard:
         kernels = [report.kernel for report in item.stash.get(_KERNEL_REPORTS, ())] + [
             GpuKernelName(k.name) for k in self.gpu_kernels_run(item) if k.interpreter == "gpu"]
         return describe_uninitialized_read(None, kernels)
+
+    def rounding_note(self, item: pytest.Item) -> str | None:
+        """For a failed test whose kernels had a float32 dot the chip rounds: the line that
+        says so (``numerics.rounding_note``), else None."""
+        from ..numerics import rounding_note
+
+        kernels = item.stash.get(_ROUNDED_DOTS, None)
+        return rounding_note(kernels, self.item_backend(item).chip) if kernels else None
 
     # --- the call: a watchdog around it, and what its exception means -------------------
 

@@ -270,10 +270,14 @@ class PallasSession:
                        "(--pallas-devices=N to change; tests that need an exact count skip "
                        "under another)")
         compile_text = self.compile_header()
+        from ..numerics import header_text
+
+        numbers = header_text("tpu" if options.compiled else "cpu", options.chip,
+                              options.numerics)
         return (
             f"pallas: {backend}{devices}; {seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
-            + (f"; {compile_text}" if compile_text else "")
+            + (f"; {compile_text}" if compile_text else "") + f"\npallas: {numbers}"
         )
 
     def compile_header(self) -> str | None:
