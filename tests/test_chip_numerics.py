@@ -131,3 +131,36 @@ def test_rounding_is_the_chips_bit_for_bit_and_undone_after():
                                        rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(dot(x, y), before)
     assert jax.config.jax_default_matmul_precision is None
+
+
+@pytest.mark.parametrize("chip", ["v4", "v5e", "v5p", "v6e", "7x"])
+def test_the_table_is_what_libtpu_emits(chip, tmp_path, monkeypatch):
+    # numerics.CHIP_MATMULS, read again from the TPU compiler's own dumps of a float32 dot.
+    pytest.importorskip("libtpu", reason="the TPU compiler (pip install 'pytest-pallas[tpu]')")
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+
+    import pytest_pallas
+    from pytest_pallas._compat.libtpu_dump import matmul_modes
+    from pytest_pallas.numerics import chip_matmuls
+
+    def projection(precision):
+        def kernel(x_ref, y_ref, o_ref):
+            o_ref[...] = jnp.dot(x_ref[...], y_ref[...], precision=precision)
+        return lambda x, y: pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32))(x, y)
+
+    x = jnp.ones((128, 128), jnp.float32)
+    modes = {}
+    for name, precision in (("default", None), ("highest", lax.Precision.HIGHEST)):
+        monkeypatch.setenv("PYTEST_PALLAS_KEEP_DUMP", str(tmp_path / name))
+        pytest_pallas.estimate(projection(precision), x, x, chip=chip)
+        modes[name] = matmul_modes(str(tmp_path / name))
+    facts = chip_matmuls(chip)
+    assert facts.default_rounding == "bfloat16" and set(modes["default"]) == {"round"}
+    assert set(modes["highest"]) == set(facts.highest_modes)
+    one_pass = modes["default"]["round"]
+    assert sum(modes["highest"].values()) == facts.highest_passes * one_pass
+    assert facts.default_passes == 1

@@ -183,6 +183,10 @@ class PallasSession:
     def backend_for(self, item: pytest.Item) -> Backend:
         """The session's backend, or a variant standing in for the chip a marker asks for."""
         backend = self.backend
+        if backend.numerics == "chip" and is_conformance_item(item):
+            # The suite judges with its own error model, fitted to float32 products on the
+            # CPU: rounding there would hide the seeded bugs it catches (docs/tpu-fidelity.md).
+            backend = dataclasses.replace(backend, numerics="exact")
         marker = item.get_closest_marker("tpu_generation")
         if backend.is_tpu or marker is None or not marker.args:
             return backend
