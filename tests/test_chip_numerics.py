@@ -107,7 +107,7 @@ def test_rounding_is_the_chips_bit_for_bit_and_undone_after():
     import numpy as np
     from jax import lax
 
-    from pytest_pallas._compat.chip_matmuls import float32_dots_rounded
+    from pytest_pallas._compat.chip_matmuls import float32_dots_exact, float32_dots_rounded
 
     rng = np.random.default_rng(1)
     x = rng.standard_normal((32, 48)).astype(np.float32)
@@ -129,6 +129,9 @@ def test_rounding_is_the_chips_bit_for_bit_and_undone_after():
         with jax.default_matmul_precision("float32"):  # the user's own setting wins
             np.testing.assert_allclose(jax.jit(lambda a, b: a @ b)(x, y), exact,
                                        rtol=1e-5, atol=1e-5)
+        with float32_dots_exact():  # a test's own float32 inside: no rounded program reused
+            np.testing.assert_allclose(dot(x, y), exact, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(dot(x, y), chip, rtol=1e-6, atol=1e-5)
     np.testing.assert_array_equal(dot(x, y), before)
     assert jax.config.jax_default_matmul_precision is None
 

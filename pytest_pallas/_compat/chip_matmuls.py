@@ -39,7 +39,7 @@ MANTISSA_BITS = {"bfloat16": 7, "tensorfloat32": 10}
 _PRECISION_FLAG = "bfloat16"
 
 _lock = threading.Lock()
-_active: list[str] = []  # the rounding of each block entered, innermost last
+_active: list[str | None] = []  # the rounding of each block entered, innermost last
 _restore: Any = None
 
 
@@ -70,6 +70,27 @@ def float32_dots_rounded(rounding: str = "bfloat16") -> Iterator[None]:
             if not _active and _restore is not None:
                 _restore()
                 _restore = None
+
+
+@contextlib.contextmanager
+def float32_dots_exact() -> Iterator[None]:
+    """Inside a :func:`float32_dots_rounded` block, float32 products again (a test that
+    measures against float32 arithmetic). The flag becomes ``"default"`` (the same
+    precision, another cache key) so that no program compiled with rounding is served."""
+    import jax
+
+    with _lock:
+        _active.append(None)
+    ours = jax.config.jax_default_matmul_precision == _PRECISION_FLAG
+    if ours:
+        jax.config.update("jax_default_matmul_precision", "default")
+    try:
+        yield
+    finally:
+        if ours and jax.config.jax_default_matmul_precision == "default":
+            jax.config.update("jax_default_matmul_precision", _PRECISION_FLAG)
+        with _lock:
+            _active.pop()
 
 
 def rounding_now() -> str | None:
