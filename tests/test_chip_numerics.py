@@ -64,8 +64,8 @@ def test_a_float32_only_kernel_fails_as_on_the_chip_and_the_others_pass(
         "pallas: kernel 'projection' had a default-precision float32 dot: the chip rounds "
         "these operands to bfloat16; precision=HIGHEST keeps float32*",
     ])
-    result.stdout.fnmatch_lines(["pallas: numbers: TPU v5e's, default-precision float32 "
-                                 "matmuls with bfloat16 operands*"])
+    result.stdout.fnmatch_lines(["pallas: CPU, *; numbers: TPU v5e's, default-precision "
+                                 "float32 matmuls with bfloat16 operands*"])
     assert result.stdout.str().count("had a default-precision float32 dot") == 1
 
 
@@ -73,7 +73,7 @@ def test_exact_numerics_compute_in_float32(pytester, run_pytest):
     pytester.makepyfile(test_projection=PROJECTION)
     result = run_pytest("--pallas-interpret=tpu", "--pallas-numerics=exact", "-p", "no:xdist")
     result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["pallas: numbers: float32 matmul products*"])
+    result.stdout.fnmatch_lines(["pallas: CPU, *; numbers: float32 matmul products*"])
 
 
 def test_without_a_pallas_flag_nothing_rounds(pytester, run_pytest):

@@ -281,7 +281,7 @@ class PallasSession:
         return (
             f"pallas: {backend}{devices}; {seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
-            + (f"; {compile_text}" if compile_text else "") + f"\npallas: {numbers}"
+            + (f"; {compile_text}" if compile_text else "") + f"; {numbers}"
         )
 
     def compile_header(self) -> str | None:
