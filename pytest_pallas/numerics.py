@@ -84,17 +84,19 @@ def run_rounding(platform: str, chip: str, numerics: str) -> str | None:
     return chip_matmuls(chip).default_rounding
 
 
-def header_text(platform: str, chip: str, numerics: str) -> str:
-    """The header's words on which numbers the run computes."""
+def header_text(platform: str, chip: str, numerics: str, *, conformance: bool = False) -> str:
+    """The header's words on which numbers the run computes (``conformance``: the run has
+    the packaged suite, which judges with float32 products)."""
     if platform != "cpu":
         return "numbers: the device's own"
     if numerics == "exact":
         return ("numbers: float32 matmul products (--pallas-numerics=exact); "
                 "--pallas-numerics=chip rounds as the chip")
     rounding = run_rounding(platform, chip, numerics)
+    suite = "; the conformance suite's with float32 products" if conformance else ""
     return (f"numbers: TPU {chip}'s, default-precision float32 matmuls with {rounding} "
             "operands in kernels and in the test's XLA dots (--pallas-numerics=exact for "
-            "float32)")
+            f"float32){suite}")
 
 
 # --- Which dots round ------------------------------------------------------------------------

@@ -277,7 +277,7 @@ class PallasSession:
         from ..numerics import header_text
 
         numbers = header_text("tpu" if options.compiled else "cpu", options.chip,
-                              options.numerics)
+                              options.numerics, conformance=options.conformance)
         return (
             f"pallas: {backend}{devices}; {seed} (reproduce with "
             f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
