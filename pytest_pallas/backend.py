@@ -21,6 +21,7 @@ import pytest
 
 from . import hosts
 from ._compat import (
+    chip_matmuls,
     device_kinds,
     gpu_interpreter,
     interpreter_fixes,
@@ -61,6 +62,7 @@ class Backend:
     device_kind: str
     device_count: int
     gpu_interpret_params: Any = None
+    numerics: str = "chip"  # --pallas-numerics: "chip" or "exact"
     # Kernels that passed their own pltpu.InterpretParams: what the run changed in them.
     own_params_changed: ParamsChanges = dataclasses.field(
         default_factory=lambda: ParamsChanges(), compare=False, repr=False)
@@ -90,9 +92,20 @@ class Backend:
 
         On a TPU the default precision rounds float32 operands to bfloat16 (one
         MXU pass); on a GPU, to TensorFloat-32 (tensor cores, JAX's default precision
-        for float32 dots there); interpreted on the CPU, the product is float32.
+        for float32 dots there); interpreted on the CPU for a TPU, as the chip's
+        (``--pallas-numerics=chip``, see :attr:`float32_dot_rounding`), else float32.
         """
-        return {"tpu": "bfloat16", "gpu": "tensorfloat32"}.get(self.platform, "float32")
+        if self.is_compiled:
+            return {"tpu": "bfloat16", "gpu": "tensorfloat32"}[self.platform]
+        return self.float32_dot_rounding or "float32"
+
+    @property
+    def float32_dot_rounding(self) -> str | None:
+        """What a run on the CPU rounds a default-precision float32 dot's operands to, in
+        kernels and in the test's XLA dots (``numerics.run_rounding``), or None."""
+        from .numerics import run_rounding
+
+        return run_rounding(self.platform, self.chip, self.numerics)
 
     def describe(self) -> str:
         if self.is_tpu:
@@ -120,6 +133,11 @@ class Backend:
 
         optional = jax_internals.optional_feature
         with contextlib.ExitStack() as stack:
+            rounding = self.float32_dot_rounding
+            if rounding is not None:
+                # Both sides round, as on the chip: the kernels and the test's own XLA dots.
+                stack.enter_context(optional(CHIP_NUMBERS, lambda: (
+                    chip_matmuls.float32_dots_rounded(rounding))))
             stack.enter_context(optional(
                 "pltpu.get_tpu_info() answering for the chip on the CPU",
                 lambda: device_kinds.device_kind_answers_as(self.device_kind,
@@ -182,6 +200,9 @@ class Backend:
                     # What the GPU enforces and the interpreter does not: SMEM per block.
                     judge=gpu_rules.check_smem)))
             yield self
+
+
+CHIP_NUMBERS = "float32 matmuls rounded as the chip's (--pallas-numerics=chip)"
 
 
 GPU_KERNEL_ROUTING = "GPU kernels in JAX's GPU interpreter and the plain one"
@@ -351,6 +372,7 @@ def select_backend(
         device_kind=cpu_devices[0].device_kind,
         device_count=len(cpu_devices),
         gpu_interpret_params=make_gpu_interpret_params(options),
+        numerics=options.numerics,
     )
 
 

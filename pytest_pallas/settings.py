@@ -67,6 +67,8 @@ class PallasOptions:
     libtpu: str | None = None  # the installed libtpu's version, None when it cannot be imported
     # --pallas-judge: a finding of the judge's checks fails the implementation's tests.
     judge: bool = False
+    # --pallas-numerics: "chip" (matmuls as the stand-in chip computes them) or "exact".
+    numerics: str = "chip"
 
     @property
     def session_opted_in(self) -> bool:

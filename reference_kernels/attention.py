@@ -198,9 +198,12 @@ def online_softmax_step(m_prev, l_prev, acc_prev, logits, v):
     p = jnp.exp(logits - m_new)
     l_new = correction * l_prev + p.sum(axis=1, keepdims=True)
     # p stays float32: rounding the weights to bfloat16 for a bfloat16 MXU pass
-    # would add an error as large as the output's own rounding.
+    # would add an error as large as the output's own rounding. So the products are
+    # float32 too: at the default precision the chip rounds float32 operands to
+    # bfloat16 (pytest_pallas.numerics), HIGHEST keeps them.
     acc_new = correction * acc_prev + jnp.dot(
-        p, v.astype(jnp.float32), preferred_element_type=jnp.float32
+        p, v.astype(jnp.float32), preferred_element_type=jnp.float32,
+        precision=jax.lax.Precision.HIGHEST,
     )
     return m_new, l_new, acc_new
 

@@ -48,8 +48,10 @@ def test_jax_flash_attention_passes_assert_allclose_with_the_attention_error_mod
     blocks = fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1)
     out = fa.flash_attention(q, k, v, block_sizes=blocks)
     expected = _attention64(q, k, v)
-    with pytest.raises(AssertionError, match="Worst error"):   # the bare default is too tight
-        assert_allclose(out, expected, reduction_length=256)
+    # The bare float32 default is too tight (under the chip's numbers the run's default is
+    # bfloat16's, wide enough without the model).
+    with pytest.raises(AssertionError, match="Worst error"):
+        assert_allclose(out, expected, reduction_length=256, matmul_precision="float32")
     assert assert_allclose(out, expected, reduction_length=256, op="attention",
                            inputs=(q, k, v)) <= 1.0
 

@@ -395,3 +395,22 @@ def _read_vmem(text: str, schedule: Schedule, delay_slots: int) -> None:
         schedule.vmem_bytes = sum(sizes)
     else:
         schedule.notes.append("post-delay-converter: no scoped VMEM allocation lines")
+
+
+_VMATMUL_MODE = re.compile(r"llo\.vmatmul\b[^\n]*?matmul_mode<(\w+)>")
+
+
+def matmul_modes(directory: str) -> dict[str, int]:
+    """How many ``llo.vmatmul`` of each ``matmul_mode`` (``round``: one bfloat16 pass;
+    ``high``, ``low``, ``soft_low_eight``, ``soft_middle_eight``: the passes of
+    ``precision=HIGHEST``) the ``*post-lower-to-llo*`` dumps under ``directory`` hold.
+    Empty when there are none, or the format moved."""
+    counts: dict[str, int] = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if "post-lower-to-llo" not in name:
+                continue
+            with open(os.path.join(root, name), errors="replace") as file:
+                for mode in _VMATMUL_MODE.findall(file.read()):
+                    counts[mode] = counts.get(mode, 0) + 1
+    return counts

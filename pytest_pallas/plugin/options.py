@@ -14,6 +14,7 @@ import random
 import pytest
 
 from .. import hosts
+from ..numerics import DEFAULT_NUMERICS, NUMERICS
 from ..settings import (  # noqa: F401  (the settings, read by the plugin's glue from here too)
     CI_SEED,
     COMPILER_CHIPS,
@@ -115,6 +116,12 @@ def add_options(parser: pytest.Parser) -> None:
         help="judge every conformance implementation as a Pallas kernel: arithmetic outside "
         "the kernels, host callbacks, state kept across calls or a result that ignores its "
         "inputs fails its tests (reported, not failed, without it).",
+    )
+    group.addoption(
+        "--pallas-numerics", metavar="chip|exact", default=None,
+        help="chip (default): kernels interpreted for a TPU, and the test's own XLA dots, "
+        "compute a default-precision float32 matmul as the chip does (bfloat16 operands, "
+        "float32 sums); exact: float32 products.",
     )
     group.addoption(
         "--pallas-report", metavar="PATH", default=None,
@@ -238,6 +245,12 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
     sweep_first = (None if sweep_first_value is None
                    else _positive_int(sweep_first_value, "--pallas-sweep-first"))
 
+    numerics = config.getoption("--pallas-numerics") or DEFAULT_NUMERICS
+    if numerics not in NUMERICS:
+        raise pytest.UsageError(
+            f"--pallas-numerics={numerics!r} is not a choice; use chip (the chip's "
+            "rounding, the default) or exact (float32 products).")
+
     return PallasOptions(
         tpu=tpu,
         gpu=gpu,
@@ -266,6 +279,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         compile_given=compile_value is not None,
         libtpu=libtpu,
         judge=bool(config.getoption("--pallas-judge")),
+        numerics=numerics,
     )
 
 

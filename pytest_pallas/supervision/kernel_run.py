@@ -36,6 +36,7 @@ from ..compare import (
     interpreted_kernels,
     traced_kernels,
 )
+from ..numerics import kernels_with_rounded_dots, rounding_note
 from ..settings import PallasOptions
 from . import diagnoses
 from .timeout import KernelTimeout, Watchdog
@@ -45,6 +46,7 @@ KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"
 TPU_COMPILER_CHECK = "the TPU compiler check"
 GPU_RACE_CHECK = "the GPU interpreter's race report"
 DEVICE_UNDER_TEST = "the stand-in chip as the device under test"
+ROUNDED_DOTS_NOTE = "the failure's note on float32 dots the chip rounds"
 
 
 class PallasInterpreterFallback(UserWarning):
@@ -73,6 +75,7 @@ class KernelRun:
         self._reports: list = []  # the static checks' report of each pallas_call traced
         self._gpu_kernels: list = []  # the GPU kernels the test ran on the CPU, and where
         self._gpu_races: list = []  # True per GPU-interpreted kernel that ended with a race
+        self._rounded_dots: list = []  # kernels with a float32 dot the chip rounds
 
     # --- open and close -----------------------------------------------------------------
 
@@ -112,6 +115,10 @@ class KernelRun:
         stack.enter_context(traced_output_blocks(lambda: [
             TracedOutput(report.kernel, array_shape, block_shape)
             for report in self._reports for array_shape, block_shape in report.output_blocks]))
+        if backend.float32_dot_rounding is not None:
+            # A failure then says which kernels had a dot the chip rounds.
+            self._rounded_dots = _list_or_empty(stack.enter_context(optional(
+                ROUNDED_DOTS_NOTE, kernels_with_rounded_dots)))
         # assert_allclose in the test then allows for the backend's matmul rounding.
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
         stack.enter_context(backend.activate(on_gpu_kernel=self._gpu_kernels.append))
@@ -299,6 +306,10 @@ class KernelRun:
         note = None
         if error is not None and not (self.backend.is_compiled or self.conformance):
             note = diagnoses.uninitialized_read_note(error, self._interpreted_kernel_names())
+        # The float32 dots the chip rounds (numerics.rounding_note), when the test failed.
+        rounding = (rounding_note(self._rounded_dots, self.backend.chip)
+                    if self._rounded_dots else None)
+        note = "\n".join(filter(None, (note, rounding))) or None
         return note, "\n".join(self.backend.own_params_changed)
 
 

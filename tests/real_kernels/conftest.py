@@ -25,3 +25,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("full_corpus"):
             item.add_marker(skip)
+
+
+@pytest.fixture
+def float32_products():
+    """The test's dots (its kernels' and its references') and its comparator at float32
+    products, whatever --pallas-numerics: for tests that measure the error models' power
+    against float32 arithmetic (as --pallas-numerics=exact computes)."""
+    from pytest_pallas._compat.chip_matmuls import float32_dots_exact
+    from pytest_pallas.compare import backend_matmul_precision
+
+    with float32_dots_exact(), backend_matmul_precision("float32"):
+        yield

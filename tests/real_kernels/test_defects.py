@@ -21,6 +21,8 @@ from .corpus import BY_NAME, _paged_reference
 pytestmark = pytest.mark.pallas
 
 
+# Against float32 products: with the chip's numbers q is rounded to bfloat16 too.
+@pytest.mark.usefixtures("float32_products")
 def test_paged_attention_matches_a_reference_with_bfloat16_keys_and_values():
     case = BY_NAME["paged_attention"]
     q, k_pages, v_pages, lengths, page_indices = args = case.args()

@@ -1,0 +1,169 @@
+"""The chip's numbers on the CPU (--pallas-numerics): a default-precision float32 matmul rounds
+its operands to bfloat16 as the TPU's MXU does, in the kernel and in the test's own XLA dots;
+precision=HIGHEST keeps float32; a failure says which kernel's dot the chip rounds."""
+
+import textwrap
+
+import pytest
+
+PROJECTION = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax import lax
+    from jax.experimental import pallas as pl
+
+    def projection(x, w, precision=None):
+        def kernel(x_ref, w_ref, o_ref):
+            o_ref[...] = jnp.dot(x_ref[...], w_ref[...], precision=precision,
+                                 preferred_element_type=jnp.float32)
+        return pl.pallas_call(kernel, name="projection",
+                              out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32))(x, w)
+
+    def inputs(dtype=np.float32):
+        rng = np.random.default_rng(0)
+        return (rng.standard_normal((128, 128)).astype(dtype),
+                rng.standard_normal((128, 128)).astype(dtype))
+
+    def float64_reference(x, w):
+        return np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+
+    @pytest.mark.pallas
+    def test_holds_only_in_float32():
+        x, w = inputs()
+        np.testing.assert_allclose(projection(x, w), float64_reference(x, w),
+                                   rtol=1e-5, atol=1e-4)
+
+    @pytest.mark.pallas
+    def test_highest_keeps_float32():
+        x, w = inputs()
+        np.testing.assert_allclose(projection(x, w, lax.Precision.HIGHEST),
+                                   float64_reference(x, w), rtol=1e-5, atol=1e-4)
+
+    @pytest.mark.pallas
+    def test_bfloat16_kernel():
+        x, w = (jnp.asarray(a, jnp.bfloat16) for a in inputs())
+        expected = float64_reference(np.asarray(x, np.float32), np.asarray(w, np.float32))
+        np.testing.assert_allclose(projection(x, w), expected, rtol=1e-5, atol=1e-4)
+
+    @pytest.mark.pallas
+    def test_against_xla_dot():
+        x, w = inputs()
+        np.testing.assert_allclose(projection(x, w), jnp.dot(x, w), rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(projection(x, w), jax.jit(jnp.dot)(x, w),
+                                   rtol=1e-6, atol=1e-5)
+''')
+
+
+@pytest.mark.parametrize("interpreter", ["tpu", "plain"])
+def test_a_float32_only_kernel_fails_as_on_the_chip_and_the_others_pass(
+        pytester, run_pytest, interpreter):
+    pytester.makepyfile(test_projection=PROJECTION)
+    result = run_pytest(f"--pallas-interpret={interpreter}", "-p", "no:xdist")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines([
+        "*test_holds_only_in_float32*",
+        "pallas: kernel 'projection' had a default-precision float32 dot: the chip rounds "
+        "these operands to bfloat16; precision=HIGHEST keeps float32*",
+    ])
+    result.stdout.fnmatch_lines(["pallas: CPU, *; numbers: TPU v5e's, default-precision "
+                                 "float32 matmuls with bfloat16 operands*"])
+    assert result.stdout.str().count("had a default-precision float32 dot") == 1
+
+
+def test_exact_numerics_compute_in_float32(pytester, run_pytest):
+    pytester.makepyfile(test_projection=PROJECTION)
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-numerics=exact", "-p", "no:xdist")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["pallas: CPU, *; numbers: float32 matmul products*"])
+
+
+def test_without_a_pallas_flag_nothing_rounds(pytester, run_pytest):
+    # No flag: the marked tests run (interpreted) but the session was not asked for the chip;
+    # without the plugin the float32-only test passes, and the XLA dot keeps float32 outside.
+    pytester.makepyfile(test_plain=textwrap.dedent('''
+        import jax.numpy as jnp, numpy as np
+
+        def test_xla_dot_in_float32():
+            rng = np.random.default_rng(0)
+            x = rng.standard_normal((64, 64)).astype(np.float32)
+            np.testing.assert_allclose(jnp.dot(x, x), np.asarray(x, np.float64) @ x,
+                                       rtol=1e-5, atol=1e-4)
+    '''))
+    result = run_pytest("-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+    result = run_pytest("-p", "no:xdist", "-p", "no:pallas")
+    result.assert_outcomes(passed=1)
+
+
+def test_numerics_option_is_validated(pytester, run_pytest):
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = run_pytest("--pallas-numerics=bf16", "-p", "no:xdist")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--pallas-numerics='bf16' is not a choice; use chip*"])
+
+
+def test_rounding_is_the_chips_bit_for_bit_and_undone_after():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+
+    from pytest_pallas._compat.chip_matmuls import float32_dots_exact, float32_dots_rounded
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((32, 48)).astype(np.float32)
+    y = rng.standard_normal((48, 16)).astype(np.float32)
+
+    def as_bfloat16(a):
+        return np.asarray(jnp.asarray(a).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+    exact = np.asarray(x, np.float64) @ y
+    chip = as_bfloat16(x) @ as_bfloat16(y)
+    dot = jax.jit(jnp.dot)
+    before = np.asarray(dot(x, y))
+    with float32_dots_rounded():
+        np.testing.assert_allclose(dot(x, y), chip, rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(jnp.dot(x, y), chip, rtol=1e-6, atol=1e-5)
+        assert np.abs(np.asarray(dot(x, y)) - exact).max() > 1e-3
+        highest = jnp.dot(x, y, precision=lax.Precision.HIGHEST)
+        np.testing.assert_allclose(highest, exact, rtol=1e-5, atol=1e-5)
+        with jax.default_matmul_precision("float32"):  # the user's own setting wins
+            np.testing.assert_allclose(jax.jit(lambda a, b: a @ b)(x, y), exact,
+                                       rtol=1e-5, atol=1e-5)
+        with float32_dots_exact():  # a test's own float32 inside: no rounded program reused
+            np.testing.assert_allclose(dot(x, y), exact, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(dot(x, y), chip, rtol=1e-6, atol=1e-5)
+    np.testing.assert_array_equal(dot(x, y), before)
+    assert jax.config.jax_default_matmul_precision is None
+
+
+@pytest.mark.parametrize("chip", ["v4", "v5e", "v5p", "v6e", "7x"])
+def test_the_table_is_what_libtpu_emits(chip, tmp_path, monkeypatch):
+    # numerics.CHIP_MATMULS, read again from the TPU compiler's own dumps of a float32 dot.
+    pytest.importorskip("libtpu", reason="the TPU compiler (pip install 'pytest-pallas[tpu]')")
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+
+    import pytest_pallas
+    from pytest_pallas._compat.libtpu_dump import matmul_modes
+    from pytest_pallas.numerics import chip_matmuls
+
+    def projection(precision):
+        def kernel(x_ref, y_ref, o_ref):
+            o_ref[...] = jnp.dot(x_ref[...], y_ref[...], precision=precision)
+        return lambda x, y: pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32))(x, y)
+
+    x = jnp.ones((128, 128), jnp.float32)
+    modes = {}
+    for name, precision in (("default", None), ("highest", lax.Precision.HIGHEST)):
+        monkeypatch.setenv("PYTEST_PALLAS_KEEP_DUMP", str(tmp_path / name))
+        pytest_pallas.estimate(projection(precision), x, x, chip=chip)
+        modes[name] = matmul_modes(str(tmp_path / name))
+    facts = chip_matmuls(chip)
+    assert facts.default_rounding == "bfloat16" and set(modes["default"]) == {"round"}
+    assert set(modes["highest"]) == set(facts.highest_modes)
+    one_pass = modes["default"]["round"]
+    assert sum(modes["highest"].values()) == facts.highest_passes * one_pass
+    assert facts.default_passes == 1
