@@ -464,26 +464,30 @@ def zero_stride_reads_broadcast() -> Iterator[bool]:
         yield False
         return
 
-    @functools.wraps(original)
-    def get(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
-            buffer_id: Any, transforms: Any, *args: Any, **kwargs: Any) -> Any:
-        transforms = tuple(transforms) if transforms is not None else ()
-        last = transforms[-1] if transforms else None
-        if last is None or not hasattr(last, "indices"):
-            return original(token, device_id, local_core_id, memory_space, buffer_id,
-                            transforms, *args, **kwargs)
-        indexer, broadcasts = _broadcast_reads(last)
-        if not broadcasts:
-            return original(token, device_id, local_core_id, memory_space, buffer_id,
-                            transforms, *args, **kwargs)
-        import numpy as np
+    def broadcasting(reader: Any) -> Any:
+        def get(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
+                buffer_id: Any, transforms: Any, *args: Any, **kwargs: Any) -> Any:
+            transforms = tuple(transforms) if transforms is not None else ()
+            last = transforms[-1] if transforms else None
+            indexer, broadcasts = (_broadcast_reads(last) if hasattr(last, "indices")
+                                   else (last, []))
+            if not broadcasts:
+                return reader(token, device_id, local_core_id, memory_space, buffer_id,
+                              transforms, *args, **kwargs)
+            import numpy as np
 
-        token, value = original(token, device_id, local_core_id, memory_space, buffer_id,
-                                (*transforms[:-1], indexer), *args, **kwargs)
-        for axis, size in broadcasts:
-            value = np.repeat(value, size, axis=axis)
-        return token, value
+            token, value = reader(token, device_id, local_core_id, memory_space, buffer_id,
+                                  (*transforms[:-1], indexer), *args, **kwargs)
+            for axis, size in broadcasts:
+                value = np.repeat(value, size, axis=axis)
+            return token, value
 
+        return get
+
+    # The interpreter's DMAs call get.__wrapped__ (its reader without the error handler):
+    # both get the broadcast.
+    get = functools.wraps(original)(broadcasting(original))
+    get.__wrapped__ = broadcasting(getattr(original, "__wrapped__", original))
     module.get = get
     try:
         yield True
