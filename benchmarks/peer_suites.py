@@ -121,7 +121,7 @@ def run_pytest(workdir: pathlib.Path, paths, label: str, plugin_args, args) -> p
     env = dict(os.environ, PEER_SUITE_SAMPLE=str(args.sample),
                PEER_SUITE_TIMEOUT=str(args.timeout), PYTHONHASHSEED="0", PYTHONPATH=path)
     print(f"$ (cd {workdir} && PEER_SUITE_SAMPLE={args.sample} "
-          f"PEER_SUITE_TIMEOUT={args.timeout} {' '.join(command[1:])})", flush=True)
+          f"PEER_SUITE_TIMEOUT={args.timeout} python {' '.join(command[1:])})", flush=True)
     start = time.monotonic()
     with open(workdir / f"{label}.log", "w") as log:
         status = subprocess.run(command, cwd=workdir, env=env, stdout=log,
