@@ -28,6 +28,7 @@ from ._compat import (
     pallas_call_hooks,
     ref_views,
     tpu_interpreter,
+    xla_cpu_options,
 )
 from .checks import gpu_rules, running
 from .checks.running import active_backend  # noqa: F401  (the backend's public accessor)
@@ -146,12 +147,18 @@ class Backend:
             stack.enter_context(interpreter_fixes.empty_slices_in_bounds())
             stack.enter_context(interpreter_fixes.zero_byte_waits_return())
             stack.enter_context(interpreter_fixes.empty_accesses_race_with_nothing())
+            # XLA's fast CPU compiles for the test's own jits, where its kernels are
+            # interpreted: their compile time is most of an interpreted test's.
+            stack.enter_context(xla_cpu_options.fast_cpu_compiles())
             # pltpu.pack_elementwise and unpack_elementwise, which JAX's CPU cannot run.
             stack.enter_context(interpreter_fixes.packing_on_the_cpu())
             # Operands constrained to SMEM or VMEM, as to HBM.
             stack.enter_context(interpreter_fixes.memory_space_constraints_accepted())
             # Loads, stores and DMAs from and to ref.reshape(...) and ref.bitcast(...) views.
             stack.enter_context(ref_views.reshaped_and_bitcast_refs())
+            # A load through pl.ds(i, n, stride=0) reads element i n times, as on the chip
+            # (after the views: it rewrites the load before they see it).
+            stack.enter_context(interpreter_fixes.zero_stride_reads_broadcast())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
             # A pallas_call built before (at import time) is interpreted too.
             stack.enter_context(pallas_call_hooks.forced_interpreter_when_called())

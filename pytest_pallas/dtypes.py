@@ -81,3 +81,17 @@ def matmul_epsilon(precision: str) -> float:
         raise ValueError(f"matmul precision {precision!r} must be one of "
                          f"{', '.join(MATMUL_PRECISIONS)}")
     return epsilon(precision)
+
+
+def dot_rounding(precision: str, operands: str) -> str:
+    """The precision a dot of ``operands`` (a dtype's name) rounds its products in on a
+    backend whose float32 dot runs at ``precision`` (``MATMUL_PRECISIONS``): the one table
+    every error model reads (the comparator's accumulation term, the attention ops').
+
+    bfloat16 (or float16) operands multiply exactly into float32 sums; only float32 operands
+    lose more, to bfloat16 on a TPU and to TensorFloat-32 on a GPU.
+
+        >>> dot_rounding("bfloat16", "float32"), dot_rounding("bfloat16", "bfloat16")
+        ('bfloat16', 'float32')
+    """
+    return precision if operands == "float32" and precision in MATMUL_PRECISIONS else "float32"

@@ -132,6 +132,28 @@ def host_accelerators(
     return HostAccelerators(None)
 
 
+def host_has_tpu() -> bool:
+    """Whether a TPU chip sits on this host's PCI bus (Google's vendor id, 0x1ae0).
+
+    Not ``host_accelerators``' answer: that one is what JAX would start on (libtpu
+    installed, the chips ``TPU_VISIBLE_CHIPS`` leaves visible); this one whether libtpu's
+    runtime, once loaded, finds a chip and so needs its own view of the host.
+    """
+    import glob
+
+    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(path) as handle:
+                if handle.read().strip() == _GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
 def _counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'s' if count != 1 else ''}"
 

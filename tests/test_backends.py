@@ -288,10 +288,10 @@ def test_on_a_tpu_assert_allclose_allows_for_bfloat16_matmul_rounding(pytester):
     rounded = rounded.astype(np.float32)
     [item] = pytester.getitems("import pytest\n@pytest.mark.pallas\ndef test_k(): pass\n")
     session = _fake_tpu_session()
-    session.guard.activate(item)
+    session.open_kernel_run(item)
     try:
         assert assert_allclose(rounded, exact, reduction_length=1024) <= 1
     finally:
-        session.guard.deactivate(item)
+        session.close_kernel_run(item)
     with pytest.raises(AssertionError, match="Arrays are not close"):
         assert_allclose(rounded, exact, reduction_length=1024)  # float32 on the CPU

@@ -112,3 +112,69 @@ def test_each_chip_s_device_kind_is_the_one_jax_reads_back():
         assert device_kinds.chip_version_of_device_kind(kind).value == chip
     with pytest.raises(ValueError, match="no TPU device kind is known for chip 'v9'"):
         device_kind_of_chip("v9")
+
+
+def test_a_libtpu_new_enough_is_asked_of_the_installed_libtpu():
+    # "Needs a newer libtpu" (jtu.is_cloud_tpu_at_least) is answered by the libtpu the TPU
+    # compiler check compiles with: its client's platform version carries the build date.
+    from jax._src import test_util as jtu
+
+    from pytest_pallas._compat.device_under_test import stand_in_chip_under_test
+
+    built = "PJRT C API\nTFRT TPU v5 lite\nBuilt on Jun 17 2026 11:08:48 (1781719728) cl/1"
+    with stand_in_chip_under_test("v5e", lambda: built):
+        assert jtu.is_cloud_tpu_at_least(2026, 6, 17)
+        assert not jtu.is_cloud_tpu_at_least(2026, 6, 18)
+        assert not jtu.is_cloud_tpu()  # only the build date is libtpu's
+    with stand_in_chip_under_test("v5e", lambda: None):  # no libtpu: JAX's own answer
+        assert jtu.is_cloud_tpu_at_least(2030, 1, 1)
+    assert jtu.is_cloud_tpu_at_least(2030, 1, 1)
+
+
+# JAX's asynchronous copy across two kernels (tests/pallas/tpu_pallas_async_test.py): the
+# semaphore is an output of the first kernel. JAX's interpreters cannot allocate one, and
+# libtpu's ahead-of-time compiler aborts the process on such a program.
+SEMAPHORE_HANDED_BETWEEN_KERNELS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np
+    from absl.testing import absltest
+    from jax._src import test_util as jtu
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def copy_start(x):
+        def kernel(x_ref, aliased_x_ref, o_ref, sem):
+            pltpu.make_async_copy(x_ref, o_ref, sem).start()
+        return pl.pallas_call(
+            kernel, out_shape=(jax.ShapeDtypeStruct.like(x), jax.ShapeDtypeStruct.like(x),
+                               pltpu.SemaphoreType.DMA(())),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=(pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY),
+                       pl.BlockSpec(memory_space=pltpu.SEMAPHORE)),
+            input_output_aliases={0: 0})(x)
+
+    class AsyncCopyTest(absltest.TestCase):
+        def setUp(self):
+            if not jtu.is_device_tpu_at_least(4):
+                self.skipTest("DMAs need TPU v4+")
+
+        def test_copy_start(self):
+            x = jnp.ones((8, 128), jnp.float32)
+            _, out, _ = jax.jit(copy_start)(x)
+            np.testing.assert_array_equal(out, x)
+''')
+
+
+def test_a_limit_of_jax_s_interpreters_in_a_test_case_skips_with_one_line(pytester, run_pytest):
+    # unittest records a TestCase's error instead of raising it: it is judged all the same.
+    pytester.makepyfile(test_async=SEMAPHORE_HANDED_BETWEEN_KERNELS)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED *pallas: JAX's TPU interpreter crashed inside JAX "
+                                 "while running kernel 'kernel at test_async.py:*"])
+
+
+def test_a_wrong_value_in_a_test_case_still_fails_with_its_own_message(pytester, run_pytest):
+    pytester.makepyfile(test_wrong=JAX_STYLE_TPU_TESTS.replace("x + 1.0)", "x + 2.0)"))
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-k", "kernel_runs")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*Mismatched elements: 1024 / 1024*", "*reproduce with:*"])

@@ -333,8 +333,9 @@ SMEM_OPERAND = textwrap.dedent('''
 
 def test_an_operand_constrained_to_smem_runs_in_the_tpu_interpreter(pytester, run_pytest):
     pytester.makepyfile(test_smem_operand=SMEM_OPERAND)
-    result = run_pytest("--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist",
-                        "-W", "error::pytest_pallas.plugin.kernel_guard.PallasInterpreterFallback")
+    result = run_pytest(
+        "--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist",
+        "-W", "error::pytest_pallas.supervision.kernel_run.PallasInterpreterFallback")
     result.assert_outcomes(passed=1)
 
 
@@ -377,3 +378,24 @@ PACKING = textwrap.dedent('''
 def test_pack_and_unpack_elementwise_run_in_the_tpu_interpreter(pytester, run_pytest):
     pytester.makepyfile(test_packing=PACKING)
     run_pytest("-p", "no:xdist", "--pallas-compile=none").assert_outcomes(passed=3)
+
+
+# A row broadcast as tokamax's grouped matmul loads it: pl.ds(i, n, stride=0) reads row i n
+# times on the chip (the TPU compiler accepts it); the interpreter read nothing.
+ZERO_STRIDE_LOAD = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+
+    @pytest.mark.pallas
+    def test_zero_stride_load_broadcasts_a_row():
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[pl.ds(3, 8, stride=0), :] + x_ref[pl.ds(0, 8), :]
+        x = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
+        out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
+        np.testing.assert_array_equal(out, np.asarray(x)[3] + np.asarray(x)[:8])
+''')
+
+
+def test_a_zero_stride_load_broadcasts_in_the_tpu_interpreter(pytester, run_pytest):
+    pytester.makepyfile(test_broadcast=ZERO_STRIDE_LOAD)
+    run_pytest("-p", "no:xdist").assert_outcomes(passed=1)

@@ -169,6 +169,7 @@ LAYERS = (
     ("entry points", ("pytest_pallas.benchmark_gate", "pytest_pallas.roofline_plot")),
     ("plugin", ("pytest_pallas.plugin", "pytest_pallas.conformance")),
     ("suite and benchmarks", ("pytest_pallas.suite", "pytest_pallas.bench")),
+    ("test supervision", ("pytest_pallas.supervision",)),
     ("backend and comparator", ("pytest_pallas.backend", "pytest_pallas.compare")),
     ("checks", ("pytest_pallas.checks",)),
     ("ops and kernels", ("pytest_pallas.ops", "pytest_pallas.reference_kernels",
@@ -209,14 +210,20 @@ def test_imports_run_down_the_layers():
     assert not found, "imports running up (function-level ones counted): " + "; ".join(found)
 
 
-def test_an_import_running_up_inside_a_function_is_found(tmp_path):
-    package = tmp_path / "pytest_pallas"
-    for folder in ("checks", "plugin"):
+def _package_with(root: Path, *folders: str) -> Path:
+    """An empty ``pytest_pallas`` under ``root`` with these sub-packages."""
+    package = root / "pytest_pallas"
+    for folder in folders:
         (package / folder).mkdir(parents=True)
         (package / folder / "__init__.py").write_text("")
     for folder in _INSTALLED_AS:
-        (tmp_path / folder).mkdir()
+        (root / folder).mkdir()
     (package / "__init__.py").write_text("")
+    return package
+
+
+def test_an_import_running_up_inside_a_function_is_found(tmp_path):
+    package = _package_with(tmp_path, "checks", "plugin")
     (package / "plugin" / "options.py").write_text("LIBTPU = None\n")
     (package / "checks" / "compile_check.py").write_text(
         "def version():\n    from ..plugin.options import LIBTPU\n    return LIBTPU\n")
@@ -255,3 +262,107 @@ def test_every_reference_to_the_contract_names_its_file():
         if "CONTRACT.md" in line and path.name != "test_layout.py"
     ]
     assert not stale, "CONTRACT.md is docs/contract.md: " + ", ".join(stale)
+
+
+# plugin/ is pytest glue: hooks, options, fixtures and session wiring, each module with its job
+# here. A module that is none of these (per-test kernel supervision, a rule, a comparison,
+# rendering a report) belongs to a wing below (docs/design.md).
+PLUGIN_GLUE = {
+    "pytest_pallas.plugin": "the package (imports nothing)",
+    "pytest_pallas.plugin.hooks": "hooks: the pytest11 entry point",
+    "pytest_pallas.plugin.hookspecs": "hooks: the hook a conftest implements",
+    "pytest_pallas.plugin.options": "options: flags and ini options",
+    "pytest_pallas.plugin.implementations": "options: --pallas-impl and --pallas-ops",
+    "pytest_pallas.plugin.versions": "options: the tested JAX range, for the header",
+    "pytest_pallas.plugin.fixtures": "fixtures",
+    "pytest_pallas.plugin.session": "session wiring: per-run state, a test's KernelRun opened",
+    "pytest_pallas.plugin.conformance_ops": "session wiring: the ops a run selects",
+    "pytest_pallas.plugin.conformance_order": "session wiring: the order xdist's workers take",
+    "pytest_pallas.plugin.device_skips": "session wiring: skips for the simulated devices",
+    "pytest_pallas.plugin.hypothesis_settings": "session wiring: Hypothesis's profile and seeds",
+    "pytest_pallas.plugin.persistent_cache": "session wiring: pytest's cache directory",
+    "pytest_pallas.plugin.run_records": "session wiring: workers' records, the report written",
+    "pytest_pallas.plugin.workers": "session wiring: pytest-xdist's workers and devices",
+}
+# What runs, checks or judges kernels: the plugin hands a test to these through
+# supervision.KernelRun and the suite, never enters them itself.
+KERNEL_MACHINERY = (
+    "pytest_pallas.compare", "pytest_pallas.checks.kernel_check",
+    "pytest_pallas.checks.static_rules", "pytest_pallas.checks.runtime_rules",
+    "pytest_pallas.checks.mismatch", "pytest_pallas.checks.violations",
+    "pytest_pallas._compat.tpu_interpreter", "pytest_pallas._compat.gpu_interpreter",
+    "pytest_pallas._compat.pallas_call_hooks", "pytest_pallas._compat.interpreter_fixes",
+)
+
+
+def plugin_beyond_glue(graph: dict[str, set[str]]) -> list[str]:
+    """Modules of plugin/ that are not glue: not in PLUGIN_GLUE, or importing kernel
+    machinery (function-level imports counted)."""
+    plugin = sorted(module for module in graph if layer_of(module) == 1
+                    and module.startswith("pytest_pallas.plugin"))
+    found = [f"{module} (not a hook, option, fixture or session wiring module)"
+             for module in plugin if module not in PLUGIN_GLUE]
+    found += [f"{module} imports {target}" for module in plugin
+              for target in sorted(graph[module]) if target in KERNEL_MACHINERY]
+    return found
+
+
+def test_plugin_holds_only_glue():
+    graph = import_graph(ROOT)
+    assert set(PLUGIN_GLUE) <= set(graph), "PLUGIN_GLUE names a module that is gone"
+    found = plugin_beyond_glue(graph)
+    assert not found, "plugin/ is pytest glue only: " + "; ".join(found)
+
+
+def test_kernel_logic_in_the_plugin_is_found(tmp_path):
+    package = _package_with(tmp_path, "plugin", "_compat")
+    (package / "_compat" / "tpu_interpreter.py").write_text("def reset(): pass\n")
+    (package / "plugin" / "hooks.py").write_text(
+        "def pytest_runtest_setup(item):\n"
+        "    from .._compat.tpu_interpreter import reset\n    reset()\n")
+    (package / "plugin" / "kernel_guard.py").write_text("class KernelGuard: pass\n")
+    assert plugin_beyond_glue(import_graph(tmp_path)) == [
+        "pytest_pallas.plugin.kernel_guard (not a hook, option, fixture or session wiring "
+        "module)",
+        "pytest_pallas.plugin.hooks imports pytest_pallas._compat.tpu_interpreter"]
+
+
+def design_tree(text: str) -> dict[str, set[str]]:
+    """docs/design.md's tree of the package: folder ('' for the top) -> the modules it names."""
+    tree: dict[str, set[str]] = {"": set()}
+    folder = None
+    for line in text.splitlines():
+        if line.strip() == "pytest_pallas/":
+            folder = ""
+            continue
+        if folder is None:
+            continue
+        if not line.startswith("      "):
+            if tree[""] or len(tree) > 1:
+                break  # past the package: reference_kernels/, tests/, ...
+            continue
+        name = line.split()[0]
+        if line.startswith("        ") and name.endswith(".py"):
+            tree[folder].add(name)
+        elif name.endswith("/"):
+            folder = name.rstrip("/")
+            tree.setdefault(folder, set())
+        elif name.endswith(".py"):
+            folder = ""
+            tree[""].add(name)
+    return tree
+
+
+def test_the_design_page_maps_every_module_of_the_package():
+    tree = design_tree((ROOT / "docs" / "design.md").read_text())
+    package = ROOT / "pytest_pallas"
+    actual = {"": {path.name for path in package.glob("*.py") if path.name != "__init__.py"}}
+    for folder in sorted(path for path in package.iterdir() if (path / "__init__.py").exists()):
+        actual[folder.name] = {path.name for path in folder.glob("*.py")
+                               if path.name != "__init__.py"}
+    missing = {folder: sorted(names - tree.get(folder, set()))
+               for folder, names in actual.items() if names - tree.get(folder, set())}
+    stale = {folder: sorted(names - actual.get(folder, set()))
+             for folder, names in tree.items() if names - actual.get(folder, set())}
+    assert not missing and not stale, (
+        f"docs/design.md's tree: modules it does not name {missing}, names of no module {stale}")

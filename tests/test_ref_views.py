@@ -10,7 +10,7 @@ import pytest
 
 from pytest_pallas._compat import ref_views
 
-NO_FALLBACK = ("-W", "error::pytest_pallas.plugin.kernel_guard.PallasInterpreterFallback")
+NO_FALLBACK = ("-W", "error::pytest_pallas.supervision.kernel_run.PallasInterpreterFallback")
 
 # Loads and a DMA from ref.reshape(...) and ref.bitcast(...) views, as JAX's ragged paged
 # attention reads its KV buffer; the TPU interpreter stopped at them ("'ReshapeTransform'

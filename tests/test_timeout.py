@@ -6,7 +6,7 @@ import time
 import pytest
 
 from pytest_pallas._compat import tpu_interpreter
-from pytest_pallas.plugin.timeout import Watchdog
+from pytest_pallas.supervision.timeout import Watchdog
 
 
 class FakeKernels:

@@ -66,3 +66,23 @@ def test_interpreted_kernels_compute_the_same_values_with_the_options(kernel):
         reduction = 160
     assert np.isfinite(fast).all()
     assert_allclose(fast, default, reduction_length=reduction)
+
+
+def test_a_pallas_test_s_own_jits_compile_fast_on_the_cpu_and_nothing_else_does():
+    # A test's kernels are interpreted inside its own jax.jit: XLA's fast options reach
+    # those compiles, not one that chose options of its own, and only inside the block.
+    from jax._src import compiler, xla_bridge
+
+    from pytest_pallas._compat.xla_cpu_options import fast_compile_options, fast_cpu_compiles
+
+    def overrides(**kwargs):
+        return dict(compiler.get_compile_options(
+            num_replicas=1, num_partitions=1, backend=xla_bridge.get_backend(),
+            **kwargs).env_option_overrides)
+
+    with fast_cpu_compiles() as applied:
+        assert applied
+        assert overrides() == fast_compile_options()
+        assert overrides(env_options_overrides={"xla_backend_optimization_level": 2}) == {
+            "xla_backend_optimization_level": 2}
+    assert overrides() == {}

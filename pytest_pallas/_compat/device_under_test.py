@@ -68,9 +68,18 @@ def answered_questions(test_util_loaded: bool) -> list[str]:
 
 
 @contextlib.contextmanager
-def stand_in_chip_under_test(chip: str) -> Iterator[None]:
+def stand_in_chip_under_test(
+        chip: str, libtpu_platform_version: Callable[[], str | None] = lambda: None,
+) -> Iterator[None]:
     """Inside the block, JAX's test utilities and ``jax.default_backend()`` answer for
-    ``chip`` (see the module docstring); everything is restored on exit."""
+    ``chip`` (see the module docstring); everything is restored on exit.
+
+    ``libtpu_platform_version`` gives what the installed libtpu's client says of itself
+    (its build date), or None: ``jtu.is_cloud_tpu_at_least(year, month, day)``, which a
+    test asks for "a libtpu new enough for this", then answers for that libtpu, the one
+    the TPU compiler check compiles with; without libtpu it keeps JAX's answer off a
+    Cloud TPU (True).
+    """
     import jax
 
     device_kind = device_kind_of_chip(chip)
@@ -78,13 +87,14 @@ def stand_in_chip_under_test(chip: str) -> Iterator[None]:
         _replace(stack, jax, "default_backend", lambda: "tpu")
         test_util = sys.modules.get(TEST_UTIL_MODULE)
         if test_util is not None:  # a suite that never imported them asks nothing of them
-            _answer_test_utilities(stack, test_util, device_kind)
+            _answer_test_utilities(stack, test_util, device_kind, libtpu_platform_version)
         yield
 
 
-def _answer_test_utilities(stack: contextlib.ExitStack, test_util: Any,
-                           device_kind: str) -> None:
-    for name in ("device_under_test", "xla_bridge", *_DEVICE_KIND_READERS):
+def _answer_test_utilities(stack: contextlib.ExitStack, test_util: Any, device_kind: str,
+                           libtpu_platform_version: Callable[[], str | None]) -> None:
+    for name in ("device_under_test", "xla_bridge", "is_cloud_tpu", "is_cloud_tpu_at_least",
+                 *_DEVICE_KIND_READERS):
         if not hasattr(test_util, name):
             raise JaxInternalsChanged(
                 f"{TEST_UTIL_MODULE}.{name} is gone on this JAX: its test utilities cannot "
@@ -94,6 +104,28 @@ def _answer_test_utilities(stack: contextlib.ExitStack, test_util: Any,
     for name in _DEVICE_KIND_READERS:
         _replace(stack, test_util, name,
                  _reading_devices_through(getattr(test_util, name), test_util, devices_view))
+    _replace(stack, test_util, "is_cloud_tpu_at_least", _built_at_least(
+        test_util.is_cloud_tpu_at_least, test_util, devices_view, libtpu_platform_version))
+
+
+def _built_at_least(function: Callable, module: Any, view: _XlaBridgeView,
+                    libtpu_platform_version: Callable[[], str | None]) -> Callable:
+    """JAX's ``is_cloud_tpu_at_least``, reading the installed libtpu's build date."""
+
+    @functools.wraps(function)
+    def answering(*args: Any, **kwargs: Any) -> Any:
+        version = libtpu_platform_version()
+        if version is None:
+            return function(*args, **kwargs)
+        real_bridge, real_is_cloud_tpu = module.xla_bridge, module.is_cloud_tpu
+        module.xla_bridge = view.with_platform_version(version)
+        module.is_cloud_tpu = lambda: True
+        try:
+            return function(*args, **kwargs)
+        finally:
+            module.xla_bridge, module.is_cloud_tpu = real_bridge, real_is_cloud_tpu
+
+    return answering
 
 
 def _replace(stack: contextlib.ExitStack, owner: Any, name: str, value: Any) -> None:
@@ -120,9 +152,21 @@ def _reading_devices_through(function: Callable, module: Any, view: Any) -> Call
 class _XlaBridgeView:
     """``xla_bridge`` whose ``devices()`` report the stand-in chip's device kind."""
 
-    def __init__(self, xla_bridge: Any, device_kind: str) -> None:
+    def __init__(self, xla_bridge: Any, device_kind: str,
+                 platform_version: str | None = None) -> None:
         self._xla_bridge = xla_bridge
         self._device_kind = device_kind
+        self._platform_version = platform_version
+
+    def with_platform_version(self, platform_version: str) -> _XlaBridgeView:
+        """The same view, whose backend reports ``platform_version`` (libtpu's build)."""
+        return _XlaBridgeView(self._xla_bridge, self._device_kind, platform_version)
+
+    def get_backend(self, *args: Any, **kwargs: Any) -> Any:
+        backend = self._xla_bridge.get_backend(*args, **kwargs)
+        if self._platform_version is None:
+            return backend
+        return _BackendView(backend, self._platform_version)
 
     def devices(self, *args: Any, **kwargs: Any) -> list[Any]:
         return [_DeviceView(device, self._device_kind)
@@ -142,3 +186,14 @@ class _DeviceView:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._device, name)
+
+
+class _BackendView:
+    """A backend that reports another ``platform_version`` (read, never used)."""
+
+    def __init__(self, backend: Any, platform_version: str) -> None:
+        self._backend = backend
+        self.platform_version = platform_version
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)

@@ -70,14 +70,11 @@ def tpu_kernels_only(observer: Callable[..., None]) -> Callable[..., None]:
     """``observer`` of ``pallas_call`` params (and more arguments), deaf to GPU kernels: the
     TPU rules and the TPU compiler never judge a Mosaic GPU or Triton kernel."""
 
-    @functools.wraps(observer)
+    @functools.wraps(observer, updated=())  # an observer may be an object (PallasCallChecker)
     def observe(params: dict[str, Any], *rest: Any) -> None:
         if call_target(params) is None:
             observer(params, *rest)
 
-    for name, value in vars(observer).items():
-        if callable(value):  # the checker's settle(params, used) hook
-            setattr(observe, name, tpu_kernels_only(value))
     return observe
 
 

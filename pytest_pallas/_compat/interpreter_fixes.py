@@ -424,3 +424,68 @@ def packing_on_the_cpu() -> Iterator[bool]:
     finally:
         for primitive in added:
             cpu_rules.pop(primitive, None)
+
+
+_INTERPRET_PALLAS_CALL = f"{_INTERPRETER_PACKAGE}.interpret_pallas_call"
+
+
+def _broadcast_reads(indexer: Any) -> tuple[Any, list[tuple[int, int]]]:
+    """``indexer`` with each zero-stride slice read once, and (result axis, size) of each."""
+    import dataclasses
+
+    slice_class = private_attribute("jax._src.indexing", "Slice")
+    indices, broadcasts, axis = [], [], 0
+    for index in indexer.indices:
+        if isinstance(index, slice_class):
+            if index.stride == 0 and int(index.size) > 1:
+                broadcasts.append((axis, int(index.size)))
+                index = dataclasses.replace(index, size=1, stride=1)
+            axis += 1
+        elif getattr(index, "shape", ()) != ():  # an array of indices keeps its dimensions
+            axis += len(index.shape)
+        indices.append(index)
+    return dataclasses.replace(indexer, indices=tuple(indices)), broadcasts
+
+
+@contextlib.contextmanager
+def zero_stride_reads_broadcast() -> Iterator[bool]:
+    """A load of ``ref[pl.ds(i, n, stride=0)]`` reads element ``i`` ``n`` times, as the chip's
+    strided load does, in the TPU interpreter.
+
+    The interpreter turns that slice into ``slice(i, i, 0)``, which selects nothing (and NumPy
+    refuses a step of 0): tokamax's grouped matmul broadcasts a row this way. Only the last
+    indexer of a load is rewritten; yields False where the interpreter's reader moved.
+    """
+    try:
+        module = private_attribute(_INTERPRET_PALLAS_CALL)
+        original = module.get
+        private_attribute("jax._src.indexing", "Slice")
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+
+    @functools.wraps(original)
+    def get(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
+            buffer_id: Any, transforms: Any, *args: Any, **kwargs: Any) -> Any:
+        transforms = tuple(transforms) if transforms is not None else ()
+        last = transforms[-1] if transforms else None
+        if last is None or not hasattr(last, "indices"):
+            return original(token, device_id, local_core_id, memory_space, buffer_id,
+                            transforms, *args, **kwargs)
+        indexer, broadcasts = _broadcast_reads(last)
+        if not broadcasts:
+            return original(token, device_id, local_core_id, memory_space, buffer_id,
+                            transforms, *args, **kwargs)
+        import numpy as np
+
+        token, value = original(token, device_id, local_core_id, memory_space, buffer_id,
+                                (*transforms[:-1], indexer), *args, **kwargs)
+        for axis, size in broadcasts:
+            value = np.repeat(value, size, axis=axis)
+        return token, value
+
+    module.get = get
+    try:
+        yield True
+    finally:
+        module.get = original

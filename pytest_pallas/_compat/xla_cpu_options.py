@@ -22,7 +22,9 @@ compiling a one-line function with it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 from . import jax_internals
@@ -81,3 +83,44 @@ def _accepted(options: dict[str, Any]) -> bool:
 
 def _probe(x: Any) -> Any:
     return x + 1
+
+
+@contextlib.contextmanager
+def fast_cpu_compiles() -> Iterator[bool]:
+    """Inside the block, every program JAX compiles for the CPU gets the fast options the
+    installed jaxlib accepts (``fast_compile_options``), unless it set them itself.
+
+    A test's kernels are interpreted inside the test's own ``jax.jit``, which the plugin does
+    not write: the options reach those compiles through JAX's one function that builds
+    every compile's options (``jax._src.compiler.get_compile_options``, as a jit's own
+    ``compiler_options`` do). Interpreted kernels are mostly compile time: 40 tests of JAX's
+    tpu_pallas_test.py took 19.1 s of CPU, 6.9 s with the options (docs/peer-suites.md).
+    Programs compiled for a TPU (the compile check) and jits with options of their own are
+    left alone. Yields False where the
+    function moved, or no option is accepted.
+    """
+    options = fast_compile_options()
+    try:
+        compiler = jax_internals.private_attribute("jax._src.compiler")
+        original = compiler.get_compile_options
+    except (jax_internals.JaxInternalsChanged, AttributeError):
+        yield False
+        return
+    if not options:
+        yield False
+        return
+
+    @functools.wraps(original)
+    def with_fast_options(*args: Any, **kwargs: Any) -> Any:
+        backend = kwargs.get("backend")
+        # A jit that chose its own options (the conformance suite's, for one) keeps them.
+        if (backend is not None and getattr(backend, "platform", None) == "cpu"
+                and not kwargs.get("env_options_overrides")):
+            kwargs["env_options_overrides"] = dict(options)
+        return original(*args, **kwargs)
+
+    compiler.get_compile_options = with_fast_options
+    try:
+        yield True
+    finally:
+        compiler.get_compile_options = original

@@ -20,6 +20,7 @@ libtpu give the same numbers.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import pickle
 import subprocess
@@ -208,29 +209,22 @@ def _traced_for_chip(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     Each ``pltpu.emit_pipeline`` the kernels run is appended to ``pipelines``.
     """
     import jax
-    from jax.experimental.pallas import tpu as pltpu
 
-    from .._compat import device_kinds, interpreter_fixes, jax_internals, pallas_call_hooks
+    from .._compat import pallas_call_hooks
+    from ..checks.chip_tracing import tracing_for_chip
 
-    global _TRACES
-    _TRACES += 1
     # A device kind of this trace's own: JAX keys its trace caches on the abstract
     # device, so a jitted kernel is traced again and its emit_pipelines are seen.
-    device_kind = f"{jax.devices()[0].device_kind} (estimate {_TRACES})"
+    device_kind = f"{jax.devices()[0].device_kind} (estimate {next(_TRACE_NUMBERS)})"
     with (
-        pltpu.force_tpu_interpret_mode(None),
-        device_kinds.device_kind_answers_as(device_kind, lambda: info),
-        jax_internals.optional_feature(
-            "the stand-in chip as JAX's abstract device",
-            lambda: interpreter_fixes.chip_as_abstract_device(
-                device_kind, info.num_cores, replace_stand_in=True)),
-        pallas_call_hooks.suspend_pallas_call_observers(),
+        tracing_for_chip(device_kind, info, replace_stand_in=True),
         pallas_call_hooks.observe_emit_pipelines(pipelines.append),
     ):
         return jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args), device_kind
 
 
-_TRACES = 0
+# Never reset: a number used again would meet JAX's trace cache of an earlier estimate.
+_TRACE_NUMBERS = itertools.count(1)
 
 
 def _compile_in_child(exported: list[Any], chip: str, delay_slots: int) -> tuple[str, list[Any]]:

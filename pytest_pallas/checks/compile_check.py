@@ -75,6 +75,17 @@ def libtpu_version() -> str | None:
     return installed_libtpu()
 
 
+def libtpu_platform_version(chip: str) -> str | None:
+    """What the installed libtpu's client says of itself ("... Built on Jun 17 2026 ...",
+    the text JAX's ``jtu.is_cloud_tpu_at_least`` reads on a TPU), or None without libtpu."""
+    if libtpu_version() is None or chip not in COMPILER_CHIPS:
+        return None
+    try:
+        return str(topology_devices(chip, 1)[0].client.platform_version)
+    except (RuntimeError, AttributeError):
+        return None
+
+
 def quiet_libtpu_environment(environ: Any = os.environ) -> None:
     """Before JAX starts on a host without a TPU: keep libtpu's start-up warnings away.
 
@@ -351,6 +362,14 @@ def remembered_verdicts() -> dict[str, CompileVerdict]:
         return dict(_cache)
 
 
+def _passes_semaphores(params: dict[str, Any], avals: Sequence[Any]) -> bool:
+    """Whether a pallas_call takes or returns a semaphore (``pltpu.SemaphoreType`` as an
+    ``out_shape``, handed from the kernel that starts a copy to the one that waits)."""
+    out_avals = tuple(params.get("out_avals", ()) or ())
+    return any("sem" in str(getattr(getattr(aval, "dtype", None), "name", ""))
+               for aval in (*avals, *out_avals))
+
+
 def clear_cache() -> None:
     """Forget every verdict (tests of the cache start from here)."""
     with _cache_lock:
@@ -373,6 +392,11 @@ def pallas_call_compiler(
     def observe(params: dict[str, Any], avals: tuple[Any, ...]) -> None:
         if not kernel_model.describe_pallas_call(params).for_tensor_core:
             return  # GPU compiler params or a SparseCore mesh: not the TensorCore's compiler
+        if _passes_semaphores(params, avals):
+            # libtpu's ahead-of-time compiler aborts the whole process on a program whose
+            # operands or results are semaphores (JAX's asynchronous-copy kernels): such a
+            # kernel keeps the static rules' verdict.
+            return
         mesh_axes = (jax_internals.manual_mesh_axes()
                      if jaxpr_analysis.pallas_call_communicates(params) else ())
         rejected = []

@@ -26,12 +26,12 @@ from typing import Any
 from pytest_pallas._compat import (
     device_kinds,
     gpu_interpreter,
-    interpreter_fixes,
     jax_internals,
     pallas_call_hooks,
     tpu_interpreter,
 )
 from pytest_pallas.checks import jaxpr_analysis, kernel_model
+from pytest_pallas.checks.chip_tracing import tracing_for_chip
 from pytest_pallas.checks.runtime_rules import kernel_exit_violations
 from pytest_pallas.checks.static_rules import (
     ALL_CHECKS,
@@ -60,6 +60,7 @@ __all__ = [
     "check_uninitialized_reads",
     "checking_pallas_calls",
     "kernel_exits_checked",
+    "PallasCallChecker",
     "pallas_call_checker",
 ]
 
@@ -134,7 +135,6 @@ def check_kernel(
         check_kernel(matmul, x, x, block_shape=(512, 512), chip="v5e")
     """
     import jax
-    from jax.experimental.pallas import tpu as pltpu
 
     options = check_options or CheckOptions()
     info = tpu_info_for(_chip_or_the_tests(chip))
@@ -149,14 +149,7 @@ def check_kernel(
     # rules) must answer for the chip being checked. Observers a harness
     # installed would check the same kernels with their own options.
     device_kind = jax.devices()[0].device_kind
-    with (
-        pltpu.force_tpu_interpret_mode(None),
-        device_kinds.device_kind_answers_as(device_kind, lambda: info),
-        jax_internals.optional_feature(
-            "the stand-in chip as JAX's abstract device",
-            lambda: interpreter_fixes.chip_as_abstract_device(device_kind, info.num_cores)),
-        pallas_call_hooks.suspend_pallas_call_observers(),
-    ):
+    with tracing_for_chip(device_kind, info):
         closed = jax.make_jaxpr(target)(*args)
         calls = list(jaxpr_analysis.pallas_call_equations_in(closed))
         # Which outputs the program keeps: a race on an output it drops is no bug.
@@ -309,15 +302,9 @@ def _function_name(fn: Callable[..., Any]) -> str:
     return getattr(inner, "__qualname__", None) or getattr(inner, "__name__", None) or repr(inner)
 
 
-def pallas_call_checker(
-    chip: Any = "v5e",
-    check_options: CheckOptions | None = None,
-    reports: list[KernelReport] | None = None,
-    *,
-    defer_output_races: bool = False,
-) -> Callable[[dict[str, Any]], None]:
-    """An observer for ``_compat.pallas_call_hooks.observe_pallas_calls``: checks each pallas_call
-    as traced.
+class PallasCallChecker:
+    """An observer for ``_compat.pallas_call_hooks.observe_pallas_calls``: checks each
+    pallas_call as traced (call it with the bind's params).
 
     Raises :class:`TpuRuleViolation` from inside the trace, which aborts it
     (so the broken kernel is never cached and fails again on the next call).
@@ -325,59 +312,76 @@ def pallas_call_checker(
     with the same params (vmap, re-tracing) is checked once.
 
     With ``defer_output_races``, a race on an output is not raised at trace
-    time: the returned observer's ``settle(params, used_outputs)`` (an
-    observer for ``_compat.pallas_call_hooks.observe_pallas_call_uses``) raises it once the
+    time: ``settle(params, used_outputs)`` (an observer for
+    ``_compat.pallas_call_hooks.observe_pallas_call_uses``) raises it once the
     program shows that it uses that output, and drops it if it does not.
     """
-    options = check_options or CheckOptions()
-    info = tpu_info_for(_chip_or_the_tests(chip))
-    static = options.static_options()
-    seen: collections.OrderedDict[tuple[int, ...], tuple[Any, KernelReport]] = (
-        collections.OrderedDict()
-    )
-    pending: dict[int, tuple[Any, KernelReport]] = {}
-    lock = threading.Lock()
 
-    def observe(params: dict[str, Any]) -> None:
-        anchors = (params.get("grid_mapping"), params.get("jaxpr"), params.get("compiler_params"))
-        key = tuple(id(a) for a in anchors)
-        with lock:
-            cached = seen.get(key)
-        if cached is not None and all(a is b for a, b in zip(cached[0], anchors)):
-            report = cached[1]
-        else:
-            try:
-                described = kernel_model.describe_pallas_call(params)
-            except jax_internals.JaxInternalsChanged as error:
-                # A newer JAX moved what the rules read: the kernel runs unchecked.
-                jax_internals.feature_off(STATIC_CHECKS, error)
-                return
-            report = check_pallas_call_info(described, info, **static)
-            with lock:
-                seen[key] = (anchors, report)  # keeps anchors alive, so ids stay unique
-                while len(seen) > 512:
-                    seen.popitem(last=False)
-        if reports is not None:
-            reports.append(report)
-        if not defer_output_races:
+    _KEPT = 512  # reports kept for kernels traced again; races pending for programs unlowered
+
+    def __init__(self, chip: Any = "v5e", check_options: CheckOptions | None = None,
+                 reports: list[KernelReport] | None = None, *,
+                 defer_output_races: bool = False) -> None:
+        options = check_options or CheckOptions()
+        self._info = tpu_info_for(_chip_or_the_tests(chip))
+        self._static = options.static_options()
+        self._reports = reports
+        self._defer_output_races = defer_output_races
+        # The anchors' ids -> (the anchors, kept alive so ids stay unique; the report).
+        self._seen: collections.OrderedDict[tuple[int, ...], tuple[Any, KernelReport]] = (
+            collections.OrderedDict())
+        # id(jaxpr) -> (the jaxpr, the report whose output races wait for its uses).
+        self._pending: dict[int, tuple[Any, KernelReport]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, params: dict[str, Any]) -> None:
+        report = self._report(params)
+        if report is None:
+            return
+        if self._reports is not None:
+            self._reports.append(report)
+        if not self._defer_output_races:
             raise_for([report])
             return
         now = [v for v in report.violations if not is_output_race(v)]
         if now:
             raise rule_violation(now)
         if len(now) < len(report.violations):
-            with lock:
-                pending[id(params.get("jaxpr"))] = (params.get("jaxpr"), report)
-                while len(pending) > 512:  # traced but never lowered (make_jaxpr, say)
-                    del pending[next(iter(pending))]
+            with self._lock:
+                self._pending[id(params.get("jaxpr"))] = (params.get("jaxpr"), report)
+                while len(self._pending) > self._KEPT:  # traced but never lowered (make_jaxpr)
+                    del self._pending[next(iter(self._pending))]
 
-    def settle(params: dict[str, Any], used_outputs: tuple[bool, ...]) -> None:
+    def _report(self, params: dict[str, Any]) -> KernelReport | None:
+        """The rules' report on the pallas_call of ``params`` (once per kernel traced again);
+        None when a newer JAX moved what the rules read."""
+        anchors = (params.get("grid_mapping"), params.get("jaxpr"), params.get("compiler_params"))
+        key = tuple(id(a) for a in anchors)
+        with self._lock:
+            cached = self._seen.get(key)
+        if cached is not None and all(a is b for a, b in zip(cached[0], anchors)):
+            return cached[1]
+        try:
+            described = kernel_model.describe_pallas_call(params)
+        except jax_internals.JaxInternalsChanged as error:
+            # A newer JAX moved what the rules read: the kernel runs unchecked.
+            jax_internals.feature_off(STATIC_CHECKS, error)
+            return None
+        report = check_pallas_call_info(described, self._info, **self._static)
+        with self._lock:
+            self._seen[key] = (anchors, report)
+            while len(self._seen) > self._KEPT:
+                self._seen.popitem(last=False)
+        return report
+
+    def settle(self, params: dict[str, Any], used_outputs: tuple[bool, ...]) -> None:
+        """Raise the output races of the program of ``params`` on the outputs it uses."""
         jaxpr = params.get("jaxpr")
-        with lock:
-            entry = pending.get(id(jaxpr))
+        with self._lock:
+            entry = self._pending.get(id(jaxpr))
             if entry is None or entry[0] is not jaxpr:
                 return
-            del pending[id(jaxpr)]
+            del self._pending[id(jaxpr)]
         report = entry[1]
         settled = settle_output_races(
             dataclasses.replace(report, violations=list(report.violations),
@@ -385,8 +389,17 @@ def pallas_call_checker(
             used_outputs)
         raise_for([settled])
 
-    observe.settle = settle  # type: ignore[attr-defined]
-    return observe
+
+def pallas_call_checker(
+    chip: Any = "v5e",
+    check_options: CheckOptions | None = None,
+    reports: list[KernelReport] | None = None,
+    *,
+    defer_output_races: bool = False,
+) -> PallasCallChecker:
+    """The observer that checks each pallas_call as traced (``PallasCallChecker``)."""
+    return PallasCallChecker(chip, check_options, reports,
+                             defer_output_races=defer_output_races)
 
 
 @contextlib.contextmanager

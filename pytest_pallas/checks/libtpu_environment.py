@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..hosts import host_has_tpu
+
 # libtpu, loaded on a host without a TPU, prints warnings about the TPU hosts
 # and workers it cannot find (its metadata lookups); these answers silence them
 # and change nothing of what it compiles. ALLOW_MULTIPLE_LIBTPU_LOAD: every
@@ -20,20 +22,6 @@ QUIET_LIBTPU = {
     "TPU_WORKER_HOSTNAMES": "localhost",
     "TPU_HOST_BOUNDS": "1,1,1",
 }
-
-
-def host_has_tpu() -> bool:
-    """Whether a TPU chip sits on this host's PCI bus (Google's vendor id), without JAX."""
-    import glob
-
-    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
-        try:
-            with open(path) as handle:
-                if handle.read().strip() == "0x1ae0":
-                    return True
-        except OSError:
-            continue
-    return False
 
 
 def quiet_libtpu_environment_for(libtpu: str | None, environ: Any = os.environ) -> None:

@@ -68,7 +68,7 @@ from .violations import (
     dtype_bits,
     name_of_dtype,
 )
-from .vmem_footprint import check_vmem_footprint, tpu_info_for
+from .vmem_footprint import check_vmem_footprint
 
 if TYPE_CHECKING:
     from pytest_pallas.checks.kernel_model import BlockOperand, PallasCallInfo
@@ -97,6 +97,8 @@ def check_block_tiling(
 def _tiling_violation(
     call: PallasCallInfo, operand: BlockOperand, info: Any, packed: bool
 ) -> Violation | None:
+    """The TPU's tiling rule on one operand's block: a scalar block, a windowed block in
+    HBM, then the rule of its rank (the last two dimensions, or a rank-1 block)."""
     space = operand.memory_space
     if space == "semaphore" or (space == "smem" and operand.trivial_window):
         return None
@@ -126,61 +128,75 @@ def _tiling_violation(
             "(pl.BlockSpec(memory_space=pl.ANY)) and copy the part you need with "
             "pltpu.make_async_copy, or use a VMEM BlockSpec to let Pallas copy the block.",
         )
-    sizes = operand.block_shape
-    shape = operand.array_shape
     if rank >= 2:
-        problems, fixes = [], []
-        minor, full_minor = sizes[-1], shape[-1]
-        if not tiling.minor_ok(minor, full_minor, info.num_lanes):
-            problems.append(
-                f"its last dimension is {_dim_text(operand, -1)} but must be a multiple of "
-                f"{info.num_lanes} or the full {full_minor}"
-            )
-            fixes.append(_suggest(operand, -1, info.num_lanes))
-        # 8- and 4-bit blocks: the TPU compiler tiles them packed, whatever the option
-        # (E2002 for 8 or 16 rows of int8); 16-bit ones in 8 rows unless asked.
-        narrow = bits < 16
-        rows = tiling.required_sublanes(operand.dtype, packed=packed, sublanes=info.num_sublanes)
-        second, full_second = sizes[-2], shape[-2]
-        if not tiling.second_minor_ok(second, full_second, rows):
-            reason = f"a multiple of {rows}" + (
-                f" ({32 // bits} rows of {name_of_dtype(operand.dtype)} pack into each 32-bit "
-                "sublane)"
-                if rows != info.num_sublanes
-                else ""
-            )
-            problems.append(
-                f"its second-minor dimension is {_dim_text(operand, -2)} but must be {reason} "
-                f"or the full {full_second}"
-            )
-            fixes.append(_suggest(operand, -2, rows))
-        if not problems:
-            return None
-        rule_text = (
-            "Mosaic's TPU lowering requires the last two block dimensions to be divisible "
-            f"by {info.num_sublanes} and {info.num_lanes} or equal to the array's"
+        return _last_two_dims_violation(call, operand, info, packed, bits, where)
+    return _rank1_violation(call, operand, info, bits, where)
+
+
+def _last_two_dims_violation(call: PallasCallInfo, operand: BlockOperand, info: Any,
+                             packed: bool, bits: int, where: str) -> Violation | None:
+    """A block of rank >= 2: its last dimension a multiple of the lanes, its second-minor
+    one of the dtype's sublane rows (or each the full dimension)."""
+    sizes, shape = operand.block_shape, operand.array_shape
+    problems, fixes = [], []
+    minor, full_minor = sizes[-1], shape[-1]
+    if not tiling.minor_ok(minor, full_minor, info.num_lanes):
+        problems.append(
+            f"its last dimension is {_dim_text(operand, -1)} but must be a multiple of "
+            f"{info.num_lanes} or the full {full_minor}"
         )
-        if rows != info.num_sublanes:
-            rule_text = (
-                f"the TPU compiler tiles {name_of_dtype(operand.dtype)} in "
-                f"({rows}, {info.num_lanes}): "
-                if narrow else "with packed sublanes (packed_sublanes=True) "
-            ) + (
-                f"the last two block dimensions "
-                f"must be divisible by {rows} and {info.num_lanes} or equal to the array's"
-            )
-        return Violation(
-            TILING,
-            call.title,
-            where,
-            f"{block_text(operand)}: {'; '.join(problems)} ({rule_text}).",
-            "; ".join(fixes) + ".",
+        fixes.append(_suggest(operand, -1, info.num_lanes))
+    # 8- and 4-bit blocks: the TPU compiler tiles them packed, whatever the option
+    # (E2002 for 8 or 16 rows of int8); 16-bit ones in 8 rows unless asked.
+    rows = tiling.required_sublanes(operand.dtype, packed=packed, sublanes=info.num_sublanes)
+    second, full_second = sizes[-2], shape[-2]
+    if not tiling.second_minor_ok(second, full_second, rows):
+        reason = f"a multiple of {rows}" + (
+            f" ({32 // bits} rows of {name_of_dtype(operand.dtype)} pack into each 32-bit "
+            "sublane)"
+            if rows != info.num_sublanes
+            else ""
         )
-    # Rank 1.
+        problems.append(
+            f"its second-minor dimension is {_dim_text(operand, -2)} but must be {reason} "
+            f"or the full {full_second}"
+        )
+        fixes.append(_suggest(operand, -2, rows))
+    if not problems:
+        return None
+    return Violation(
+        TILING,
+        call.title,
+        where,
+        f"{block_text(operand)}: {'; '.join(problems)} "
+        f"({_tiling_rule_text(operand, info, rows, narrow=bits < 16)}).",
+        "; ".join(fixes) + ".",
+    )
+
+
+def _tiling_rule_text(operand: BlockOperand, info: Any, rows: int, *, narrow: bool) -> str:
+    """The tiling rule of ``operand``'s dtype, as a violation states it."""
+    if rows == info.num_sublanes:
+        return ("Mosaic's TPU lowering requires the last two block dimensions to be divisible "
+                f"by {info.num_sublanes} and {info.num_lanes} or equal to the array's")
+    return (
+        f"the TPU compiler tiles {name_of_dtype(operand.dtype)} in "
+        f"({rows}, {info.num_lanes}): "
+        if narrow else "with packed sublanes (packed_sublanes=True) "
+    ) + (
+        f"the last two block dimensions "
+        f"must be divisible by {rows} and {info.num_lanes} or equal to the array's"
+    )
+
+
+def _rank1_violation(call: PallasCallInfo, operand: BlockOperand, info: Any, bits: int,
+                     where: str) -> Violation | None:
+    """A rank-1 block: the full dimension, a multiple of a whole (sublanes, lanes) tile,
+    or a power of two of at least the lanes times the dtype's packing."""
     packing = 32 // bits if bits < 32 else 1
     chunk = info.num_sublanes * info.num_lanes
     min_tiling = info.num_lanes * packing
-    (size,), (full,) = sizes, shape
+    (size,), (full,) = operand.block_shape, operand.array_shape
     if tiling.rank1_ok(size, full, bits, sublanes=info.num_sublanes, lanes=info.num_lanes):
         return None
     return Violation(
@@ -530,12 +546,3 @@ def settle_output_races(report: KernelReport, used_outputs: Sequence[bool]) -> K
             )
     report.violations = kept
     return report
-
-
-def check_pallas_call(params: dict[str, Any], *, chip: Any = "v5e", **options: Any) -> KernelReport:
-    """Run the static checks on a pallas_call equation's params (as an observer receives them)."""
-    from pytest_pallas.checks import kernel_model
-
-    return check_pallas_call_info(
-        kernel_model.describe_pallas_call(params), tpu_info_for(chip), **options
-    )

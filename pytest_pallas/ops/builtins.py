@@ -193,16 +193,12 @@ paged_attention_inputs = _structure_only("paged_attention", "paged_attention_inp
 
 
 def _logit_precision(case: Any, backend_precision: str) -> tuple[str, float]:
-    """The precision logits are rounded in, and its epsilon relative to float32's.
+    """The precision logits are rounded in (``dtypes.dot_rounding``), and its epsilon
+    relative to float32's."""
+    from ..dtypes import dot_rounding, epsilon, matmul_epsilon
 
-    bfloat16 inputs multiply exactly into float32 sums; only float32 inputs on
-    a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
-    """
-    from ..dtypes import epsilon
-
-    accumulator = ("bfloat16" if backend_precision == "bfloat16" and case.dtype == "float32"
-                   else "float32")
-    return accumulator, epsilon(accumulator) / epsilon("float32")
+    accumulator = dot_rounding(backend_precision, case.dtype)
+    return accumulator, matmul_epsilon(accumulator) / epsilon("float32")
 
 
 def flash_attention_allowance(case: Any, backend_precision: str) -> tuple[float, str]:

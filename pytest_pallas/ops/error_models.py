@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import epsilon, matmul_epsilon
+from ..dtypes import dot_rounding, epsilon, matmul_epsilon
 
 # How far a correct evaluation of the activation in the output dtype may be from the float64
 # oracle, in units of eps(dtype) * max|x @ y|. jax.nn.gelu in float32 is off by up to 1.4 ulp
@@ -79,11 +79,7 @@ def attention_allowance(q: Any, k: Any, v: Any, *,
     """
     q64, k64, v64 = _float64(q), _float64(k), _float64(v)
     logit_bound = float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2), initial=0.0))
-    # bfloat16 inputs multiply exactly into float32 sums; only float32 inputs
-    # on a backend whose dot rounds operands to bfloat16 (a TPU) lose more.
-    # (a GPU's TensorFloat-32 likewise, with 10 mantissa bits instead of 7).
-    accumulator = (matmul_precision if matmul_precision in ("bfloat16", "tensorfloat32")
-                   and name_of_dtype(q) == "float32" else "float32")
+    accumulator = dot_rounding(matmul_precision, name_of_dtype(q))
     logit_error = (matmul_epsilon(accumulator) + 2 * epsilon("float32")) * logit_bound
     extra = logit_error * float(np.max(np.abs(v64), initial=0.0))
     return extra, (f"logits rounded in {accumulator} and scaled to base 2 in float32 "
@@ -312,8 +308,7 @@ def _paged_sequences(inputs: Sequence[Any], params: dict[str, Any]):
 def _per_sequence_attention(op_name: str, sequences: Iterator[_Sequence], *, dtype: str,
                             matmul_precision: str, soft_cap: float | None) -> ErrorModel:
     """``attention_allowance``'s derivation per sequence (the comment above); the worst one."""
-    accumulator = ("bfloat16" if matmul_precision == "bfloat16" and dtype == "float32"
-                   else "float32")
+    accumulator = dot_rounding(matmul_precision, dtype)
     eps32 = epsilon("float32")
     worst, worst_bound, longest, count = 0.0, 0.0, 0, 0
     for sequence in sequences:
@@ -327,7 +322,7 @@ def _per_sequence_attention(op_name: str, sequences: Iterator[_Sequence], *, dty
             initial=0.0)) for head in range(sequence.q.shape[1]))
         seen = sequence.visible.any(axis=0)
         value = float(np.max(np.abs(sequence.v[seen]), initial=0.0))
-        logit_error = (epsilon(accumulator) + 2 * eps32) * bound
+        logit_error = (matmul_epsilon(accumulator) + 2 * eps32) * bound
         if soft_cap is not None:
             logit_error += eps32 * (bound / 2 + 1.5 * min(bound, abs(float(soft_cap))))
         worst = max(worst, logit_error * value)

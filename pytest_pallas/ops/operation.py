@@ -221,7 +221,15 @@ class Operation:
     xla: Callable | str | None = None
     cost: Callable | str | None = None
 
+    # Derived from the signature by __post_init__: each argument's core dimensions (per
+    # device, for a collective) and the result's.
+    arguments: tuple[tuple[str, ...], ...] = dataclasses.field(
+        init=False, repr=False, compare=False)
+    result: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
+        """Check the record and normalize its containers (a frozen dataclass: each field set
+        once, here, through ``object.__setattr__``)."""
         if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z_][\w.\-]*", self.name):
             raise OperationError(f"Operation name {self.name!r} must be a non-empty identifier, "
                                  "e.g. 'my_rms_norm'.")
@@ -230,6 +238,24 @@ class Operation:
             args, out = parse_signature(self.signature)
         except OperationError as error:
             raise OperationError(f"{where}: {error}") from None
+        self._normalize_containers(where)
+        set_ = object.__setattr__
+        set_(self, "arguments", args)
+        set_(self, "result", out)
+        set_(self, "dimensions", self._dimension_names(where))
+        self._check_dimension_references(where)
+        self._check_sweep_pairs_and_params(where)
+        for index in self.arg_dtypes:
+            if not isinstance(index, int) or not 0 <= index < len(args):
+                raise OperationError(
+                    f"{where}: arg_dtypes key {index!r} is not an argument position "
+                    f"(0 to {len(args) - 1}).")
+        set_(self, "profiles", self._checked_profiles(where))
+        if not isinstance(self.oracle, str):
+            self._check_oracle(where)
+
+    def _normalize_containers(self, where: str) -> None:
+        """Tuples and dicts of their own in place of what the caller passed."""
         set_ = object.__setattr__
         set_(self, "dtypes", _names_tuple(where, "dtypes", self.dtypes))
         if self.reduction is not None and not isinstance(self.reduction, str):
@@ -238,8 +264,11 @@ class Operation:
         set_(self, "arg_dtypes", dict(self.arg_dtypes))
         set_(self, "sizes", {k: tuple(v) for k, v in dict(self.sizes).items()})
         set_(self, "profile_adjustments", dict(self.profile_adjustments))
-        set_(self, "_args", args)
-        set_(self, "_out", out)
+
+    def _dimension_names(self, where: str) -> tuple[str, ...]:
+        """The op's dimensions, in the order they are drawn: ``dimensions`` if given (the
+        signature's, reordered), else as they first appear in the signature."""
+        args, out = self.arguments, self.result
         names = _first_appearance(args, out)
         if self.collective:
             names = (DEVICES, *[n for n in names if n != DEVICES])
@@ -255,16 +284,22 @@ class Operation:
                     f"{where}: dimensions={tuple(self.dimensions)} must list exactly the "
                     f"signature's: {', '.join(names)}.")
             names = tuple(self.dimensions)
-        set_(self, "dimensions", names)
+        return names
+
+    def _check_dimension_references(self, where: str) -> None:
+        """``reduction`` and ``sizes`` name dimensions of the signature."""
         for field, dims in (("reduction", list(self.reduction_dimensions)),
                             ("sizes", list(self.sizes))):
             for dim in dims:
-                if dim not in names:
+                if dim not in self.dimensions:
                     raise OperationError(
                         f"{where}: {field} names dimension {dim!r}, which signature "
                         f"{self.signature!r} does not have; its dimensions are "
-                        f"{', '.join(names)}.")
-        set_(self, "sweep_pairs", tuple(tuple(pair) for pair in self.sweep_pairs))
+                        f"{', '.join(self.dimensions)}.")
+
+    def _check_sweep_pairs_and_params(self, where: str) -> None:
+        names = self.dimensions
+        object.__setattr__(self, "sweep_pairs", tuple(tuple(pair) for pair in self.sweep_pairs))
         for pair in self.sweep_pairs:
             unknown = [n for n in pair if n not in names and n not in self.params]
             if len(pair) != 2 or unknown:
@@ -275,11 +310,9 @@ class Operation:
             if not values:
                 raise OperationError(f"{where}: params[{name!r}] is empty; give the values "
                                      f"to draw, e.g. params={{{name!r}: (1e-6,)}}.")
-        for index in self.arg_dtypes:
-            if not isinstance(index, int) or not 0 <= index < len(args):
-                raise OperationError(
-                    f"{where}: arg_dtypes key {index!r} is not an argument position "
-                    f"(0 to {len(args) - 1}).")
+
+    def _checked_profiles(self, where: str) -> tuple[str, ...]:
+        """The value profiles drawn: ``profiles``, or the defaults for a reduction or not."""
         profiles = self.profiles
         if profiles is None:
             profiles = REDUCTION_PROFILES if self.reduction else ALL_PROFILES
@@ -290,20 +323,9 @@ class Operation:
             raise OperationError(
                 f"{where}: unknown value profile(s) {', '.join(unknown)}; known: "
                 f"{', '.join(_KNOWN_PROFILES)} (or one of profile_adjustments).")
-        set_(self, "profiles", profiles)
-        if not isinstance(self.oracle, str):
-            self._check_oracle(where)
+        return profiles
 
     # --- derived facts -----------------------------------------------------------------
-
-    @property
-    def arguments(self) -> tuple[tuple[str, ...], ...]:
-        """Each argument's core dimensions, from the signature (per device, for a collective)."""
-        return self._args  # type: ignore[attr-defined]
-
-    @property
-    def result(self) -> tuple[str, ...]:
-        return self._out  # type: ignore[attr-defined]
 
     @property
     def reduction_dimensions(self) -> tuple[str, ...]:

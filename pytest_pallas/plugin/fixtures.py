@@ -20,7 +20,7 @@ def pallas_backend(request: pytest.FixtureRequest):
         def test_fits_vmem(pallas_backend):
             assert my_block_bytes() < pallas_backend.tpu_info.vmem_capacity_bytes
     """
-    return _session(request.config).guard.item_backend(request.node)
+    return _session(request.config).item_backend(request.node)
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def device_mesh(request: pytest.FixtureRequest):
     import jax
     import numpy as np
 
-    backend = _session(request.config).guard.item_backend(request.node)
+    backend = _session(request.config).item_backend(request.node)
 
     def make(count: int, axis_name: str = "x") -> jax.sharding.Mesh:
         devices = jax.devices(backend.platform)
@@ -66,7 +66,7 @@ def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
     from ..bench.fixture import PallasBenchmark
 
     pallas = _session(request.config)
-    return PallasBenchmark.for_test(request, benchmark, pallas.guard.item_backend(request.node),
+    return PallasBenchmark.for_test(request, benchmark, pallas.item_backend(request.node),
                                     pallas.key_seed(request.node.nodeid),
                                     estimate_chips=pallas.options.compile_chips)
 
@@ -92,7 +92,7 @@ def conformance(request: pytest.FixtureRequest):
                         "check an implementation with pytest_pallas.conformance_tests(op, fn).",
                         pytrace=False)
         implementation = pallas.implementations[operation.name]
-    return Conformance(implementation, pallas.guard.item_backend(request.node), pallas.recorder,
+    return Conformance(implementation, pallas.item_backend(request.node), pallas.recorder,
                        interpreter_chosen=pallas.options.interpreter_chosen,
                        sweep_first=pallas.options.sweep_first, judge=pallas.options.judge,
                        most_drawn_devices=PROFILE_MOST_DEVICES[pallas.options.profile])

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .._compat.pytest_internals import skip_at_test
+from .._compat.pytest_internals import skip_at_test, take_unittest_error
 from ..suite.membership import (
     CONFORMANCE_DIRECTORY,
     conformance_op_name,
@@ -280,6 +280,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     )  # nothing registered if never imported
     if unregister_all is not None:
         unregister_all()
+    forget_judged = imported_attribute("suite.harness", "forget_session_state")
+    if forget_judged is not None:
+        forget_judged()
     pallas = config.stash.get(SESSION_KEY, None)
     if pallas is not None:
         pallas.undo_keep_jax_on_cpu()
@@ -318,7 +321,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = pallas.skip_reason(item)
         if reason:
             skip_at_test(reason)  # reported at the test, as a skipif mark is
-        pallas.guard.activate(item)
+        pallas.open_kernel_run(item)
         seed_hypothesis(pallas, item)
 
 
@@ -328,13 +331,18 @@ def pytest_runtest_call(item: pytest.Item):
     pallas = _session(item.config)
     if not pallas.uses_pallas(item):
         return (yield)
-    with pallas.guard.watchdog(item) as watchdog:
+    run = pallas.kernel_run(item)
+    with run.watchdog() as watchdog:
         try:
             result = yield
+            # A unittest.TestCase test records its error instead of raising it.
+            recorded = take_unittest_error(item)
+            if recorded is not None:
+                raise recorded
         except BaseException as error:
             restate_hypothesis_notes(item, error)
-            return pallas.guard.after_failure(item, error, watchdog)  # raises, skips or reruns
-    pallas.guard.after_success(item, watchdog)
+            return run.after_failure(error, watchdog)  # raises, skips or reruns
+    run.after_success(watchdog)
     return result
 
 
@@ -344,7 +352,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
         return (yield)
     finally:
         restore_hypothesis_attributes(item)
-        _session(item.config).guard.deactivate(item)
+        _session(item.config).close_kernel_run(item)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -353,37 +361,8 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     pallas = _session(item.config)
     run_records.send_worker_records(item, call, report)
     if report.failed and call.when == "call" and pallas.uses_pallas(item):
-        command = pallas.reproduce_command(_rerunnable_nodeid(item),
-                                           sweep_case=_failed_sweep_case(item, report))
-        text = f"seed {pallas.options.seed}; reproduce with:\n  {command}"
-        note = (pallas.guard.uninitialized_read_note(item, call.excinfo.value)
-                if call.excinfo else None)
-        kept = "\n".join(pallas.guard.item_backend(item).own_params_changed)
-        text = f"{kept}\n{text}" if kept else text
-        report.sections.append(("pallas", f"{note}\n\n{text}" if note else text))
+        report.sections.append(("pallas", pallas.failure_section(item, call, report)))
     return report
-
-
-def _rerunnable_nodeid(item: pytest.Item) -> str:
-    """``item``'s test id with its file as a path from where pytest was run: the packaged
-    suite's files live in site-packages, outside the user's project and its rootdir."""
-    import os
-
-    _, separator, rest = item.nodeid.partition("::")
-    path = os.path.relpath(item.path, item.config.invocation_params.dir)
-    if path.startswith(os.pardir):
-        path = str(item.path)
-    return path + separator + rest
-
-
-def _failed_sweep_case(item: pytest.Item, report: pytest.TestReport) -> int | None:
-    """The number of the first sweep case a conformance property failed on, if any."""
-    import re
-
-    if not is_conformance_item(item):
-        return None
-    found = re.search(r"input \(sweep case (\d+)\)", report.longreprtext)
-    return int(found.group(1)) if found else None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -453,49 +432,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     benchmark_summary = imported_attribute("bench.table", "terminal_summary")
     if benchmark_summary is not None:
         benchmark_summary(terminalreporter, config)
-    pallas = _session(config)
-    simulated = pallas.simulated_devices()
-    if simulated is not None:
-        from .device_skips import summary_lines
-
-        for line in summary_lines(terminalreporter.stats.get("skipped", ()), simulated):
-            terminalreporter.write_line(line, yellow=True)
-    compile_line = run_records.compile_summary(pallas, config)
-    if compile_line:
-        terminalreporter.write_line(compile_line)
-    if not pallas.recording or not pallas.recorder.ops:
-        return
-    terminalreporter.write_sep("=", "pallas conformance")
-    if not (pallas.options.session_opted_in or pallas.scope_all):
-        # Not in pytest's header (a conformance_tests class in a run without Pallas flags).
-        terminalreporter.write_line(pallas.header())
-    for line in pallas.recorder.summary_lines():
-        terminalreporter.write_line(line)
-    for line in _SUMMARY_LEGEND:
-        terminalreporter.write_line(line)
-    if pallas.recorder.judged_any():
-        terminalreporter.write_line(_JUDGE_LEGEND + (
-            "" if pallas.options.judge else "; reported only: --pallas-judge fails them"))
-        for line in pallas.recorder.finding_lines():
-            terminalreporter.write_line(line, yellow=not pallas.options.judge,
-                                        red=pallas.options.judge)
-    for line in pallas.recorder.coverage_lines():
-        terminalreporter.write_line(f"not exercised: {line}", yellow=True)
-    for reason in pallas.incomplete_reasons:
-        terminalreporter.write_line(f"incomplete: {reason}", yellow=True)
-    if pallas.options.report_path:
-        created = config.stash.get(run_records.REPORT_DIRECTORY_CREATED, None)
-        terminalreporter.write_line(f"report written to {pallas.options.report_path}" + (
-            f" (directory {created} created)" if created else ""))
-
-
-_SUMMARY_LEGEND = (
-    "properties passed/failed: of shape_dtype, finite, value, written, deterministic and vmap; "
-    "pytest counts tests (test_value, test_written_and_deterministic, test_vmap per op)",
-    "interpreters: where value, deterministic and vmap ran / where written ran (plain: "
-    "interpret=True, fast; tpu: JAX's TPU interpreter, NaN-poisoned memory; gpu: JAX's GPU "
-    "interpreter, for Mosaic GPU kernels; TPU, GPU: compiled)",
-    "worst/tol: the worst error seen, in units of the tolerance (<= 1 passes)",
-)
-_JUDGE_LEGEND = ("judge: the least share of the op's FLOPs that ran inside Pallas kernels, and "
-                 "the judge's findings (contract §8)")
+    run_records.write_terminal_summary(_session(config), terminalreporter, config)

@@ -79,6 +79,37 @@ def compile_summary(session: PallasSession, config: pytest.Config) -> str | None
             f"{seconds:.1f} s, {cached} verdicts from the cache")
 
 
+def write_terminal_summary(session: PallasSession, terminal: Any,
+                           config: pytest.Config) -> None:
+    """The plugin's lines at the end of the run: tests skipped for the simulated device count,
+    the TPU compiler check's cost, and the conformance summary (``suite.summary``)."""
+    simulated = session.simulated_devices()
+    if simulated is not None:
+        from .device_skips import summary_lines
+
+        for line in summary_lines(terminal.stats.get("skipped", ()), simulated):
+            terminal.write_line(line, yellow=True)
+    compile_line = compile_summary(session, config)
+    if compile_line:
+        terminal.write_line(compile_line)
+    if not session.recording or not session.recorder.ops:
+        return
+    from ..suite.summary import write_conformance_summary
+
+    options = session.options
+    report_line = None
+    if options.report_path:
+        created = config.stash.get(REPORT_DIRECTORY_CREATED, None)
+        report_line = f"report written to {options.report_path}" + (
+            f" (directory {created} created)" if created else "")
+    write_conformance_summary(
+        terminal, session.recorder,
+        # Not in pytest's header (a conformance_tests class in a run without Pallas flags).
+        header=None if (options.session_opted_in or session.scope_all) else session.header(),
+        judge=options.judge, incomplete_reasons=session.incomplete_reasons,
+        report_line=report_line)
+
+
 # --- pytest-xdist's workers and their controller -------------------------------------------
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import zlib
 from typing import TYPE_CHECKING, Any
@@ -18,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..settings import PallasOptions
-from ..suite.membership import is_conformance_item
+from ..suite.membership import conformance_op_name, is_conformance_item
 
 if TYPE_CHECKING:  # imported where used: a run without Pallas tests loads none of them
     from ..backend import Backend
+    from ..supervision.kernel_run import KernelRun
 
 MARKERS = {
     "pallas": "the test runs Pallas kernels: interpret them on the CPU, "
@@ -64,7 +66,6 @@ class PallasSession:
     # The TPU compiler check's totals when the session started (plugin.run_records).
     compiles_before: tuple[int, int, float] = (0, 0, 0.0)
     _backend: Backend | None = None
-    _guard: Any = None
 
     # --- the conformance report ----------------------------------------------
 
@@ -157,15 +158,6 @@ class PallasSession:
         return None if self.options.compiled else self.devices_requested_count
 
     @property
-    def guard(self) -> Any:
-        """The ``KernelGuard`` around this run's Pallas tests (``plugin.kernel_guard``)."""
-        if self._guard is None:
-            from .kernel_guard import KernelGuard
-
-            self._guard = KernelGuard(self)
-        return self._guard
-
-    @property
     def backend_if_made(self) -> Backend | None:
         """The backend, if a test of this process needed it (never starts JAX)."""
         return self._backend
@@ -207,6 +199,52 @@ class PallasSession:
         if backend.is_compiled or not (self.options.session_opted_in or self.scope_all):
             return False
         return getattr(getattr(item, "cls", None), "INTERPRET", None) is not True
+
+    def open_kernel_run(self, item: pytest.Item) -> KernelRun:
+        """At a Pallas test's setup: its ``KernelRun`` (``supervision.kernel_run``), opened."""
+        backend = self.backend_for(item)  # first: JAX's devices are fixed before its import
+        from ..supervision.kernel_run import KernelRun
+
+        conformance = is_conformance_item(item)
+        op_name = conformance_op_name(item) if conformance else None
+        # A conformance test's report records whether its op's kernels compiled.
+        run = KernelRun(item, backend, self.options, conformance=conformance,
+                        chip_under_test=self.declares_chip_under_test(item, backend),
+                        on_compile_verdict=None if op_name is None else (
+                            lambda verdict: self.recorder.compiled(op_name, verdict)))
+        item.stash[KERNEL_RUN_KEY] = run
+        run.open()
+        return run
+
+    def close_kernel_run(self, item: pytest.Item) -> None:
+        """At a Pallas test's teardown: its ``KernelRun`` closed (kept for the report)."""
+        run = item.stash.get(KERNEL_RUN_KEY, None)
+        if run is not None:
+            run.close()
+
+    def kernel_run(self, item: pytest.Item) -> KernelRun:
+        return item.stash[KERNEL_RUN_KEY]
+
+    def item_backend(self, item: pytest.Item) -> Backend:
+        """The backend of ``item``'s kernels (``backend_for`` before its run opened)."""
+        run = item.stash.get(KERNEL_RUN_KEY, None)
+        return run.backend if run is not None else self.backend_for(item)
+
+    def failure_section(self, item: pytest.Item, call: pytest.CallInfo,
+                        report: pytest.TestReport) -> str:
+        """The report section of a Pallas test whose call failed: the NaN note, the
+        interpret parameters its kernels changed, the seed and the command that reruns it."""
+        command = self.reproduce_command(_rerunnable_nodeid(item),
+                                         sweep_case=_failed_sweep_case(item, report))
+        text = f"seed {self.options.seed}; reproduce with:\n  {command}"
+        run = item.stash.get(KERNEL_RUN_KEY, None)
+        if run is not None:
+            note, kept = run.failure_notes(call.excinfo.value if call.excinfo else None)
+        else:
+            note, kept = None, "\n".join(self.backend_for(item).own_params_changed)
+        text = f"{kept}\n{text}" if kept else text
+        return f"{note}\n\n{text}" if note else text
+
 
     def skip_reason(self, item: pytest.Item) -> str | None:
         backend = self.backend
@@ -314,11 +352,31 @@ class PallasSession:
 
 # The run's PallasSession, in pytest's config.
 SESSION_KEY = pytest.StashKey[PallasSession]()
+# A Pallas test's KernelRun, from its setup on.
+KERNEL_RUN_KEY = pytest.StashKey["KernelRun"]()
 
 
 def session_of(config: pytest.Config) -> PallasSession:
     """The run's ``PallasSession`` (set by the plugin's ``pytest_configure``)."""
     return config.stash[SESSION_KEY]
+
+
+def _rerunnable_nodeid(item: pytest.Item) -> str:
+    """``item``'s test id with its file as a path from where pytest was run: the packaged
+    suite's files live in site-packages, outside the user's project and its rootdir."""
+    _, separator, rest = item.nodeid.partition("::")
+    path = os.path.relpath(item.path, item.config.invocation_params.dir)
+    if path.startswith(os.pardir):
+        path = str(item.path)
+    return path + separator + rest
+
+
+def _failed_sweep_case(item: pytest.Item, report: pytest.TestReport) -> int | None:
+    """The number of the first sweep case a conformance property failed on, if any."""
+    if not is_conformance_item(item):
+        return None
+    found = re.search(r"input \(sweep case (\d+)\)", report.longreprtext)
+    return int(found.group(1)) if found else None
 
 
 def device_shortfall(needed: int, backend: Backend, *, one_device_worker: bool = False) -> str:

@@ -55,6 +55,14 @@ _GRID_COVERAGE = "grid coverage (which kernel grid axes the examples exercised)"
 _STATE_PROBED: set = set()
 
 
+def forget_session_state() -> None:
+    """At the end of a pytest session: what the judge saw in it (the implementations probed,
+    the first program of each signature) is forgotten, so that the next session in the same
+    process (pytester's in-process runs) judges afresh."""
+    _STATE_PROBED.clear()
+    judge.forget_first_programs()
+
+
 class PlainInterpreterCannotRun(UserWarning):
     """JAX's plain interpreter crashed inside JAX on a kernel; the suite used the TPU one."""
 
@@ -405,19 +413,13 @@ class Conformance:
             ))
         self.recorder.outcome(self._row, "deterministic", True)
 
-    def _poisoned_runs(self, prop: str | None, case: Any) -> tuple[Any, Any]:
-        """The results in the TPU interpreter with fresh memory filled with NaN, then zeros.
-
-        A failing call fails ``prop``; with ``prop`` None it only raises.
-        """
+    def _poisoned_runs(self, case: Any) -> tuple[Any, Any]:
+        """The results in the TPU interpreter with fresh memory filled with NaN, then zeros
+        (a failing call raises)."""
         __tracebackhide__ = True
-
-        def call() -> Any:
-            if prop is None:
-                return properties.run(self.implementation.function, case, self._compiled)
-            return self._call(prop, case)
-
-        return run_on_poisoned_and_zeroed_memory(call, self.backend.interpret_params)
+        return run_on_poisoned_and_zeroed_memory(
+            lambda: properties.run(self.implementation.function, case, self._compiled),
+            self.backend.interpret_params)
 
     def _nonfinite_cause(self, case: Any, expected: np.ndarray) -> str:
         """Why a result has NaN or Inf where the oracle is finite, found out, not guessed.
@@ -431,7 +433,7 @@ class Conformance:
                     f"read before writing; run without --pallas-{self.backend.platform} to "
                     "find out which.")
         try:
-            poisoned, zeroed = self._poisoned_runs(None, case)
+            poisoned, zeroed = self._poisoned_runs(case)
         except Exception as error:  # the diagnosis is a courtesy: the failure stands
             return f"cause: not found ({type(error).__name__} when rerun to find it)."
         violation = uninitialized_read_violation(f"'{self.implementation.label}'", poisoned,

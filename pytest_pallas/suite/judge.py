@@ -76,6 +76,12 @@ def op_work(case: Case) -> float:
 _first_programs: dict[tuple[Any, ...], str] = {}
 
 
+def forget_first_programs() -> None:
+    """At the end of a pytest session: the next session's judge starts from no program (a
+    process may run several, pytester's in-process runs among them)."""
+    _first_programs.clear()
+
+
 def _same_as_first(implementation: Callable, case: Case, abstract: tuple[Any, ...],
                    closed: Any) -> bool:
     key = (implementation, repr(sorted(case.kwargs.items())), repr(sorted(case.blocks.items())),

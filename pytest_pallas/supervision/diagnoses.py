@@ -1,0 +1,124 @@
+"""What a Pallas test's failure means, in words: the messages ``KernelRun`` raises or skips
+with (a race, a limit of JAX's GPU interpreter, a crash inside JAX's interpreter, a NaN read
+from memory nothing wrote). Pure functions of what the run saw; no state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from .._compat import gpu_interpreter, jax_internals
+from ..checks.runtime_rules import translate_interpreter_error
+from ..checks.violations import TpuRuleViolation
+from ..compare import describe_uninitialized_read
+
+TPU_RACE_MESSAGE = (
+    "pallas: the TPU interpreter detected a data race in a kernel this test ran "
+    "(two accesses to the same buffer not ordered by a DMA wait, semaphore or "
+    "barrier); wait on the DMA before reading its buffer, or make the racing grid "
+    "axis 'arbitrary'. The interpreter's log above names the buffers."
+)
+
+_INTERPRETER_WHERE = {"gpu": "JAX's GPU interpreter", "plain": "JAX's plain interpreter"}
+_GPU_KIND = {"mosaic_gpu": "Mosaic GPU", "triton": "Triton"}
+_NAN = re.compile(r"\bnan\b", re.IGNORECASE)
+
+
+def gpu_race_message(names: Sequence[str]) -> str:
+    """The failure for a race JAX's GPU interpreter found in the kernels ``names``."""
+    which = (f"kernel {', '.join(repr(n) for n in names)}" if names
+             else "a Mosaic GPU kernel this test ran")
+    return (
+        f"pallas: JAX's GPU interpreter detected a data race in {which} (two accesses to "
+        "the same SMEM or GMEM buffer, from two threads or a thread and a TMA copy, not "
+        "ordered by a barrier or a wait); arrive and wait on a plgpu.Barrier between them, "
+        "or wait for the copy (plgpu.barrier_wait, plgpu.wait_smem_to_gmem). The "
+        "interpreter's RACE DETECTED log above names the accesses."
+    )
+
+
+def gpu_interpreter_limit(error: BaseException, kernels: Sequence) -> str | None:
+    """The skip reason when a GPU kernel (``kernels``: the ``RoutedKernel``s the test ran)
+    crashed inside JAX's interpreter, a limit of JAX's; else None."""
+    host = gpu_interpreter.gpu_module_assertion(error)
+    if host is not None:
+        return (f"pallas: {host}; on the CPU its kernels cannot be built. A limit of "
+                "JAX's, not a bug of the kernel; run it with --pallas-gpu on a GPU.")
+    if not kernels:
+        return None
+    crash = jax_internals.interpreter_crash(error)
+    if crash is None:
+        return None
+    kernel = kernels[-1]
+    note = f" ({kernel.note})" if kernel.note else ""
+    return (f"pallas: {_GPU_KIND[kernel.target]} kernel {kernel.name!r} cannot run in "
+            f"{_INTERPRETER_WHERE[kernel.interpreter]}{note}: {crash}. A limit of JAX's "
+            "interpreters, not a bug of the kernel; run it with --pallas-gpu on a GPU.")
+
+
+def fallback_paragraph(interpreter: str, crash: str, which: str) -> str:
+    """Why the test ran again in the other interpreter after ``interpreter`` ("tpu" or
+    "plain") crashed inside JAX with ``crash`` while running ``which``."""
+    if interpreter == "tpu":
+        failed, other = "TPU interpreter", "plain interpreter (interpret=True)"
+        lost = ("which checks its values but not its DMAs, semaphores, races or "
+                "NaN-poisoned memory")
+    else:
+        failed, other = "plain interpreter", "TPU interpreter"
+        lost = "which checks everything the plain one does"
+    return (
+        f"pallas: JAX's {failed} crashed inside JAX while running {which} ({crash}). "
+        f"That is a limitation of JAX's {failed}, not a bug of the kernel (the TPU "
+        f"compiler may well accept it). The test was run again in the {other}, {lost}; "
+        "the static TPU rules ran as usual."
+    )
+
+
+def cannot_interpret(paragraph: str, second: BaseException) -> str | None:
+    """The skip reason when the fallback interpreter crashed inside JAX too, else None."""
+    crash = jax_internals.interpreter_crash(second)
+    if crash is None:
+        return None
+    return (paragraph.replace("The test was run again", "It was tried again")
+            + f" That run crashed inside JAX too ({crash}): neither of JAX's interpreters "
+            "can run this kernel, so its run-time behaviour is not checked on the CPU.")
+
+
+def uninitialized_read_note(error: BaseException, kernels: Sequence[str]) -> str | None:
+    """For a failure whose messages show a NaN: the likely rule, naming ``kernels``.
+
+    ``assert_allclose`` says it itself; this covers ``np.testing`` and plain asserts.
+    Only the messages of the error and its causes are read: the traceback quotes the
+    test's source, whose comments may well say "NaN".
+    """
+    failure = "\n".join(_messages(error))
+    if "[uninitialized-read]" in failure or not _NAN.search(failure):
+        return None
+    return describe_uninitialized_read(None, kernels)
+
+
+def _messages(error: BaseException) -> list[str]:
+    """The messages of ``error``, its causes and contexts, and a group's members."""
+    messages = []
+    pending, seen = [error], set()
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        messages.append(str(error))
+        pending += [error.__cause__ or error.__context__]
+        if isinstance(error, BaseExceptionGroup):  # Hypothesis's distinct failures
+            pending += error.exceptions
+    return messages
+
+
+def raise_as_tpu_rule(error: BaseException) -> None:
+    """Re-raise an interpreter error that is a TPU rule (revisited block, ...) as one."""
+    __tracebackhide__ = True
+    if isinstance(error, TpuRuleViolation):
+        return
+    violation = translate_interpreter_error(error)
+    if violation is not None:
+        raise violation from error

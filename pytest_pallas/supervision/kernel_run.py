@@ -1,0 +1,308 @@
+"""One Pallas test's kernels, supervised: ``KernelRun``.
+
+The plugin opens one at a Pallas test's setup and closes it at its teardown (the way
+pytest-xdist hands scheduling to its own object). In between it owns everything about that
+test's kernels: the backend and the checks entered around them (``open``), the watchdog
+around the call (``watchdog``), what the kernels recorded (exit states, the static checks'
+reports, the GPU kernels run on the CPU and their races), and the verdicts read from them
+when the call ends: a race, a semaphore off 0 or a DMA pending fails the test
+(``after_success``); an exception is read as a hang, a TPU rule, a race, a limit of JAX's GPU
+interpreter or a crash inside JAX's interpreter, which runs the test again in the other
+interpreter (``after_failure``); a failure showing NaN is explained (``failure_notes``).
+The words of each verdict are ``supervision.diagnoses``'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from collections.abc import Callable
+
+import pytest
+
+from .._compat import gpu_interpreter, jax_internals, tpu_interpreter
+from .._compat.device_under_test import stand_in_chip_under_test
+from .._compat.pytest_internals import run_test_again, skip_at_test
+from ..backend import Backend, make_interpret_params
+from ..checks.compile_check import compiling_pallas_calls, libtpu_platform_version
+from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
+from ..checks.mismatch import TracedOutput, traced_output_blocks
+from ..checks.runtime_rules import kernel_exit_violations
+from ..checks.violations import TpuRuleViolation
+from ..compare import (
+    GpuKernelName,
+    backend_matmul_precision,
+    interpreted_kernels,
+    traced_kernels,
+)
+from ..settings import PallasOptions
+from . import diagnoses
+from .timeout import KernelTimeout, Watchdog
+
+# A feature built on private JAX internals, by the name a run reports when it is off.
+KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"
+TPU_COMPILER_CHECK = "the TPU compiler check"
+GPU_RACE_CHECK = "the GPU interpreter's race report"
+DEVICE_UNDER_TEST = "the stand-in chip as the device under test"
+
+
+class PallasInterpreterFallback(UserWarning):
+    """A test ran in the other interpreter because JAX's first choice crashed inside JAX."""
+
+
+class KernelRun:
+    """One Pallas test's kernels: the backend and checks around them, and their verdicts."""
+
+    def __init__(self, item: pytest.Item, backend: Backend, options: PallasOptions, *,
+                 conformance: bool = False, chip_under_test: bool = False,
+                 on_compile_verdict: Callable | None = None) -> None:
+        """``conformance``: a test of the conformance suite, which judges its own failures
+        (no fallback, no NaN note); ``chip_under_test``: the test's own device questions
+        get the stand-in chip's answers (``_compat.device_under_test``);
+        ``on_compile_verdict``: called with each TPU compiler verdict (the conformance
+        report's record of its op)."""
+        self.item = item
+        self.chip_under_test = chip_under_test
+        self.backend = backend
+        self.options = options
+        self.conformance = conformance
+        self._on_compile_verdict = on_compile_verdict
+        self._stack: contextlib.ExitStack | None = None
+        self._kernel_exits: list = []  # each TPU-interpreted kernel's state at its exit
+        self._reports: list = []  # the static checks' report of each pallas_call traced
+        self._gpu_kernels: list = []  # the GPU kernels the test ran on the CPU, and where
+        self._gpu_races: list = []  # True per GPU-interpreted kernel that ended with a race
+
+    # --- open and close -----------------------------------------------------------------
+
+    def open(self) -> None:
+        """Enter the test's backend and the TPU-fidelity checks (see ``checks.static_rules``)."""
+        backend = self.backend
+        stack = contextlib.ExitStack()
+        optional = jax_internals.optional_feature
+        if not backend.is_tpu:
+            # A kernel that raised while interpreted leaves the TPU interpreter's
+            # shared memory behind; start every test from a clean interpreter.
+            tpu_interpreter.reset_interpreter_state()
+            # The interpreter keeps the race flag of its last kernel only, and
+            # only prints unbalanced semaphores: record every kernel's exit.
+            self._kernel_exits = _list_or_empty(stack.enter_context(optional(
+                KERNEL_EXIT_CHECKS, tpu_interpreter.record_kernel_exits)))
+            # The same for JAX's GPU interpreter, which runs Mosaic GPU kernels.
+            gpu_interpreter.reset_gpu_interpreter_state()
+            self._gpu_races = _list_or_empty(stack.enter_context(optional(
+                GPU_RACE_CHECK, gpu_interpreter.gpu_races_recorded)))
+        # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
+        # each pallas_call is traced (on a TPU too: the chip does not complain).
+        if not backend.is_gpu:
+            self._reports = _list_or_empty(stack.enter_context(optional(
+                STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip))))
+        if not backend.is_tpu and self.options.compile_chips:
+            # Then the TPU compiler's verdict on each kernel, for each chip asked for.
+            stack.enter_context(optional(TPU_COMPILER_CHECK, lambda: compiling_pallas_calls(
+                self.options.compile_chips, on_verdict=self._on_compile_verdict)))
+        if not backend.is_tpu:
+            # A NaN where the reference is finite then names the rule and these kernels.
+            stack.enter_context(interpreted_kernels(self._interpreted_kernel_names))
+        # A bare comparison's failure then names the error model of a traced paged or
+        # ragged attention kernel.
+        stack.enter_context(traced_kernels(self._traced_kernel_names))
+        # A value failure then locates its mismatches in the traced kernels' output blocks.
+        stack.enter_context(traced_output_blocks(lambda: [
+            TracedOutput(report.kernel, array_shape, block_shape)
+            for report in self._reports for array_shape, block_shape in report.output_blocks]))
+        # assert_allclose in the test then allows for the backend's matmul rounding.
+        stack.enter_context(backend_matmul_precision(backend.matmul_precision))
+        stack.enter_context(backend.activate(on_gpu_kernel=self._gpu_kernels.append))
+        if self.chip_under_test:
+            # Then the test's own "am I on a TPU?" gets the stand-in chip's answer (§9).
+            stack.enter_context(optional(DEVICE_UNDER_TEST, lambda: stand_in_chip_under_test(
+                backend.chip, lambda: libtpu_platform_version(backend.chip))))
+        self._stack = stack
+
+    def close(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        try:
+            stack.close()
+        except jax_internals.JaxInternalsChanged as error:  # met at a kernel's exit
+            jax_internals.feature_off(KERNEL_EXIT_CHECKS, error)
+
+    # --- what the kernels recorded ------------------------------------------------------
+
+    def gpu_kernels_run(self) -> list:
+        """The GPU kernels the test ran on the CPU (``_compat.gpu_interpreter.RoutedKernel``),
+        each once."""
+        kernels = []  # RoutedKernel is a mutable dataclass: compared, not hashed
+        for kernel in self._gpu_kernels:
+            if kernel not in kernels:
+                kernels.append(kernel)
+        return kernels
+
+    def _gpu_interpreted(self) -> list[str]:
+        """The names of the Mosaic GPU kernels JAX's GPU interpreter ran, in order."""
+        return [kernel.name for kernel in self.gpu_kernels_run() if kernel.interpreter == "gpu"]
+
+    def _traced_kernel_names(self) -> list[str]:
+        return [report.kernel for report in self._reports]
+
+    def _interpreted_kernel_names(self) -> list[str]:
+        """The kernels a NaN read from unwritten memory may come from: every traced one,
+        then the GPU-interpreted ones (named so the note speaks of SMEM, not VMEM)."""
+        return self._traced_kernel_names() + [
+            GpuKernelName(name) for name in self._gpu_interpreted()]
+
+    # --- the call: a watchdog around it, and what it left ---------------------------------
+
+    def watchdog(self) -> Watchdog:
+        """The ``--pallas-timeout`` watchdog for the test's call (none when compiled)."""
+        seconds = 0.0 if self.backend.is_compiled else self.options.timeout_seconds
+        return Watchdog(seconds, self._running_kernels_text, kernel_ages=self._kernel_ages)
+
+    def after_success(self, watchdog: Watchdog) -> None:
+        """A test that returned still fails on a hang the watchdog broke or what its kernels
+        left behind (a race, a semaphore off 0, a DMA pending)."""
+        __tracebackhide__ = True
+        if watchdog.fired:
+            raise KernelTimeout(watchdog.message)
+        failure = self.kernel_exit_failure()
+        if failure is not None:
+            raise failure
+
+    def after_failure(self, error: BaseException, watchdog: Watchdog) -> None:
+        """What the test's ``error`` means: a hang, a TPU rule, the race behind wrong values,
+        a limit of JAX's GPU interpreter (a skip), or a crash inside JAX's interpreter (the
+        test again in the other one); else ``error`` itself. Raises, or returns after the
+        rerun passed."""
+        __tracebackhide__ = True
+        if watchdog.fired and not isinstance(error, KernelTimeout):
+            raise KernelTimeout(watchdog.message) from error
+        if not isinstance(error, Exception):
+            raise error
+        diagnoses.raise_as_tpu_rule(error)
+        exit_failure = self.kernel_exit_failure()
+        if exit_failure is not None:
+            raise exit_failure from error  # the race behind the wrong values, say
+        if not self.backend.is_compiled:
+            gpu_limit = diagnoses.gpu_interpreter_limit(error, self.gpu_kernels_run())
+            if gpu_limit is not None:
+                skip_at_test(gpu_limit)  # a GPU kernel never falls back to the TPU interpreter
+        fallback = self.interpreter_fallback(error)
+        if fallback is None:
+            raise error
+        self._run_in_other_interpreter(*fallback)
+
+    def kernel_exit_failure(self) -> AssertionError | None:
+        """The failure for what the test's kernels left at their exit (a race, ...), if any.
+
+        Also asked when the test failed otherwise: a race is the cause of the wrong
+        values it produced, and the failure should say so first.
+        """
+        gpu_race = self._gpu_race_failure()
+        if gpu_race is not None:
+            return gpu_race
+        exits = list(self._kernel_exits)
+        if self.options.detect_races and tpu_interpreter.races_found() and not any(
+                state.race_found for state in exits):
+            tpu_interpreter.reset_interpreter_state()
+            return AssertionError(diagnoses.TPU_RACE_MESSAGE)
+        if not self.options.detect_races:
+            # A race found without --pallas-detect-races was asked for by the kernel's own
+            # InterpretParams(detect_races=True): the test judges it (JAX's own race tests
+            # assert that the detector fires), not the plugin.
+            exits = [dataclasses.replace(state, race_found=False) for state in exits]
+        violations = kernel_exit_violations(exits)
+        if violations:
+            tpu_interpreter.reset_interpreter_state()
+            return TpuRuleViolation(violations)
+        return None
+
+    def _gpu_race_failure(self) -> AssertionError | None:
+        """Under ``--pallas-detect-races``: the failure for a race that JAX's GPU interpreter
+        found in a Mosaic GPU kernel of the test, else None."""
+        if not self.options.detect_races:
+            return None
+        if not (self._gpu_races or gpu_interpreter.races_pending()):
+            return None
+        names = sorted(set(self._gpu_interpreted()))
+        self._gpu_races.clear()
+        gpu_interpreter.reset_gpu_interpreter_state()
+        return AssertionError(diagnoses.gpu_race_message(names))
+
+    def interpreter_fallback(self, error: BaseException) -> tuple | None:
+        """After JAX's interpreter crashed inside JAX: ``(interpret params, paragraph)`` to run
+        the test again with, or None (a TPU run, a conformance test, not such a crash).
+
+        The TPU interpreter falls back to the plain one (values, not DMAs, semaphores,
+        races or poisoned memory), the plain one to the TPU one.
+        """
+        backend = self.backend
+        if backend.is_tpu or self.conformance:
+            return None
+        crash = jax_internals.interpreter_crash(error)
+        if crash is None:
+            return None
+        kernels = self._traced_kernel_names()
+        which = f"kernel {kernels[-1]}" if kernels else "a kernel of this test"
+        if backend.interpreter == "tpu":
+            params = True
+        else:
+            params = make_interpret_params(
+                dataclasses.replace(self.options, interpreter="tpu"), backend.tpu_info)
+        return params, diagnoses.fallback_paragraph(backend.interpreter, crash, which)
+
+    def _run_in_other_interpreter(self, params: object, paragraph: str) -> None:
+        """Run the test again with ``params`` after JAX's interpreter crashed inside JAX."""
+        __tracebackhide__ = True
+        from jax.experimental.pallas import tpu as pltpu  # only on this rare path
+
+        tpu_interpreter.reset_interpreter_state()
+        try:
+            with pltpu.force_tpu_interpret_mode(params):
+                run_test_again(self.item)
+        except Exception as second:
+            reason = diagnoses.cannot_interpret(paragraph, second)
+            if reason is not None:
+                skip_at_test(reason)
+            second.add_note(paragraph)
+            raise
+        warnings.warn(PallasInterpreterFallback(paragraph), stacklevel=1)
+
+    def _kernel_ages(self) -> dict[str, float] | None:
+        """The TPU-interpreted kernels' ages; None (time the whole test) once a GPU kernel
+        ran, whose interpreter does not say when it started."""
+        ages = tpu_interpreter.running_interpreted_kernel_ages()
+        if not ages and self._gpu_interpreted():
+            return None
+        return ages
+
+    def _running_kernels_text(self) -> str:
+        nodeid = self.item.nodeid
+        kernels = tpu_interpreter.running_interpreted_kernels()  # short: 'body at kernels.py:12'
+        if not kernels:
+            # A GPU-interpreted kernel: the last one this test built is the one still running.
+            gpu = self._gpu_interpreted()
+            if gpu:
+                return f"Mosaic GPU kernel '{gpu[-1]}' (in {nodeid})"
+            return f"a kernel in {nodeid}"
+        names = ", ".join(f"'{kernel}'" for kernel in kernels)
+        return f"kernel {names} (in {nodeid})"
+
+    # --- a failure's report ---------------------------------------------------------------
+
+    def failure_notes(self, error: BaseException | None) -> tuple[str | None, str]:
+        """For a failed call's report: the NaN note (``diagnoses.uninitialized_read_note``;
+        None when compiled or in the suite, which finds a NaN's cause itself) and the
+        interpret parameters the kernels' own ``interpret=`` changed, one per line."""
+        note = None
+        if error is not None and not (self.backend.is_compiled or self.conformance):
+            note = diagnoses.uninitialized_read_note(error, self._interpreted_kernel_names())
+        return note, "\n".join(self.backend.own_params_changed)
+
+
+def _list_or_empty(recorded: list | None) -> list:
+    # The recorder's own list (empty now, filled as kernels run), or a fresh
+    # one when the feature is off: `recorded or []` would drop the former.
+    return recorded if recorded is not None else []
