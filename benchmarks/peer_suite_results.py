@@ -112,9 +112,16 @@ CAUSES: list[tuple[str, str]] = [
      "interpret-mode test: runs only where the device under test is the CPU"),
     (r"(?i)only \d+ device is supported|single device",
      "wants one device: the run simulates several"),
+    (r"(?i)needs? \d+ (JAX )?devices|requires \d+ JAX devices",
+     "wants more devices than the run has"),
+    (r"ModuleNotFoundError|No module named", "a test dependency is not installed"),
+    (r"(?i)sparsecore", "needs a SparseCore"),
+    (r"(?i)hopper|blackwell|\bgpu", "a GPU test"),
+    (r"no sharding on runners", "the suite's own skip of sharded tests on its CI runners"),
     (r"Bitcasting with bool|No bitcast needed|Bitwidths must match|out of bounds for packing"
      r"|only supported for shapes with vreg alignment|Requires jax_use_emit_pipeline_primitive",
      "the test's own parameter skip (skips on the chip too)"),
+    (r"FP8 matmul is not supported on this device", TPU_GATE),
     (r"Device kind cpu is not supported|device kind",
      "asks the device kind: the CPU is no TPU generation"),
     (r"(?i)tpu|device_under_test|not supported on (the )?cpu|requires? .*(accelerator|device)",
@@ -128,6 +135,7 @@ CAUSES: list[tuple[str, str]] = [
 # Tried on a failure's whole text (its traceback) when its first line matched none of CAUSES:
 # a test whose own assertion failed on something it read, named only in its source line.
 DETAIL_CAUSES: list[tuple[str, str]] = [
+    (r"assert triton_\w+ is not None", "a GPU test (its Triton ops are not installed)"),
     (r"cost_analysis|used_scoped_memory_configs|\.as_text\(\)",
      "reads a compiled artefact (cost analysis, the HLO's memory configs, debug MLIR)"),
     (r"Incorrect output shape for return value",
