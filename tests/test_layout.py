@@ -175,6 +175,7 @@ LAYERS = (
     ("ops and kernels", ("pytest_pallas.ops", "pytest_pallas.reference_kernels",
                          "pytest_pallas.strategies", "pytest_pallas.tpu", "pytest_pallas.gpu")),
     ("settings and compatibility", ("pytest_pallas.settings", "pytest_pallas.hosts",
+                                    "pytest_pallas.slice_hosts",
                                     "pytest_pallas.dtypes", "pytest_pallas.tiling",
                                     "pytest_pallas._compat")),
 )
@@ -283,6 +284,11 @@ PLUGIN_GLUE = {
     "pytest_pallas.plugin.persistent_cache": "session wiring: pytest's cache directory",
     "pytest_pallas.plugin.run_records": "session wiring: workers' records, the report written",
     "pytest_pallas.plugin.workers": "session wiring: pytest-xdist's workers and devices",
+    "pytest_pallas.plugin.processes": "session wiring: --pallas-processes, JAX's processes joined",
+    "pytest_pallas.plugin.process_controller": "session wiring: the controller's workers",
+    "pytest_pallas.plugin.process_worker": "session wiring: one process's order and reports",
+    "pytest_pallas.plugin.process_verdicts": "session wiring: one verdict from every process",
+    "pytest_pallas.plugin.tpu_slice": "session wiring: the hosts of a TPU slice joined",
 }
 # What runs, checks or judges kernels: the plugin hands a test to these through
 # supervision.KernelRun and the suite, never enters them itself.

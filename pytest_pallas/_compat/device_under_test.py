@@ -93,8 +93,7 @@ def stand_in_chip_under_test(
 
 def _answer_test_utilities(stack: contextlib.ExitStack, test_util: Any, device_kind: str,
                            libtpu_platform_version: Callable[[], str | None]) -> None:
-    for name in ("device_under_test", "xla_bridge", "is_cloud_tpu", "is_cloud_tpu_at_least",
-                 *_DEVICE_KIND_READERS):
+    for name in ("device_under_test", "xla_bridge", *_DEVICE_KIND_READERS):
         if not hasattr(test_util, name):
             raise JaxInternalsChanged(
                 f"{TEST_UTIL_MODULE}.{name} is gone on this JAX: its test utilities cannot "
@@ -104,8 +103,9 @@ def _answer_test_utilities(stack: contextlib.ExitStack, test_util: Any, device_k
     for name in _DEVICE_KIND_READERS:
         _replace(stack, test_util, name,
                  _reading_devices_through(getattr(test_util, name), test_util, devices_view))
-    _replace(stack, test_util, "is_cloud_tpu_at_least", _built_at_least(
-        test_util.is_cloud_tpu_at_least, test_util, devices_view, libtpu_platform_version))
+    if hasattr(test_util, "is_cloud_tpu_at_least"):  # gone by jax 0.12
+        _replace(stack, test_util, "is_cloud_tpu_at_least", _built_at_least(
+            test_util.is_cloud_tpu_at_least, test_util, devices_view, libtpu_platform_version))
 
 
 def _built_at_least(function: Callable, module: Any, view: _XlaBridgeView,

@@ -34,6 +34,7 @@ from .hypothesis_settings import (
     seed_hypothesis,
 )
 from .options import WORKER_SEED_KEY
+from .processes import worker_process as processes_worker
 from .run_records import imported_attribute
 from .session import MARKERS, SESSION_KEY, PallasSession, session_of
 
@@ -64,11 +65,20 @@ _session = session_of
 @pytest.hookimpl(wrapper=True)
 def pytest_cmdline_main(config: pytest.Config):
     option = config.option
+    if option.pallas_processes or processes_worker():
+        from .processes import configure as configure_processes
+
+        configure_processes(config)  # before pytest_configure: JAX joins the other processes
+    if option.pallas_tpu and not hasattr(config, "workerinput"):
+        from .tpu_slice import configure as configure_slice
+
+        configure_slice(config)  # several hosts of a slice: join them before JAX starts
     if option.pallas_tpu or option.pallas_gpu:
         from .workers import one_device_per_worker
 
         one_device_per_worker(config)
-    elif option.pallas_conformance or option.pallas_impl or option.pallas_ops:
+    elif ((option.pallas_conformance or option.pallas_impl or option.pallas_ops)
+          and not (option.pallas_processes or processes_worker())):  # N processes, no -n
         from .workers import set_default_workers
 
         set_default_workers(config)

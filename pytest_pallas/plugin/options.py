@@ -78,6 +78,11 @@ def add_options(parser: pytest.Parser) -> None:
         "thorough (nightly). Default: ci when the CI environment variable is set, else dev.",
     )
     group.addoption(
+        "--pallas-processes", metavar="N", default=None,
+        help="run each test in N JAX processes on this host joined by jax.distributed (CPU "
+        "collectives), as the N hosts of a TPU slice; the simulated devices are split among them.",
+    )
+    group.addoption(
         "--pallas-timeout", metavar="SECONDS", default=None,
         help="fail a kernel call that runs longer "
         f"(default {DEFAULT_TIMEOUT_SECONDS:g}; 0 disables).",
