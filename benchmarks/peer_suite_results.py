@@ -85,6 +85,8 @@ CAUSES: list[tuple[str, str]] = [
     (r"PeerSuiteTimeout|Timeout", "timeout: the test ran past the per-test limit"),
     (r"crashed while running|node down|Not properly terminated",
      "crash: the test's process died (pytest-xdist replaced the worker)"),
+    (r"JaxFeatureOff|device under test is off",
+     "the plugin's device-under-test declaration is off on this JAX"),
     (r"(un)?pack_elementwise",
      "JAX interpreter limit: pack_elementwise/unpack_elementwise have no CPU rule"),
     (r"dma_sem", "JAX interpreter limit: an uninitialised DMA semaphore (nan + dma_sem)"),
