@@ -103,7 +103,7 @@ CAUSES: list[tuple[str, str]] = [
     (r"TpuRuleViolation.*Mosaic failed to compile",
      "the TPU compiler rejects the kernel for the stand-in chip (v5e)"),
     (r"TpuRuleViolation", "the plugin's TPU check rejected the kernel"),
-    (r"cost_analysis|used_scoped_memory|as_text\(\)|debug=True",
+    (r"cost_analysis|used_scoped_memory|as_text\(\)|debug=True|HloModule",
      "reads a compiled artefact (cost analysis, the HLO's memory configs, debug MLIR)"),
     (r"MosaicError|Only i1 and i32|LoweringException|MLIRError",
      "expects the chip's rejection (Mosaic lowering or the TPU compiler)"),
@@ -121,6 +121,7 @@ CAUSES: list[tuple[str, str]] = [
     (r"(?i)hopper|blackwell|\bgpu", "a GPU test"),
     (r"no sharding on runners", "the suite's own skip of sharded tests on its CI runners"),
     (r"Bitcasting with bool|No bitcast needed|Bitwidths must match|out of bounds for packing"
+     r"|Requires aligned shape|Shift amount out of range"
      r"|only supported for shapes with vreg alignment|Requires jax_use_emit_pipeline_primitive",
      "the test's own parameter skip (skips on the chip too)"),
     (r"FP8 matmul is not supported on this device", TPU_GATE),
@@ -138,7 +139,7 @@ CAUSES: list[tuple[str, str]] = [
 # a test whose own assertion failed on something it read, named only in its source line.
 DETAIL_CAUSES: list[tuple[str, str]] = [
     (r"assert triton_\w+ is not None", "a GPU test (its Triton ops are not installed)"),
-    (r"cost_analysis|used_scoped_memory_configs|\.as_text\(\)",
+    (r"cost_analysis|used_scoped_memory_configs|\.as_text\(\)|debug_string|debug=True",
      "reads a compiled artefact (cost analysis, the HLO's memory configs, debug MLIR)"),
     (r"Incorrect output shape for return value",
      "JAX interpreter limit: a ref bitcast between packings returns the wrong shape"),
