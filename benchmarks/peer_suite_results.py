@@ -24,6 +24,7 @@ class Result:
     outcome: str      # passed, failed (a failure or an error) or skipped (skip or xfail)
     reason: str       # "ExceptionType: first line" of a failure, a skip's reason
     seconds: float
+    detail: str = ""  # a failure's whole text (its traceback)
 
 
 def read_junit(path) -> list[Result]:
@@ -34,16 +35,16 @@ def read_junit(path) -> list[Result]:
         file = case.get("file") or classname.replace(".", "/").rsplit("/", 1)[0] + ".py"
         test_id = f"{file}::{classname.rsplit('.', 1)[-1]}::{name}" if "." in classname \
             else f"{file}::{name}"
-        outcome, reason = PASSED, ""
+        outcome, reason, detail = PASSED, "", ""
         for child in case:
             if child.tag in ("failure", "error"):
-                outcome, reason = FAILED, _failure_reason(child)
+                outcome, reason, detail = FAILED, _failure_reason(child), child.text or ""
                 break
             if child.tag == "skipped":
                 outcome, reason = SKIPPED, child.get("message") or child.text or ""
                 break
         results.append(Result(test_id, file.rsplit("/", 1)[-1], outcome, reason,
-                              float(case.get("time") or 0.0)))
+                              float(case.get("time") or 0.0), detail))
     return results
 
 
@@ -79,41 +80,81 @@ def normalise(reason: str) -> str:
 
 # (pattern searched in the outcome and the reason, the cause in words). First match wins, so
 # the specific come before the general. Each cause is what the measurement found behind it.
+TPU_GATE = "gates on a TPU or a TPU generation the device under test is not"
 CAUSES: list[tuple[str, str]] = [
     (r"PeerSuiteTimeout|Timeout", "timeout: the test ran past the per-test limit"),
+    (r"crashed while running|node down|Not properly terminated",
+     "crash: the test's process died (pytest-xdist replaced the worker)"),
+    (r"JaxFeatureOff|device under test is off",
+     "the plugin's device-under-test declaration is off on this JAX"),
     (r"(un)?pack_elementwise",
      "JAX interpreter limit: pack_elementwise/unpack_elementwise have no CPU rule"),
     (r"dma_sem", "JAX interpreter limit: an uninitialised DMA semaphore (nan + dma_sem)"),
     (r"io_callback|empty_ref",
      "JAX interpreter limit: jax.empty_ref in a kernel (no discharge rule for io_callback)"),
-    (r"cost_analysis|used_scoped_memory|scoped_memory_configs|as_text|mlir|MLIR|debug",
-     "reads a compiled artefact (cost analysis, the HLO's memory configs, debug MLIR)"),
+    (r"JaxprInputEffect",
+     "JAX interpreter limit: the emit_pipeline primitive's state effects (no jaxpr input)"),
+    (r"Incorrect output shape for return value",
+     "JAX interpreter limit: a ref bitcast between packings returns the wrong shape"),
     (r"Only interpret mode is supported on CPU backend",
      "false alarm: the compile check lowered an interpret-only kernel for the CPU"),
+    (r"Cannot lower a pallas_call with constants",
+     "false alarm: the compile check cannot lower a kernel that closes over constants"),
+    (r"TpuRuleViolation.*Mosaic failed to compile",
+     "the TPU compiler rejects the kernel for the stand-in chip (v5e)"),
+    (r"TpuRuleViolation", "the plugin's TPU check rejected the kernel"),
+    (r"cost_analysis|used_scoped_memory|as_text\(\)|debug=True|HloModule",
+     "reads a compiled artefact (cost analysis, the HLO's memory configs, debug MLIR)"),
     (r"MosaicError|Only i1 and i32|LoweringException|MLIRError",
      "expects the chip's rejection (Mosaic lowering or the TPU compiler)"),
-    (r"TpuRuleViolation", "the plugin's TPU check rejected the kernel"),
     (r"Megacore|megacore", "Megacore only: the stand-in chip has one TensorCore"),
     (r"(?i)interpret not supported|non-interpret mode|fail on interpreter",
      "the test declines the interpreter (it runs compiled only)"),
     (r"Only run interpret tests on CPU|interpret.*on CPU",
      "interpret-mode test: runs only where the device under test is the CPU"),
+    (r"(?i)only \d+ device is supported|single device",
+     "wants one device: the run simulates several"),
+    (r"(?i)needs? \d+ (JAX )?devices|requires \d+ JAX devices",
+     "wants more devices than the run has"),
+    (r"ModuleNotFoundError|No module named", "a test dependency is not installed"),
+    (r"(?i)sparsecore", "needs a SparseCore"),
+    (r"(?i)hopper|blackwell|\bgpu", "a GPU test"),
+    (r"no sharding on runners", "the suite's own skip of sharded tests on its CI runners"),
+    (r"Bitcasting with bool|No bitcast needed|Bitwidths must match|out of bounds for packing"
+     r"|Requires aligned shape|Shift amount out of range"
+     r"|only supported for shapes with vreg alignment|Requires jax_use_emit_pipeline_primitive",
+     "the test's own parameter skip (skips on the chip too)"),
+    (r"FP8 matmul is not supported on this device", TPU_GATE),
     (r"Device kind cpu is not supported|device kind",
      "asks the device kind: the CPU is no TPU generation"),
     (r"(?i)tpu|device_under_test|not supported on (the )?cpu|requires? .*(accelerator|device)",
-     "gates on a TPU: skipped on the CPU"),
+     TPU_GATE),
+    (r"Arrays are not equal.*\b2147483647\b|\b2147483647\b.*ACTUAL",
+     "value comparison: the test reads uninitialised memory (another poison value)"),
     (r"Not equal to tolerance|Arrays are not|Mismatch|allclose|not close",
      "value comparison: the result differs from the test's expectation"),
     (r"hypothesis|Hypothesis", "Hypothesis health check or its settings"),
 ]
+# Tried on a failure's whole text (its traceback) when its first line matched none of CAUSES:
+# a test whose own assertion failed on something it read, named only in its source line.
+DETAIL_CAUSES: list[tuple[str, str]] = [
+    (r"assert triton_\w+ is not None", "a GPU test (its Triton ops are not installed)"),
+    (r"cost_analysis|used_scoped_memory_configs|\.as_text\(\)|debug_string|debug=True",
+     "reads a compiled artefact (cost analysis, the HLO's memory configs, debug MLIR)"),
+    (r"Incorrect output shape for return value",
+     "JAX interpreter limit: a ref bitcast between packings returns the wrong shape"),
+]
 UNCLASSED = "unclassed"
 
 
-def cause(outcome: str, reason: str) -> str:
+def cause(outcome: str, reason: str, detail: str = "") -> str:
     if outcome == PASSED:
         return ""
     for pattern, words in CAUSES:
-        if re.search(pattern, reason):
+        if re.search(pattern, reason, re.DOTALL):
+            return words
+    for pattern, words in DETAIL_CAUSES:
+        if re.search(pattern, detail):
             return words
     return UNCLASSED
 
@@ -167,8 +208,24 @@ def compare(off: list[Result], on: list[Result] | None):
     return list(rows.values()), classes
 
 
+# Skips that JAX's own CI also takes on every machine: these tests run nowhere, so they are
+# not counted among the TPU-only tests the CPU could run.
+# (the CPU fails the gate; on a TPU the interpret class skips itself)
+GATED_INTERPRET_CLASS = "interpret class gated on a TPU generation: skips in JAX's CI too"
+RUN_NOWHERE = {
+    GATED_INTERPRET_CLASS,
+    "the test's own parameter skip (skips on the chip too)",
+    "the test declines the interpreter (it runs compiled only)",
+}
+
+
 def _class_of(result: Result) -> tuple[str, str, str]:
-    return (result.outcome, cause(result.outcome, result.reason), normalise(result.reason))
+    words = cause(result.outcome, result.reason, result.detail)
+    test_class = result.test_id.split("::")[-2] if result.test_id.count("::") >= 2 else ""
+    if (result.outcome == SKIPPED and words == TPU_GATE
+            and "Interpret" in test_class):
+        words = GATED_INTERPRET_CLASS
+    return (result.outcome, words, normalise(result.reason))
 
 
 def table(rows: list[FileRow], opted_in: bool = True) -> str:
@@ -234,7 +291,7 @@ def report(off_path, on_path=None) -> str:
         if tpu_only:
             parts += ["", f"TPU-only tests passing opted in: {passed} of {tpu_only} "
                           f"({100 * passed / tpu_only:.1f}%)"]
-        if tpu_only - nowhere > 0:
+        if nowhere and tpu_only - nowhere > 0:
             parts += [f"... of those that run somewhere in JAX's CI (less {nowhere} that skip "
                       f"on every machine): {passed} of {tpu_only - nowhere} "
                       f"({100 * passed / (tpu_only - nowhere):.1f}%)"]

@@ -79,7 +79,7 @@ def test_off_and_on_runs_are_counted_and_every_outcome_classed(suite, monkeypatc
          "Only run interpret tests on CPU."): 1,
     }
     text = results.report(off, on)
-    assert "| tpu_fake_test.py | 7 | 6 | 1 | 5 | 3 | 2 | 1 | 1 |" in text
+    assert "| tpu_fake_test.py | 7 | 6 | 1 | 5 | 3 | 2 | 1 | 1 | 0 | " in text
     assert "TPU-only tests passing opted in: 3 of 6 (50.0%)" in text
 
 
@@ -93,7 +93,7 @@ def test_sampling_keeps_every_kth_id_of_each_file(suite, monkeypatch):
 def test_a_run_of_the_plugin_off_alone_classes_its_skips(suite):
     rows, classes = results.compare(results.read_junit(_run(suite, "off")), None)
     assert (rows[0].ids, rows[0].skipped_off, rows[0].passed_off) == (7, 6, 1)
-    assert classes == {("skipped", "gates on a TPU: skipped on the CPU", "Test requires TPUs"): 6}
+    assert classes == {("skipped", results.TPU_GATE, "Test requires TPUs"): 6}
 
 
 @pytest.mark.parametrize(("outcome", "reason", "expected"), [
@@ -105,7 +105,7 @@ def test_a_run_of_the_plugin_off_alone_classes_its_skips(suite):
      "expects the chip's rejection (Mosaic lowering or the TPU compiler)"),
     ("failed", "AssertionError: \nNot equal to tolerance rtol=0.02, atol=0.01",
      "value comparison: the result differs from the test's expectation"),
-    ("skipped", "Only supports TPU generation 5 or above", "gates on a TPU: skipped on the CPU"),
+    ("skipped", "Only supports TPU generation 5 or above", results.TPU_GATE),
     ("failed", "KeyError: 'something nobody has seen'", results.UNCLASSED),
     ("passed", "", ""),
 ])
