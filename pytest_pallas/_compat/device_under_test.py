@@ -166,34 +166,23 @@ class _XlaBridgeView:
         backend = self._xla_bridge.get_backend(*args, **kwargs)
         if self._platform_version is None:
             return backend
-        return _BackendView(backend, self._platform_version)
+        return _Answering(backend, platform_version=self._platform_version)
 
     def devices(self, *args: Any, **kwargs: Any) -> list[Any]:
-        return [_DeviceView(device, self._device_kind)
+        return [_Answering(device, device_kind=self._device_kind, platform="tpu")
                 for device in self._xla_bridge.devices(*args, **kwargs)]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._xla_bridge, name)
 
 
-class _DeviceView:
-    """A device that reports the stand-in chip's kind and platform (read, never used)."""
+class _Answering:
+    """``target`` (a device, a backend) with some attributes answered otherwise: read by JAX's
+    test utilities, never handed to JAX."""
 
-    def __init__(self, device: Any, device_kind: str) -> None:
-        self._device = device
-        self.device_kind = device_kind
-        self.platform = "tpu"
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._device, name)
-
-
-class _BackendView:
-    """A backend that reports another ``platform_version`` (read, never used)."""
-
-    def __init__(self, backend: Any, platform_version: str) -> None:
-        self._backend = backend
-        self.platform_version = platform_version
+    def __init__(self, target: Any, **answers: Any) -> None:
+        self._target = target
+        self.__dict__.update(answers)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
+        return getattr(self._target, name)
