@@ -180,3 +180,29 @@ def test_a_wrong_value_in_a_test_case_still_fails_with_its_own_message(pytester,
     result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-k", "kernel_runs")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*Mismatched elements: 1024 / 1024*", "*reproduce with:*"])
+
+
+def test_an_interpret_class_kernel_is_not_judged_by_the_tpu_compiler(pytester, run_pytest):
+    # A cumsum the TPU compiler rejects (tests/test_compile_check.py), in a class written for
+    # the interpreter only: never compiled for a chip, so the compile check does not judge it.
+    pytester.makepyfile(test_interpreted=textwrap.dedent('''
+        import jax, jax.numpy as jnp, numpy as np
+        from jax._src import test_util as jtu
+        from jax.experimental import pallas as pl
+
+        class CumsumInterpretTest(jtu.JaxTestCase):
+            INTERPRET = True
+
+            def test_cumsum(self):
+                x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128) % 7
+                out = pl.pallas_call(
+                    lambda x_ref, o_ref: o_ref.__setitem__(..., jnp.cumsum(x_ref[...], axis=1)),
+                    out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)(x)
+                np.testing.assert_allclose(out, np.cumsum(np.asarray(x), axis=1))
+    '''))
+    from pytest_pallas.checks.compile_check import libtpu_version
+
+    if libtpu_version() is None:
+        pytest.skip("needs libtpu: the compile check is what is left out")
+    run_pytest("--pallas-interpret=tpu", "--pallas-compile=v5e", "-p", "no:xdist",
+               "--pallas-numerics=exact").assert_outcomes(passed=1)

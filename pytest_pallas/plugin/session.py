@@ -202,7 +202,7 @@ class PallasSession:
         themselves off the CPU)."""
         if backend.is_compiled or not (self.options.session_opted_in or self.scope_all):
             return False
-        return getattr(getattr(item, "cls", None), "INTERPRET", None) is not True
+        return not written_for_the_interpreter(item)
 
     def open_kernel_run(self, item: pytest.Item) -> KernelRun:
         """At a Pallas test's setup: its ``KernelRun`` (``supervision.kernel_run``), opened."""
@@ -220,6 +220,8 @@ class PallasSession:
         # A conformance test's report records whether its op's kernels compiled.
         return KernelRun(item, backend, self.options, conformance=conformance,
                          chip_under_test=self.declares_chip_under_test(item, backend),
+                         # Never compiled for a chip (they skip off the CPU): no compile check.
+                         compile_check=not written_for_the_interpreter(item),
                          on_compile_verdict=None if op_name is None else (
                              lambda verdict: self.recorder.compiled(op_name, verdict)))
 
@@ -359,6 +361,12 @@ class PallasSession:
                     f"--pallas-compile={options.chip} turns it on")
         return (f"TPU compiler check off: it does not compile for {options.chip}; "
                 "--pallas-compile=CHIP turns it on for another chip")
+
+
+def written_for_the_interpreter(item: pytest.Item) -> bool:
+    """Whether ``item`` belongs to a test class written to run interpreted on the CPU only
+    (JAX's ``INTERPRET = True`` classes, which skip themselves anywhere else)."""
+    return getattr(getattr(item, "cls", None), "INTERPRET", None) is True
 
 
 # The run's PallasSession, in pytest's config.

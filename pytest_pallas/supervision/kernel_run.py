@@ -58,14 +58,18 @@ class KernelRun:
 
     def __init__(self, item: pytest.Item, backend: Backend, options: PallasOptions, *,
                  conformance: bool = False, chip_under_test: bool = False,
+                 compile_check: bool = True,
                  on_compile_verdict: Callable | None = None) -> None:
         """``conformance``: a test of the conformance suite, which judges its own failures
         (no fallback, no NaN note); ``chip_under_test``: the test's own device questions
-        get the stand-in chip's answers (``_compat.device_under_test``);
+        get the stand-in chip's answers (``_compat.device_under_test``); ``compile_check``: the
+        TPU compiler judges its kernels (``--pallas-compile``; not for a test written for the
+        interpreter only);
         ``on_compile_verdict``: called with each TPU compiler verdict (the conformance
         report's record of its op)."""
         self.item = item
         self.chip_under_test = chip_under_test
+        self.compile_check = compile_check
         self.backend = backend
         self.options = options
         self.conformance = conformance
@@ -101,7 +105,7 @@ class KernelRun:
         if not backend.is_gpu:
             self._reports = _list_or_empty(stack.enter_context(optional(
                 STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip))))
-        if not backend.is_tpu and self.options.compile_chips:
+        if not backend.is_tpu and self.options.compile_chips and self.compile_check:
             # Then the TPU compiler's verdict on each kernel, for each chip asked for.
             stack.enter_context(optional(TPU_COMPILER_CHECK, lambda: compiling_pallas_calls(
                 self.options.compile_chips, on_verdict=self._on_compile_verdict)))
