@@ -101,31 +101,19 @@ def _answer_test_utilities(stack: contextlib.ExitStack, test_util: Any, device_k
     _replace(stack, test_util, "device_under_test", lambda: "tpu")
     devices_view = _XlaBridgeView(test_util.xla_bridge, device_kind)
     for name in _DEVICE_KIND_READERS:
-        _replace(stack, test_util, name,
-                 _reading_devices_through(getattr(test_util, name), test_util, devices_view))
-    if hasattr(test_util, "is_cloud_tpu_at_least"):  # gone by jax 0.12
-        _replace(stack, test_util, "is_cloud_tpu_at_least", _built_at_least(
-            test_util.is_cloud_tpu_at_least, test_util, devices_view, libtpu_platform_version))
+        _replace(stack, test_util, name, _with_module_globals(
+            getattr(test_util, name), test_util, lambda: {"xla_bridge": devices_view}))
 
-
-def _built_at_least(function: Callable, module: Any, view: _XlaBridgeView,
-                    libtpu_platform_version: Callable[[], str | None]) -> Callable:
-    """JAX's ``is_cloud_tpu_at_least``, reading the installed libtpu's build date."""
-
-    @functools.wraps(function)
-    def answering(*args: Any, **kwargs: Any) -> Any:
+    def built_by_the_installed_libtpu() -> dict[str, Any]:
         version = libtpu_platform_version()
-        if version is None:
-            return function(*args, **kwargs)
-        real_bridge, real_is_cloud_tpu = module.xla_bridge, module.is_cloud_tpu
-        module.xla_bridge = view.with_platform_version(version)
-        module.is_cloud_tpu = lambda: True
-        try:
-            return function(*args, **kwargs)
-        finally:
-            module.xla_bridge, module.is_cloud_tpu = real_bridge, real_is_cloud_tpu
+        if version is None:  # no libtpu: JAX's own answer off a Cloud TPU
+            return {}
+        return {"xla_bridge": devices_view.with_platform_version(version),
+                "is_cloud_tpu": lambda: True}
 
-    return answering
+    if hasattr(test_util, "is_cloud_tpu_at_least"):  # gone by jax 0.12
+        _replace(stack, test_util, "is_cloud_tpu_at_least", _with_module_globals(
+            test_util.is_cloud_tpu_at_least, test_util, built_by_the_installed_libtpu))
 
 
 def _replace(stack: contextlib.ExitStack, owner: Any, name: str, value: Any) -> None:
@@ -134,17 +122,17 @@ def _replace(stack: contextlib.ExitStack, owner: Any, name: str, value: Any) -> 
     stack.callback(setattr, owner, name, previous)
 
 
-def _reading_devices_through(function: Callable, module: Any, view: Any) -> Callable:
-    """``function`` (a function of ``module``) run with ``module.xla_bridge`` set to ``view``."""
+def _with_module_globals(function: Callable, module: Any,
+                         values: Callable[[], dict[str, Any]]) -> Callable:
+    """``function`` (a function of ``module``) run with the module's globals named in
+    ``values()`` (asked at each call) set to those values, and restored after."""
 
     @functools.wraps(function)
     def answering(*args: Any, **kwargs: Any) -> Any:
-        real = module.xla_bridge
-        module.xla_bridge = view
-        try:
+        with contextlib.ExitStack() as stack:
+            for name, value in values().items():
+                _replace(stack, module, name, value)
             return function(*args, **kwargs)
-        finally:
-            module.xla_bridge = real
 
     return answering
 
