@@ -409,7 +409,7 @@ def pallas_call_compiler(
             if not verdict.compiled:
                 rejected.append(verdict.violation())
         if rejected:
-            raise rule_violation(rejected)
+            raise rule_violation(rejected, by_the_compiler=True)
 
     return observe
 

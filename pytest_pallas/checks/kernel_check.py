@@ -230,7 +230,7 @@ def _compile_each(calls: Sequence[Any], reports: list[KernelReport], chip: str) 
             report.violations.append(violation)
             rejected.append(violation)
     if rejected:
-        raise rule_violation(rejected)
+        raise rule_violation(rejected, by_the_compiler=True)
 
 
 def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[tuple[Any, Any]]:
@@ -295,7 +295,8 @@ def _lower_for_tpu(target: Callable[..., Any], args: Sequence[Any], info: Any, n
                     "does not support on this chip); interpret mode accepts it but the TPU "
                     "compiler does not.",
                 )
-            ]
+            ],
+            by_the_compiler=True,
         ) from error
 
 

@@ -155,17 +155,17 @@ def raise_for(reports: Iterable[KernelReport]) -> None:
         raise rule_violation(violations)
 
 
-# What the chip's compiler rejects, before the kernel runs (the compile check's rules, named
-# "compiler-...", and the lowering's, are added by checks.compile_check and kernel_check).
+# The static rules whose breach the chip's compiler rejects, before the kernel runs.
 COMPILE_TIME_RULES = {TILING, VMEM}
 
 
-def rule_violation(violations: Sequence[Violation]) -> TpuRuleViolation:
+def rule_violation(violations: Sequence[Violation], *,
+                   by_the_compiler: bool = False) -> TpuRuleViolation:
     """The error for ``violations``: a ``TpuRuleViolation``, and, when the chip's compiler
-    would reject every one of them, also the error JAX raises on the chip for that
+    rejects them (``by_the_compiler``: its own verdict or Mosaic's lowering; else every one
+    is a ``COMPILE_TIME_RULES`` rule), also the error JAX raises on the chip for that
     (``_compat.chip_errors``), so a test that expects the chip's rejection sees it."""
-    if all(v.rule in COMPILE_TIME_RULES or v.rule.startswith("compiler-")
-           or v.rule == "mosaic-lowering" for v in violations):
+    if by_the_compiler or all(v.rule in COMPILE_TIME_RULES for v in violations):
         from .._compat.chip_errors import as_chip_compile_error
 
         return as_chip_compile_error(TpuRuleViolation)(violations)
