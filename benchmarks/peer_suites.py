@@ -190,7 +190,12 @@ def main(argv=None) -> None:
                         help="seconds a test may run (0: no limit)")
     parser.add_argument("--durations", type=int, default=25)
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # argparse gives a positional list nothing once the suite's name is read, so the
+    # arguments after "--" are taken apart here.
+    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.pytest_args += pytest_args
 
     workdir = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix=f"peer-{args.suite}-"))
     prepare_workdir(workdir)

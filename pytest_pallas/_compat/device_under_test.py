@@ -46,6 +46,8 @@ DEVICE_KIND_OF_CHIP = {
 
 # JAX's test utilities that read the device kind from xla_bridge.devices().
 _DEVICE_KIND_READERS = ("get_tpu_version", "is_device_tpu", "device_kind_match")
+# What a test written for the interpreter asks of the chip it interprets for.
+_GENERATION_QUESTIONS = ("get_tpu_version", "is_device_tpu_at_least", "is_device_tpu")
 
 
 def device_kind_of_chip(chip: str) -> str:
@@ -70,6 +72,7 @@ def answered_questions(test_util_loaded: bool) -> list[str]:
 @contextlib.contextmanager
 def stand_in_chip_under_test(
         chip: str, libtpu_platform_version: Callable[[], str | None] = lambda: None,
+        *, generation_only: bool = False,
 ) -> Iterator[None]:
     """Inside the block, JAX's test utilities and ``jax.default_backend()`` answer for
     ``chip`` (see the module docstring); everything is restored on exit.
@@ -84,20 +87,51 @@ def stand_in_chip_under_test(
 
     device_kind = device_kind_of_chip(chip)
     with contextlib.ExitStack() as stack:
-        _replace(stack, jax, "default_backend", lambda: "tpu")
         test_util = sys.modules.get(TEST_UTIL_MODULE)
+        if generation_only:
+            if test_util is not None:
+                _answer_generation_questions(stack, test_util, device_kind)
+            yield
+            return
+        _replace(stack, jax, "default_backend", lambda: "tpu")
         if test_util is not None:  # a suite that never imported them asks nothing of them
             _answer_test_utilities(stack, test_util, device_kind, libtpu_platform_version)
         yield
 
 
-def _answer_test_utilities(stack: contextlib.ExitStack, test_util: Any, device_kind: str,
-                           libtpu_platform_version: Callable[[], str | None]) -> None:
-    for name in ("device_under_test", "xla_bridge", *_DEVICE_KIND_READERS):
+def _answer_generation_questions(stack: contextlib.ExitStack, test_util: Any,
+                                 device_kind: str) -> None:
+    _require(test_util, ("device_under_test", "xla_bridge", *_GENERATION_QUESTIONS))
+    devices_view = _XlaBridgeView(test_util.xla_bridge, device_kind)
+    as_the_chip = {"device_under_test": lambda: "tpu", "xla_bridge": devices_view}
+    for name in ("get_tpu_version", "is_device_tpu_at_least"):
+        _replace(stack, test_util, name, _with_module_globals(
+            getattr(test_util, name), test_util, lambda: as_the_chip))
+    is_device_tpu = test_util.is_device_tpu
+    chip_is = _with_module_globals(is_device_tpu, test_util, lambda: as_the_chip)
+
+    @functools.wraps(is_device_tpu)
+    def is_device_tpu_of_generation(version: int | None = None, *args: Any,
+                                    **kwargs: Any) -> Any:
+        # "Is this a TPU?" keeps the CPU's answer; "is this a TPU v5e?" the chip's.
+        if version is None:
+            return is_device_tpu(version, *args, **kwargs)
+        return chip_is(version, *args, **kwargs)
+
+    _replace(stack, test_util, "is_device_tpu", is_device_tpu_of_generation)
+
+
+def _require(test_util: Any, names: tuple[str, ...]) -> None:
+    for name in names:
         if not hasattr(test_util, name):
             raise JaxInternalsChanged(
                 f"{TEST_UTIL_MODULE}.{name} is gone on this JAX: its test utilities cannot "
                 "answer for the stand-in chip")
+
+
+def _answer_test_utilities(stack: contextlib.ExitStack, test_util: Any, device_kind: str,
+                           libtpu_platform_version: Callable[[], str | None]) -> None:
+    _require(test_util, ("device_under_test", "xla_bridge", *_DEVICE_KIND_READERS))
     _replace(stack, test_util, "device_under_test", lambda: "tpu")
     devices_view = _XlaBridgeView(test_util.xla_bridge, device_kind)
     for name in _DEVICE_KIND_READERS:

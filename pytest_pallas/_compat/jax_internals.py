@@ -263,6 +263,13 @@ def interpreter_crash(error: BaseException) -> str | None:
             if inside:
                 first = str(current).strip().splitlines()[0] if str(current).strip() else ""
                 return f"{name}: {first} (in {_short_jax_path(frames[-1].filename)})"
+            called_from = next((f.filename for f in reversed(frames)
+                                if _in_interpreter(f.filename)), None)
+            if name == "ValueError" and called_from and _JAX_OBJECT_REFUSED in str(current):
+                # The interpreter handed JAX an object of its own JAX no longer converts
+                # (a ref view to io_callback, jax 0.10.2): its limit, not the kernel's bug.
+                first = str(current).strip().splitlines()[0]
+                return f"{name}: {first} (in {_short_jax_path(called_from)})"
         if name in _INTERNAL_ERROR_TYPES or _NO_CPU_RULE in str(current):
             frames = traceback.extract_tb(current.__traceback__)
             where = next((f.filename for f in reversed(frames)
@@ -416,6 +423,7 @@ def outside_current_trace() -> Iterator[None]:
 # fails in safe_zip ("argument 2 has length 8 but argument 0 has length 10") on
 # tpu-inference's all-gather matmul.
 _INTERNAL_WHEN_RAISED_INSIDE = ("ValueError",)
+_JAX_OBJECT_REFUSED = "Triggering __jax_array__() during abstractification"
 
 # JAX's GPU interpreter asserts what it cannot run (a BlockSpec with an index map, jax
 # 0.10.2 to 0.12): raised inside it, an AssertionError is JAX's limit, not the kernel's bug.

@@ -195,14 +195,15 @@ class PallasSession:
 
     # --- per test ---------------------------------------------------------------
 
-    def declares_chip_under_test(self, item: pytest.Item, backend: Backend) -> bool:
-        """Whether ``item``'s own device questions get the stand-in chip's answers: in an
-        opted-in run interpreting for a TPU, for every test but those written to run
-        interpreted on the CPU (JAX's ``INTERPRET = True`` test classes, which skip
-        themselves off the CPU)."""
+    def declares_chip_under_test(self, item: pytest.Item, backend: Backend) -> str | None:
+        """Which of ``item``'s own device questions get the stand-in chip's answers, in an
+        opted-in run interpreting for a TPU: ``"device"``, all of them; ``"generation"``,
+        only which TPU generation, for a test written to run interpreted on the CPU (JAX's
+        ``INTERPRET = True`` classes, which skip themselves off the CPU and gate operations
+        on the generation they interpret for); None outside such a run."""
         if backend.is_compiled or not (self.options.session_opted_in or self.scope_all):
-            return False
-        return not written_for_the_interpreter(item)
+            return None
+        return "generation" if written_for_the_interpreter(item) else "device"
 
     def open_kernel_run(self, item: pytest.Item) -> KernelRun:
         """At a Pallas test's setup: its ``KernelRun`` (``supervision.kernel_run``), opened."""

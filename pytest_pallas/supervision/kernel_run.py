@@ -57,12 +57,14 @@ class KernelRun:
     """One Pallas test's kernels: the backend and checks around them, and their verdicts."""
 
     def __init__(self, item: pytest.Item, backend: Backend, options: PallasOptions, *,
-                 conformance: bool = False, chip_under_test: bool = False,
+                 conformance: bool = False, chip_under_test: str | None = None,
                  compile_check: bool = True,
                  on_compile_verdict: Callable | None = None) -> None:
         """``conformance``: a test of the conformance suite, which judges its own failures
-        (no fallback, no NaN note); ``chip_under_test``: the test's own device questions
-        get the stand-in chip's answers (``_compat.device_under_test``); ``compile_check``: the
+        (no fallback, no NaN note); ``chip_under_test``: which of the test's own device
+        questions get the stand-in chip's answers (``_compat.device_under_test``): ``"device"``
+        all of them, ``"generation"`` only which TPU generation (a test written for the
+        interpreter, which keeps seeing the CPU), None none; ``compile_check``: the
         TPU compiler judges its kernels (``--pallas-compile``; not for a test written for the
         interpreter only);
         ``on_compile_verdict``: called with each TPU compiler verdict (the conformance
@@ -126,10 +128,11 @@ class KernelRun:
         # assert_allclose in the test then allows for the backend's matmul rounding.
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
         stack.enter_context(backend.activate(on_gpu_kernel=self._gpu_kernels.append))
-        if self.chip_under_test:
+        if self.chip_under_test is not None:
             # Then the test's own "am I on a TPU?" gets the stand-in chip's answer (§9).
             stack.enter_context(optional(DEVICE_UNDER_TEST, lambda: stand_in_chip_under_test(
-                backend.chip, lambda: libtpu_platform_version(backend.chip))))
+                backend.chip, lambda: libtpu_platform_version(backend.chip),
+                generation_only=self.chip_under_test == "generation")))
         self._stack = stack
 
     def close(self) -> None:
@@ -279,7 +282,11 @@ class KernelRun:
                 skip_at_test(reason)
             second.add_note(paragraph)
             raise
-        warnings.warn(PallasInterpreterFallback(paragraph), stacklevel=1)
+        with warnings.catch_warnings():
+            # A notice of the plugin's, never the test's failure: a suite that turns its
+            # warnings into errors (JAX's own, -W error) still passed here.
+            warnings.simplefilter("always", PallasInterpreterFallback)
+            warnings.warn(PallasInterpreterFallback(paragraph), stacklevel=1)
 
     def _kernel_ages(self) -> dict[str, float] | None:
         """The TPU-interpreted kernels' ages; None (time the whole test) once a GPU kernel
