@@ -82,6 +82,34 @@ def test_interpreter_crash_counts_a_value_error_only_when_the_interpreter_raised
     assert jax_internals.interpreter_crash(own) is None
 
 
+def _raised_below(caller: str, raiser: str, message: str) -> ValueError:
+    """A ValueError raised in ``raiser``, called from a frame of ``caller``."""
+    namespace: dict = {}
+    exec(compile(f"def fail():\n    raise ValueError({message!r})\n", raiser, "exec"),
+         namespace)
+    exec(compile("def call():\n    fail()\n", caller, "exec"), namespace)
+    try:
+        namespace["call"]()
+    except ValueError as error:
+        return error
+    raise AssertionError("unreachable")
+
+
+def test_jax_refusing_what_its_interpreter_built_is_the_interpreter_s_limit():
+    # The emit_pipeline primitive interpreted by jax 0.10.2: JAX's tracing refuses the state
+    # effects of the jaxpr its interpreter built, checked after pallas_call's lowering traced it.
+    effects = ("`JaxprInputEffect` Write<Var(id=1):int16[]> does not have a corresponding "
+               "jaxpr input.")
+    refused = _raised_below("/venv/site-packages/jax/_src/pallas/pallas_call.py",
+                            "/venv/site-packages/jax/_src/interpreters/partial_eval.py", effects)
+    crash = jax_internals.interpreter_crash(refused)
+    assert crash.startswith("ValueError: `JaxprInputEffect`") and "pallas_call.py" in crash
+    # The same words raised below the kernel's own code are not the interpreter's.
+    own = _raised_below("/home/user/my_kernels.py",
+                        "/venv/site-packages/jax/_src/interpreters/partial_eval.py", effects)
+    assert jax_internals.interpreter_crash(own) is None
+
+
 def test_with_tile_padded_bounds_sets_padded_and_leaves_other_values():
     params = jax_internals.with_tile_padded_bounds(pltpu.InterpretParams(detect_races=True))
     assert params.buffer_bounds == "padded" and params.detect_races

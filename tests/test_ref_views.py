@@ -281,3 +281,16 @@ def test_an_in_bounds_masked_store_runs_in_the_tpu_interpreter(pytester, run_pyt
     result = run_pytest("--pallas-interpret=tpu", "--pallas-detect-races", "-p", "no:xdist",
                         *NO_FALLBACK)
     result.assert_outcomes(passed=1)
+
+
+def test_a_four_bit_bitcast_view_is_named_as_the_interpreter_s_limit():
+    # NumPy keeps an int4 value in a byte: packing its bytes would give a wrong shape (JAX's
+    # tpu_ops_test.py test_bitcast, int4 refs seen as int8: "Incorrect output shape"). The
+    # view says what it cannot do, so the test runs again in the plain interpreter.
+    import jax.numpy as jnp
+
+    nibbles = np.zeros((8, 256), jnp.int4)
+    with pytest.raises(NotImplementedError, match="a bitcast between int4 and int8 refs"):
+        ref_views._bitcast(nibbles, jnp.int8)
+    words = ref_views._bitcast(np.zeros((4, 256), np.int8), jnp.int16)
+    assert words.shape == (2, 256) and words.dtype == np.int16

@@ -263,11 +263,16 @@ def interpreter_crash(error: BaseException) -> str | None:
             if inside:
                 first = str(current).strip().splitlines()[0] if str(current).strip() else ""
                 return f"{name}: {first} (in {_short_jax_path(frames[-1].filename)})"
+            # The interpreter's own frames, or pallas_call's lowering of an interpreted
+            # kernel, which traces the interpreter and checks the result after it returned.
             called_from = next((f.filename for f in reversed(frames)
-                                if _in_interpreter(f.filename)), None)
-            if name == "ValueError" and called_from and _JAX_OBJECT_REFUSED in str(current):
-                # The interpreter handed JAX an object of its own JAX no longer converts
-                # (a ref view to io_callback, jax 0.10.2): its limit, not the kernel's bug.
+                                if _in_interpreter(f.filename)
+                                or _PALLAS_CALL_LOWERING in f.filename.replace("\\", "/")),
+                               None)
+            if name == "ValueError" and called_from and any(
+                    refusal in str(current) for refusal in _JAX_REFUSES_THE_INTERPRETER):
+                # JAX refused what its interpreter built (jax 0.10.2): its limit, not the
+                # kernel's bug.
                 first = str(current).strip().splitlines()[0]
                 return f"{name}: {first} (in {_short_jax_path(called_from)})"
         if name in _INTERNAL_ERROR_TYPES or _NO_CPU_RULE in str(current):
@@ -423,7 +428,13 @@ def outside_current_trace() -> Iterator[None]:
 # fails in safe_zip ("argument 2 has length 8 but argument 0 has length 10") on
 # tpu-inference's all-gather matmul.
 _INTERNAL_WHEN_RAISED_INSIDE = ("ValueError",)
-_JAX_OBJECT_REFUSED = "Triggering __jax_array__() during abstractification"
+# Raised by JAX's tracing against what its interpreter hands it, the interpreter's frames
+# below: a ref view passed to io_callback; the emit_pipeline primitive's state effects.
+_PALLAS_CALL_LOWERING = "jax/_src/pallas/pallas_call.py"
+_JAX_REFUSES_THE_INTERPRETER = (
+    "Triggering __jax_array__() during abstractification",
+    "does not have a corresponding jaxpr input",
+)
 
 # JAX's GPU interpreter asserts what it cannot run (a BlockSpec with an index map, jax
 # 0.10.2 to 0.12): raised inside it, an AssertionError is JAX's limit, not the kernel's bug.

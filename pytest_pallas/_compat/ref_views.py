@@ -50,6 +50,10 @@ def _bitcast(array: Any, dtype: Any) -> Any:
     import numpy as np
 
     dtype = np.dtype(dtype)
+    if _is_sub_byte(array.dtype) or _is_sub_byte(dtype):
+        # NumPy holds a 4-bit value in a byte: the views below would pack bytes, not nibbles.
+        raise NotImplementedError(f"a bitcast between {array.dtype} and {dtype} refs (a "
+                                  "4-bit type) in the TPU interpreter")
     source_bits, target_bits = array.dtype.itemsize * 8, dtype.itemsize * 8
     array = np.ascontiguousarray(array)
     if source_bits == target_bits:
@@ -65,6 +69,15 @@ def _bitcast(array: Any, dtype: Any) -> Any:
     ratio = source_bits // target_bits  # unpack one row into `ratio`
     pieces = array.view(dtype).reshape(*array.shape, ratio)
     return np.ascontiguousarray(pieces.swapaxes(-1, -2)).reshape(shape)
+
+
+def _is_sub_byte(dtype: Any) -> bool:
+    import jax.numpy as jnp
+
+    if not (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)):
+        return False
+    info = jnp.finfo(dtype) if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype)
+    return info.bits < 8
 
 
 def _kind(transform: Any) -> str:
