@@ -523,3 +523,18 @@ def test_a_rejection_is_the_error_jax_raises_on_the_chip():
     assert "Only i1 and i32 scalars are supported" in str(raised.value) or (
         "Only i32" in str(raised.value))
     assert str(raised.value).startswith("TPU rule [compiler-")
+
+
+def test_a_kernel_over_its_vmem_is_rejected_as_on_the_chip_whatever_else_it_breaks():
+    # JAX's test_vmem_oom_error_message_basics: blocks over the chip's VMEM and an index map
+    # returning element offsets. The chip's compiler stops it first (JaxRuntimeError); the
+    # out-of-bounds blocks it would have read are named too.
+    from pytest_pallas.checks.violations import OUT_OF_BOUNDS, VMEM, Violation, rule_violation
+
+    over = Violation(VMEM, "kernel", "input 0", "needs 256 MiB of VMEM", "shrink the blocks")
+    outside = Violation(OUT_OF_BOUNDS, "kernel", "input 0", "block (0, 8192) is outside",
+                        "return block indices")
+    both = rule_violation([over, outside])
+    assert isinstance(both, jax.errors.JaxRuntimeError)
+    assert "256 MiB" in str(both) and "(0, 8192)" in str(both)
+    assert not isinstance(rule_violation([outside]), jax.errors.JaxRuntimeError)

@@ -162,10 +162,11 @@ COMPILE_TIME_RULES = {TILING, VMEM}
 def rule_violation(violations: Sequence[Violation], *,
                    by_the_compiler: bool = False) -> TpuRuleViolation:
     """The error for ``violations``: a ``TpuRuleViolation``, and, when the chip's compiler
-    rejects them (``by_the_compiler``: its own verdict or Mosaic's lowering; else every one
-    is a ``COMPILE_TIME_RULES`` rule), also the error JAX raises on the chip for that
-    (``_compat.chip_errors``), so a test that expects the chip's rejection sees it."""
-    if by_the_compiler or all(v.rule in COMPILE_TIME_RULES for v in violations):
+    rejects them (``by_the_compiler``: its own verdict or Mosaic's lowering; else one of them
+    is a ``COMPILE_TIME_RULES`` rule, which stops the kernel before any run-time rule could
+    matter), also the error JAX raises on the chip for that (``_compat.chip_errors``), so a
+    test that expects the chip's rejection sees it."""
+    if by_the_compiler or any(v.rule in COMPILE_TIME_RULES for v in violations):
         from .._compat.chip_errors import as_chip_compile_error
 
         return as_chip_compile_error(TpuRuleViolation)(violations)

@@ -333,7 +333,7 @@ class PallasSession:
             declared = (f"; device under test: TPU {options.chip} for JAX's test utilities "
                         f"and jax.default_backend() (device kind "
                         f"{device_kind_of_chip(options.chip)!r}; INTERPRET = True test "
-                        "classes see the CPU)")
+                        "classes see the CPU, interpreting for that generation)")
         compile_text = self.compile_header()
         from ..numerics import header_text
 
