@@ -59,13 +59,15 @@ def test_interpreter_crash_names_a_crash_inside_the_tpu_interpreter_only():
     assert jax_internals.interpreter_crash(ValueError("a kernel's own error")) is None
 
 
-def _raised_from(filename: str, message: str) -> ValueError:
-    """A ValueError whose raising frame is in ``filename`` (as if that file raised it)."""
+def _raised_from(filename: str, message: str, *, called_from: str | None = None) -> ValueError:
+    """A ValueError whose raising frame is in ``filename`` (as if that file raised it), called
+    from a frame in ``called_from`` if given."""
     namespace: dict = {}
     exec(compile(f"def fail():\n    raise ValueError({message!r})\n", filename, "exec"),
          namespace)
+    exec(compile("def call():\n    fail()\n", called_from or filename, "exec"), namespace)
     try:
-        namespace["fail"]()
+        namespace["call"]()
     except ValueError as error:
         return error
     raise AssertionError("unreachable")
@@ -82,31 +84,18 @@ def test_interpreter_crash_counts_a_value_error_only_when_the_interpreter_raised
     assert jax_internals.interpreter_crash(own) is None
 
 
-def _raised_below(caller: str, raiser: str, message: str) -> ValueError:
-    """A ValueError raised in ``raiser``, called from a frame of ``caller``."""
-    namespace: dict = {}
-    exec(compile(f"def fail():\n    raise ValueError({message!r})\n", raiser, "exec"),
-         namespace)
-    exec(compile("def call():\n    fail()\n", caller, "exec"), namespace)
-    try:
-        namespace["call"]()
-    except ValueError as error:
-        return error
-    raise AssertionError("unreachable")
-
-
 def test_jax_refusing_what_its_interpreter_built_is_the_interpreter_s_limit():
     # The emit_pipeline primitive interpreted by jax 0.10.2: JAX's tracing refuses the state
     # effects of the jaxpr its interpreter built, checked after pallas_call's lowering traced it.
     effects = ("`JaxprInputEffect` Write<Var(id=1):int16[]> does not have a corresponding "
                "jaxpr input.")
-    refused = _raised_below("/venv/site-packages/jax/_src/pallas/pallas_call.py",
-                            "/venv/site-packages/jax/_src/interpreters/partial_eval.py", effects)
+    tracing = "/venv/site-packages/jax/_src/interpreters/partial_eval.py"
+    refused = _raised_from(tracing, effects,
+                           called_from="/venv/site-packages/jax/_src/pallas/pallas_call.py")
     crash = jax_internals.interpreter_crash(refused)
     assert crash.startswith("ValueError: `JaxprInputEffect`") and "pallas_call.py" in crash
     # The same words raised below the kernel's own code are not the interpreter's.
-    own = _raised_below("/home/user/my_kernels.py",
-                        "/venv/site-packages/jax/_src/interpreters/partial_eval.py", effects)
+    own = _raised_from(tracing, effects, called_from="/home/user/my_kernels.py")
     assert jax_internals.interpreter_crash(own) is None
 
 
