@@ -217,8 +217,8 @@ def rounding_note(kernels: Iterable[str], chip: str, rounding: str = "bfloat16")
             f"pallas: kernel {names} had a default-precision float32 dot: a Hopper GPU's "
             f"tensor cores round these operands to {_TF32} (10 mantissa bits); "
             "precision=HIGHEST keeps float32 in a Triton kernel and in XLA's dots (Mosaic "
-            "GPU's wgmma has no float32 mode: compute in bfloat16 with a float32 accumulator, "
-            "or split the operands); --pallas-numerics=exact computes in float32 on the CPU")
+            "GPU's wgmma has no float32 mode); --pallas-numerics=exact computes in float32 "
+            "on the CPU")
     facts = chip_matmuls(chip)
     return (
         f"pallas: kernel {names} had a default-precision float32 dot: the chip rounds these "
