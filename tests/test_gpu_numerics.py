@@ -120,9 +120,23 @@ def test_a_reference_computed_before_the_first_gpu_kernel_is_the_gpus(pytester):
             # the GPU's; the second started with them (a test of its file ran GPU kernels).
             assert RUNS == ["triton_matmul", "triton_matmul", "wgmma_matmul"]
     '''))
+    # The same as a unittest.TestCase test (unittest records the stop, the plugin reads it).
+    pytester.makepyfile(test_reference_first_unittest=textwrap.dedent('''
+        import unittest
+        import jax.numpy as jnp, numpy as np, pytest
+        import gpu_kernels
+
+        @pytest.mark.pallas
+        class ReferenceFirst(unittest.TestCase):
+            def test_triton_kernel_against_a_reference_computed_first(self):
+                x, y = gpu_kernels.inputs()
+                reference = jnp.dot(x, y)
+                np.testing.assert_allclose(gpu_kernels.triton_matmul(x, y), reference,
+                                           rtol=1e-6, atol=1e-5)
+    '''))
     pytester.syspathinsert()
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
 
 
 def _tf32_reference(value: np.float32) -> np.float32:
