@@ -63,6 +63,8 @@ class Backend:
     device_count: int
     gpu_interpret_params: Any = None
     numerics: str = "chip"  # --pallas-numerics: "chip" or "exact"
+    # A test of GPU kernels: on the CPU its numbers are the GPU's (TF32), from its start.
+    gpu_numbers: bool = False
     # Kernels that passed their own pltpu.InterpretParams: what the run changed in them.
     own_params_changed: ParamsChanges = dataclasses.field(
         default_factory=lambda: ParamsChanges(), compare=False, repr=False)
@@ -92,7 +94,7 @@ class Backend:
 
         On a TPU the default precision rounds float32 operands to bfloat16 (one
         MXU pass); on a GPU, to TensorFloat-32 (tensor cores, JAX's default precision
-        for float32 dots there); interpreted on the CPU for a TPU, as the chip's
+        for float32 dots there); interpreted on the CPU, as the chip's or the GPU's
         (``--pallas-numerics=chip``, see :attr:`float32_dot_rounding`), else float32.
         """
         if self.is_compiled:
@@ -105,7 +107,7 @@ class Backend:
         kernels and in the test's XLA dots (``numerics.run_rounding``), or None."""
         from .numerics import run_rounding
 
-        return run_rounding(self.platform, self.chip, self.numerics)
+        return run_rounding(self.platform, self.chip, self.numerics, gpu=self.gpu_numbers)
 
     def describe(self) -> str:
         if self.is_tpu:
@@ -124,7 +126,8 @@ class Backend:
         """Run the body's kernels on this backend (see the module docstring).
 
         ``on_gpu_kernel`` hears each GPU kernel run on the CPU
-        (a ``_compat.gpu_interpreter.RoutedKernel``).
+        (a ``_compat.gpu_interpreter.RoutedKernel``), and may raise to stop it. With the
+        TPU's numbers, the first GPU kernel turns the rest of the body to the GPU's (TF32).
         """
         if self.is_compiled:
             yield self
@@ -136,8 +139,7 @@ class Backend:
             rounding = self.float32_dot_rounding
             if rounding is not None:
                 # Both sides round, as on the chip: the kernels and the test's own XLA dots.
-                stack.enter_context(optional(CHIP_NUMBERS, lambda: (
-                    chip_matmuls.float32_dots_rounded(rounding))))
+                _enter_numbers(stack, rounding)
             stack.enter_context(optional(
                 "pltpu.get_tpu_info() answering for the chip on the CPU",
                 lambda: device_kinds.device_kind_answers_as(self.device_kind,
@@ -189,10 +191,11 @@ class Backend:
             stack.callback(_GPU_KERNELS_RUN.reset, seen_token)
 
             def heard(kernel: Any) -> None:
-                if rounding is not None and not seen:
-                    # A GPU kernel: the TPU's rounding is not its own (the GPU's TF32 is not
-                    # emulated), so the rest of the test computes float32 products.
-                    stack.enter_context(chip_matmuls.float32_dots_exact())
+                if rounding == "bfloat16" and not seen:
+                    # A GPU kernel: the TPU's rounding is not its own; the rest of the body
+                    # computes the GPU's (KernelRun runs a test that needs them from its
+                    # start again).
+                    _enter_numbers(stack, "tensorfloat32")
                 seen.append(kernel)
                 if on_gpu_kernel is not None:
                     on_gpu_kernel(kernel)
@@ -207,6 +210,17 @@ class Backend:
 
 
 CHIP_NUMBERS = "float32 matmuls rounded as the chip's (--pallas-numerics=chip)"
+GPU_WGMMA_NUMBERS = "Mosaic GPU's wgmma with TF32 operands in JAX's GPU interpreter"
+
+
+def _enter_numbers(stack: contextlib.ExitStack, rounding: str) -> None:
+    """Float32 dots rounded to ``rounding`` for the rest of ``stack``'s block (a GPU's: in
+    XLA's and Triton's dots, and in Mosaic GPU's wgmma in JAX's GPU interpreter)."""
+    optional = jax_internals.optional_feature
+    stack.enter_context(optional(CHIP_NUMBERS, lambda: (
+        chip_matmuls.float32_dots_rounded(rounding))))
+    if rounding == "tensorfloat32" and gpu_interpreter.dependencies_installed():
+        stack.enter_context(optional(GPU_WGMMA_NUMBERS, chip_matmuls.gpu_wgmma_rounded))
 
 
 GPU_KERNEL_ROUTING = "GPU kernels in JAX's GPU interpreter and the plain one"

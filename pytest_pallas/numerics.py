@@ -1,5 +1,6 @@
-"""The chip's numbers: how each accelerator computes a float32 matmul, with where each fact
-was read, and which float32 dots of a kernel it rounds.
+"""The chip's numbers: how each accelerator computes a float32 matmul (each TPU chip, and the
+GPU a CPU run stands for), with where each fact was read, and which float32 dots of a
+kernel it rounds.
 
 One home for these facts: the backend asks :func:`run_rounding` what a run interpreted on
 the CPU rounds, the comparator's default matmul precision follows it, and a failing test
@@ -75,13 +76,62 @@ NOT_EMULATED = {
 }
 
 
-def run_rounding(platform: str, chip: str, numerics: str) -> str | None:
+# --- A GPU's float32 matmuls (the GPU a CPU run stands for: a Hopper, H100 or H200) ---------
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuMatmuls:
+    """How the GPU a CPU run stands for computes a float32 matmul, and the source of each."""
+
+    gpu: str
+    has_tf32: str  # which GPUs take float32 operands as TensorFloat-32
+    xla: str  # the test's own XLA dots
+    triton: str  # a Triton kernel's dot
+    mosaic_gpu: str  # a Mosaic GPU kernel's wgmma
+    sources: dict[str, str]
+
+
+_JAX = "jax 0.10.2, "
+GPU_MATMULS = GpuMatmuls(
+    gpu="a Hopper GPU (H100, H200): the GPU of the SMEM check (pytest_pallas.gpu), and the "
+        "only one Mosaic GPU's wgmma compiles for",
+    has_tf32="A100 (Ampere) and later (H100, H200); V100 and earlier compute float32",
+    xla="precision None, DEFAULT or HIGH: operands rounded to TF32 (10 mantissa bits), "
+        "products summed in float32; HIGHEST: float32",
+    triton="precision None, DEFAULT or HIGH on either operand: input_precision=TF32 (both "
+           "operands); HIGHEST on both: IEEE (float32)",
+    mosaic_gpu="plgpu.wgmma takes float32 operands as TF32 always (it has no precision); "
+               "jnp.dot has no Mosaic GPU lowering (JAX's GPU interpreter computes it as "
+               "an XLA dot, rounded as XLA's)",
+    sources={
+        "has_tf32": _JAX + "lax.Precision's docstring: 'On GPU: uses tensorfloat32 if "
+                    "available (e.g. on A100 and H100 GPUs), otherwise standard float32 "
+                    "(e.g. on V100 GPUs)'",
+        "xla": _JAX + "lax.Precision's docstring (DEFAULT and HIGH: tensorfloat32 where "
+               "available; HIGHEST: float32)",
+        "triton": _JAX + "jax/_src/pallas/triton/lowering.py, _dot_general_lowering: "
+                  "_TF32_PRECISIONS = (HIGH, DEFAULT), None read as DEFAULT; a float32 "
+                  "operand otherwise InputPrecision.IEEE",
+        "mosaic_gpu": _JAX + "jax/experimental/mosaic/gpu/wgmma.py (wgmma_element_type = "
+                      "FloatTF32Type for F32); jax/_src/pallas/mosaic_gpu/lowering.py "
+                      "registers no rule for dot_general",
+        "interpreter": _JAX + "jax/_src/pallas/mosaic_gpu/interpret/gpu_callbacks.py, "
+                       "wgmma: acc + np.matmul(a, b) on the host, in float32 "
+                       "(_compat.chip_matmuls.gpu_wgmma_rounded rounds its operands)",
+    },
+)
+
+_TF32 = "TF32"  # how the header and the failure's line name TensorFloat-32
+
+
+def run_rounding(platform: str, chip: str, numerics: str, *, gpu: bool = False) -> str | None:
     """What a run rounds the operands of a default-precision float32 dot to on the CPU:
     ``"bfloat16"`` when it interprets kernels for a TPU with ``--pallas-numerics=chip``,
-    else None (compiled for a device, whose own numbers count, or ``exact``)."""
+    ``"tensorfloat32"`` for a test of GPU kernels (``gpu``), else None (compiled for a
+    device, whose own numbers count, or ``exact``)."""
     if platform != "cpu" or numerics != "chip":
         return None
-    return chip_matmuls(chip).default_rounding
+    return "tensorfloat32" if gpu else chip_matmuls(chip).default_rounding
 
 
 def header_text(platform: str, chip: str, numerics: str, *, conformance: bool = False) -> str:
@@ -95,17 +145,23 @@ def header_text(platform: str, chip: str, numerics: str, *, conformance: bool = 
     rounding = run_rounding(platform, chip, numerics)
     suite = "; the conformance suite's with float32 products" if conformance else ""
     return (f"numbers: TPU {chip}'s, default-precision float32 matmuls with {rounding} "
-            "operands in kernels and in the test's XLA dots (--pallas-numerics=exact for "
+            "operands in kernels and in the test's XLA dots; a test of GPU kernels (Mosaic "
+            f"GPU, Triton) a Hopper GPU's, with {_TF32} operands (--pallas-numerics=exact for "
             f"float32){suite}")
 
 
 # --- Which dots round ------------------------------------------------------------------------
 
 
-def is_rounded_dot(equation: Any) -> bool:
-    """Whether a jaxpr equation is a float32 ``dot_general`` at the default precision (an
-    operand the chip rounds)."""
-    if getattr(getattr(equation, "primitive", None), "name", None) != "dot_general":
+def is_rounded_dot(equation: Any, rounding: str = "bfloat16") -> bool:
+    """Whether a jaxpr equation is a float32 dot whose operands ``rounding``'s hardware rounds:
+    a ``dot_general`` at the default precision (a GPU: at ``HIGH`` too), or on a GPU
+    Mosaic GPU's ``wgmma`` of float32 operands."""
+    name = getattr(getattr(equation, "primitive", None), "name", None)
+    gpu = rounding == "tensorfloat32"
+    if gpu and name in ("wgmma", "wgmma_ref"):
+        return any(_is_float32(var) for var in equation.invars[1:3])
+    if name != "dot_general":
         return False
     precision = equation.params.get("precision")
     if precision is None:
@@ -114,15 +170,17 @@ def is_rounded_dot(equation: Any) -> bool:
         per_operand = tuple(precision)
     else:
         per_operand = (precision, precision)
+    rounded = ("DEFAULT", "HIGH") if gpu else ("DEFAULT",)
     return any(
         _is_float32(var) and (each is None or (type(each).__name__ == "Precision"
-                                               and each.name == "DEFAULT"))
+                                               and each.name in rounded))
         for var, each in zip(equation.invars, per_operand))
 
 
-def rounded_dots(jaxpr: Any) -> int:
-    """How many float32 default-precision dots ``jaxpr`` (and the jaxprs inside it) holds."""
-    return sum(1 for equation in _equations(jaxpr) if is_rounded_dot(equation))
+def rounded_dots(jaxpr: Any, rounding: str = "bfloat16") -> int:
+    """How many float32 dots ``jaxpr`` (and the jaxprs inside it) holds whose operands
+    ``rounding``'s hardware rounds (:func:`is_rounded_dot`)."""
+    return sum(1 for equation in _equations(jaxpr) if is_rounded_dot(equation, rounding))
 
 
 def _equations(jaxpr: Any) -> Iterator[Any]:
@@ -151,9 +209,16 @@ def _is_float32(var: Any) -> bool:
         return False
 
 
-def rounding_note(kernels: Iterable[str], chip: str) -> str:
+def rounding_note(kernels: Iterable[str], chip: str, rounding: str = "bfloat16") -> str:
     """The failure's line for kernels that had a default-precision float32 dot."""
     names = ", ".join(f"'{k}'" for k in dict.fromkeys(kernels))
+    if rounding == "tensorfloat32":
+        return (
+            f"pallas: kernel {names} had a default-precision float32 dot: a Hopper GPU's "
+            f"tensor cores round these operands to {_TF32} (10 mantissa bits); "
+            "precision=HIGHEST keeps float32 in a Triton kernel and in XLA's dots (Mosaic "
+            "GPU's wgmma has no float32 mode); --pallas-numerics=exact computes in float32 "
+            "on the CPU")
     facts = chip_matmuls(chip)
     return (
         f"pallas: kernel {names} had a default-precision float32 dot: the chip rounds these "
@@ -164,18 +229,20 @@ def rounding_note(kernels: Iterable[str], chip: str) -> str:
 
 
 @contextlib.contextmanager
-def kernels_with_rounded_dots() -> Iterator[list[str]]:
-    """Inside the block, the name of each TPU kernel traced that holds a default-precision
-    float32 dot is added to the list yielded (GPU kernels are left out)."""
+def kernels_with_rounded_dots(rounding: str = "bfloat16") -> Iterator[list[str]]:
+    """Inside the block, the name of each kernel traced that holds a float32 dot whose
+    operands ``rounding``'s hardware rounds is added to the list yielded: TPU kernels under
+    ``"bfloat16"`` (GPU kernels are left out), every kernel under ``"tensorfloat32"``."""
     from ._compat import gpu_interpreter, pallas_call_hooks
 
     found: list[str] = []
 
     def observe(params: dict[str, Any]) -> None:
-        if rounded_dots(params.get("jaxpr")):
+        if rounded_dots(params.get("jaxpr"), rounding):
             found.append(_kernel_name(params))
 
-    with pallas_call_hooks.observe_pallas_calls(gpu_interpreter.tpu_kernels_only(observe)):
+    watch = observe if rounding == "tensorfloat32" else gpu_interpreter.tpu_kernels_only(observe)
+    with pallas_call_hooks.observe_pallas_calls(watch):
         yield found
 
 

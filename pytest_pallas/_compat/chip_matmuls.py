@@ -17,6 +17,13 @@ do not see a thread's own setting), to ``"bfloat16"``, the name JAX gives the TP
 (``Precision.DEFAULT``): a program compiled outside the block is never served inside it,
 nor the reverse. A user's own setting of the flag wins (the block then leaves it alone, and
 a dot whose precision it makes ``HIGHEST`` keeps float32, as on the chip).
+
+A GPU's tensor cores take a float32 operand as TensorFloat-32 (10 mantissa bits): inside
+``float32_dots_rounded("tensorfloat32")`` a dot at precision None, ``DEFAULT`` or ``HIGH``
+rounds both float32 operands to it (Triton's rule: either operand's precision asks for it),
+the flag is ``"tensorfloat32"``, and :func:`gpu_wgmma_rounded` rounds the float32 operands
+of Mosaic GPU's ``wgmma`` in JAX's GPU interpreter, which computes it with NumPy in a host
+callback (``acc + np.matmul(a, b)``, jax 0.10.2 ``mosaic_gpu/interpret/gpu_callbacks.py``).
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ _LAX = "jax._src.lax.lax"
 # Mantissa bits kept of a float32 operand (exponent bits stay float32's 8).
 MANTISSA_BITS = {"bfloat16": 7, "tensorfloat32": 10}
 
-# The jax_default_matmul_precision value the block sets: the TPU's default pass.
-_PRECISION_FLAG = "bfloat16"
+# The jax_default_matmul_precision value each block sets (None: float32 products): JAX's
+# name of the TPU's default pass, of the GPU's TF32, and of the default (another cache key).
+_PRECISION_FLAGS = {"bfloat16": "bfloat16", "tensorfloat32": "tensorfloat32", None: "default"}
 
 _lock = threading.Lock()
 _active: list[str | None] = []  # the rounding of each block entered, innermost last
@@ -47,29 +55,19 @@ _restore: Any = None
 def float32_dots_rounded(rounding: str = "bfloat16") -> Iterator[None]:
     """Inside the block, a float32 ``dot_general`` at the default precision, lowered for the
     CPU, rounds its float32 operands to ``rounding`` (``"bfloat16"`` or ``"tensorfloat32"``)
-    first. ``precision=HIGHEST`` (or ``HIGH``), other operand dtypes and the accumulation type
-    (``preferred_element_type``) are left as they are.
+    first. ``precision=HIGHEST`` (under ``"bfloat16"`` ``HIGH`` too), other operand dtypes and
+    the accumulation type (``preferred_element_type``) are left as they are.
 
         with float32_dots_rounded():
             jnp.dot(x, y)  # x and y rounded to bfloat16, products summed in float32
 
-    Raises ``JaxInternalsChanged`` when this JAX keeps its lowering rules elsewhere.
+    Blocks nest: the innermost one rounds. Raises ``JaxInternalsChanged`` when this JAX keeps
+    its lowering rules elsewhere.
     """
-    global _restore
     if rounding not in MANTISSA_BITS:
         raise ValueError(f"rounding {rounding!r} must be one of {', '.join(MANTISSA_BITS)}")
-    with _lock:
-        if not _active:
-            _restore = _install()
-        _active.append(rounding)
-    try:
+    with _block(rounding):
         yield
-    finally:
-        with _lock:
-            _active.pop()
-            if not _active and _restore is not None:
-                _restore()
-                _restore = None
 
 
 @contextlib.contextmanager
@@ -77,20 +75,35 @@ def float32_dots_exact() -> Iterator[None]:
     """Inside a :func:`float32_dots_rounded` block, float32 products again (a test that
     measures against float32 arithmetic). The flag becomes ``"default"`` (the same
     precision, another cache key) so that no program compiled with rounding is served."""
+    with _block(None):
+        yield
+
+
+@contextlib.contextmanager
+def _block(rounding: str | None) -> Iterator[None]:
+    """Push ``rounding``; the flag follows it while it is the run's own (never the user's)."""
+    global _restore
     import jax
 
     with _lock:
-        _active.append(None)
-    ours = jax.config.jax_default_matmul_precision == _PRECISION_FLAG
-    if ours:
-        jax.config.update("jax_default_matmul_precision", "default")
+        if not _active and rounding is not None:
+            _restore = _install(_PRECISION_FLAGS[rounding])  # sets the flag itself
+        outer = _PRECISION_FLAGS[_active[-1]] if _active else None
+        _active.append(rounding)
+    flag = _PRECISION_FLAGS[rounding]
+    ours = outer is not None and jax.config.jax_default_matmul_precision == outer
+    if ours and flag != outer:
+        jax.config.update("jax_default_matmul_precision", flag)
     try:
         yield
     finally:
-        if ours and jax.config.jax_default_matmul_precision == "default":
-            jax.config.update("jax_default_matmul_precision", _PRECISION_FLAG)
+        if ours and flag != outer and jax.config.jax_default_matmul_precision == flag:
+            jax.config.update("jax_default_matmul_precision", outer)
         with _lock:
             _active.pop()
+            if not _active and _restore is not None:
+                _restore()
+                _restore = None
 
 
 def rounding_now() -> str | None:
@@ -98,7 +111,7 @@ def rounding_now() -> str | None:
     return _active[-1] if _active else None
 
 
-def _install() -> Any:
+def _install(flag: str) -> Any:
     import jax
 
     mlir = jax_internals.private_attribute(_MLIR)
@@ -118,25 +131,36 @@ def _install() -> Any:
         rounding = rounding_now()
         if rounding is not None:
             bits = MANTISSA_BITS[rounding]
-            per_operand = _per_operand(precision, lax.Precision)
+            per_operand = _rounded_operands(rounding, precision, lax.Precision)
             lhs, rhs = (
-                _round(hlo, mlir, value, bits)
-                if _is_float32(aval) and each in (None, lax.Precision.DEFAULT) else value
+                _round(hlo, mlir, value, bits) if _is_float32(aval) and each else value
                 for value, aval, each in zip((lhs, rhs), ctx.avals_in, per_operand))
         return original(ctx, lhs, rhs, precision=precision, **params)
 
-    flag_before = jax.config.jax_default_matmul_precision
-    set_flag = flag_before is None
+    set_flag = jax.config.jax_default_matmul_precision is None
     mlir.register_lowering(primitive, rounded, platform="cpu", inline=entry.inline)
     if set_flag:
-        jax.config.update("jax_default_matmul_precision", _PRECISION_FLAG)
+        jax.config.update("jax_default_matmul_precision", flag)
 
     def restore() -> None:
         mlir.register_lowering(primitive, original, platform="cpu", inline=entry.inline)
-        if set_flag and jax.config.jax_default_matmul_precision == _PRECISION_FLAG:
+        if set_flag and jax.config.jax_default_matmul_precision == flag:
             jax.config.update("jax_default_matmul_precision", None)
 
     return restore
+
+
+def _rounded_operands(rounding: str, precision: Any, precision_enum: Any) -> tuple[bool, bool]:
+    """Which operands of a dot at ``precision`` the hardware takes rounded: on a TPU each
+    operand at None or ``DEFAULT``; on a GPU both, when either is at None, ``DEFAULT`` or
+    ``HIGH`` (Triton's ``input_precision=TF32``; XLA's TF32 at both)."""
+    per_operand = _per_operand(precision, precision_enum)
+    if rounding == "tensorfloat32":
+        either = any(each in (None, precision_enum.DEFAULT, precision_enum.HIGH)
+                     for each in per_operand)
+        return either, either
+    each_rounded = tuple(each in (None, precision_enum.DEFAULT) for each in per_operand)
+    return each_rounded[0], each_rounded[1]
 
 
 def _per_operand(precision: Any, precision_enum: Any) -> tuple[Any, Any]:
@@ -161,3 +185,65 @@ def _is_float32(aval: Any) -> bool:
         return np.dtype(aval.dtype) == np.float32
     except TypeError:  # an extended dtype (a key, a semaphore)
         return False
+
+
+def round_mantissa(values: Any, rounding: str) -> Any:
+    """A NumPy float32 array with its mantissa rounded to ``rounding``'s bits, to nearest,
+    ties to even (as XLA's ``reduce_precision``); NaN and infinities kept. For host code
+    (a callback), where no XLA program may run."""
+    import numpy as np
+
+    values = np.asarray(values)
+    drop = 23 - MANTISSA_BITS[rounding]
+    raw = values.view(np.uint32)
+    odd = (raw >> np.uint32(drop)) & np.uint32(1)
+    half = np.uint32((1 << (drop - 1)) - 1)
+    kept = (raw + half + odd) & np.uint32(~((1 << drop) - 1) & 0xFFFFFFFF)
+    return np.where(np.isnan(values), values, kept.view(np.float32))
+
+
+_GPU_CALLBACKS = "jax._src.pallas.mosaic_gpu.interpret.gpu_callbacks"
+
+
+class _RoundingNumPy:
+    """NumPy, but a float32 ``matmul`` inside a ``"tensorfloat32"`` block takes TF32 operands."""
+
+    def __init__(self, numpy: Any) -> None:
+        self._numpy = numpy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._numpy, name)
+
+    def matmul(self, a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
+        if rounding_now() == "tensorfloat32":
+            a, b = (round_mantissa(x, "tensorfloat32")
+                    if getattr(x, "dtype", None) == self._numpy.float32 else x for x in (a, b))
+        return self._numpy.matmul(a, b, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def gpu_wgmma_rounded() -> Iterator[None]:
+    """Inside the block (and a ``"tensorfloat32"`` one), JAX's GPU interpreter computes
+    Mosaic GPU's ``wgmma`` of float32 operands with TF32 operands, as Mosaic GPU compiles it
+    (``wgmma.py``: a float32 operand's element type is ``FloatTF32Type``). Raises
+    ``JaxInternalsChanged`` when the interpreter no longer computes it with ``np.matmul``."""
+    import numpy
+
+    callbacks = jax_internals.private_attribute(_GPU_CALLBACKS)
+    wgmma = getattr(callbacks, "wgmma", None)
+    names = set(getattr(getattr(wgmma, "__code__", None), "co_names", ()))
+    current = getattr(callbacks, "np", None)
+    if not {"np", "matmul"} <= names or not (
+            current is numpy or isinstance(current, _RoundingNumPy)):
+        raise JaxInternalsChanged(
+            f"{_GPU_CALLBACKS}.wgmma no longer computes with np.matmul; Mosaic GPU's wgmma "
+            "of float32 operands computes float32 products in JAX's GPU interpreter on this "
+            "JAX (as --pallas-numerics=exact)")
+    if isinstance(current, _RoundingNumPy):  # nested: the outer block restores
+        yield
+        return
+    callbacks.np = _RoundingNumPy(numpy)
+    try:
+        yield
+    finally:
+        callbacks.np = numpy

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,6 +60,33 @@ def kernel_target(compiler_params: Any = None, mesh: Any = None) -> str | None:
         if module.startswith("jax._src.pallas.triton"):
             return TRITON
     return None
+
+
+# Where Pallas's GPU and TPU kernels are written from (public modules, and their homes).
+_GPU_MODULES = ("jax.experimental.pallas.mosaic_gpu", "jax.experimental.pallas.triton",
+                "jax.experimental.pallas.ops.gpu", "jax._src.pallas.mosaic_gpu",
+                "jax._src.pallas.triton")
+_TPU_MODULES = ("jax.experimental.pallas.tpu", "jax.experimental.pallas.ops.tpu",
+                "jax._src.pallas.mosaic")
+
+
+def module_writes_gpu_kernels(module: Any) -> bool:
+    """Whether a test module's names come from Pallas's GPU modules (``plgpu``, a Triton
+    kernel of ``pallas.ops.gpu``) and none from its TPU ones, read from its globals."""
+    if module is None:
+        return False
+    homes = set()
+    for value in list(vars(module).values()):
+        name = value.__name__ if isinstance(value, types.ModuleType) else getattr(
+            value, "__module__", None)
+        if isinstance(name, str) and name.startswith("jax"):
+            homes.add(name)
+
+    def under(prefixes: tuple[str, ...]) -> bool:
+        return any(home == prefix or home.startswith(prefix + ".")
+                   for home in homes for prefix in prefixes)
+
+    return under(_GPU_MODULES) and not under(_TPU_MODULES)
 
 
 def call_target(params: dict[str, Any]) -> str | None:

@@ -342,6 +342,7 @@ def pytest_runtest_call(item: pytest.Item):
     if not pallas.uses_pallas(item):
         return (yield)
     run = pallas.kernel_run(item)
+    run.begin_call()
     with run.watchdog() as watchdog:
         try:
             result = yield

@@ -66,6 +66,9 @@ class PallasSession:
     # The TPU compiler check's totals when the session started (plugin.run_records).
     compiles_before: tuple[int, int, float] = (0, 0, 0.0)
     _backend: Backend | None = None
+    # The test files whose tests ran GPU kernels so far (KernelRun: their next tests start
+    # with the GPU's numbers).
+    _gpu_kernel_files: set = dataclasses.field(default_factory=set)
 
     # --- the conformance report ----------------------------------------------
 
@@ -223,6 +226,7 @@ class PallasSession:
                          chip_under_test=self.declares_chip_under_test(item, backend),
                          # Never compiled for a chip (they skip off the CPU): no compile check.
                          compile_check=not written_for_the_interpreter(item),
+                         gpu_kernel_files=self._gpu_kernel_files,
                          on_compile_verdict=None if op_name is None else (
                              lambda verdict: self.recorder.compiled(op_name, verdict)))
 

@@ -8,7 +8,8 @@ reports, the GPU kernels run on the CPU and their races), and the verdicts read 
 when the call ends: a race, a semaphore off 0 or a DMA pending fails the test
 (``after_success``); an exception is read as a hang, a TPU rule, a race, a limit of JAX's GPU
 interpreter or a crash inside JAX's interpreter, which runs the test again in the other
-interpreter (``after_failure``); a failure showing NaN is explained (``failure_notes``).
+interpreter (``after_failure``); a GPU kernel met with a TPU's numbers runs the test again
+with the GPU's; a failure showing NaN is explained (``failure_notes``).
 The words of each verdict are ``supervision.diagnoses``'.
 """
 
@@ -49,6 +50,13 @@ DEVICE_UNDER_TEST = "the stand-in chip as the device under test"
 ROUNDED_DOTS_NOTE = "the failure's note on float32 dots the chip rounds"
 
 
+class GpuNumbersFromTheStart(BaseException):
+    """Raised at the first GPU kernel of a test's call that began with a TPU's numbers: the
+    test runs again with the GPU's from its start (an XLA reference it computed before the
+    kernel has the TPU's rounding, a false alarm no GPU gives). A BaseException, so that
+    the test's own ``except Exception`` does not take it."""
+
+
 class PallasInterpreterFallback(UserWarning):
     """A test ran in the other interpreter because JAX's first choice crashed inside JAX."""
 
@@ -59,7 +67,8 @@ class KernelRun:
     def __init__(self, item: pytest.Item, backend: Backend, options: PallasOptions, *,
                  conformance: bool = False, chip_under_test: str | None = None,
                  compile_check: bool = True,
-                 on_compile_verdict: Callable | None = None) -> None:
+                 on_compile_verdict: Callable | None = None,
+                 gpu_kernel_files: set[str] | None = None) -> None:
         """``conformance``: a test of the conformance suite, which judges its own failures
         (no fallback, no NaN note); ``chip_under_test``: which of the test's own device
         questions get the stand-in chip's answers (``_compat.device_under_test``): ``"device"``
@@ -68,7 +77,17 @@ class KernelRun:
         TPU compiler judges its kernels (``--pallas-compile``; not for a test written for the
         interpreter only);
         ``on_compile_verdict``: called with each TPU compiler verdict (the conformance
-        report's record of its op)."""
+        report's record of its op); ``gpu_kernel_files``: the run's test files whose tests
+        ran GPU kernels (this one's added when it does).
+
+        A test's numbers on the CPU are a GPU's from its start (``Backend.gpu_numbers``) when
+        its module imports Pallas's GPU modules and not its TPU ones, or a test of its file
+        ran a GPU kernel before; else its first GPU kernel runs it again with them."""
+        self._gpu_kernel_files = gpu_kernel_files if gpu_kernel_files is not None else set()
+        if backend.float32_dot_rounding == "bfloat16" and (
+                str(item.path) in self._gpu_kernel_files
+                or gpu_interpreter.module_writes_gpu_kernels(getattr(item, "module", None))):
+            backend = dataclasses.replace(backend, gpu_numbers=True)
         self.item = item
         self.chip_under_test = chip_under_test
         self.compile_check = compile_check
@@ -82,6 +101,7 @@ class KernelRun:
         self._gpu_kernels: list = []  # the GPU kernels the test ran on the CPU, and where
         self._gpu_races: list = []  # True per GPU-interpreted kernel that ended with a race
         self._rounded_dots: list = []  # kernels with a float32 dot the chip rounds
+        self._calling = False  # the test's call has begun (its setup is over)
 
     # --- open and close -----------------------------------------------------------------
 
@@ -121,13 +141,14 @@ class KernelRun:
         stack.enter_context(traced_output_blocks(lambda: [
             TracedOutput(report.kernel, array_shape, block_shape)
             for report in self._reports for array_shape, block_shape in report.output_blocks]))
-        if backend.float32_dot_rounding is not None:
+        rounding = backend.float32_dot_rounding
+        if rounding is not None:
             # A failure then says which kernels had a dot the chip rounds.
             self._rounded_dots = _list_or_empty(stack.enter_context(optional(
-                ROUNDED_DOTS_NOTE, kernels_with_rounded_dots)))
+                ROUNDED_DOTS_NOTE, lambda: kernels_with_rounded_dots(rounding))))
         # assert_allclose in the test then allows for the backend's matmul rounding.
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
-        stack.enter_context(backend.activate(on_gpu_kernel=self._gpu_kernels.append))
+        stack.enter_context(backend.activate(on_gpu_kernel=self._heard_gpu_kernel))
         if self.chip_under_test is not None:
             # Then the test's own "am I on a TPU?" gets the stand-in chip's answer (§9).
             stack.enter_context(optional(DEVICE_UNDER_TEST, lambda: stand_in_chip_under_test(
@@ -139,10 +160,37 @@ class KernelRun:
         stack, self._stack = self._stack, None
         if stack is None:
             return
+        if self._gpu_kernels:
+            self._gpu_kernel_files.add(str(self.item.path))
         try:
             stack.close()
         except jax_internals.JaxInternalsChanged as error:  # met at a kernel's exit
             jax_internals.feature_off(KERNEL_EXIT_CHECKS, error)
+
+    def begin_call(self) -> None:
+        """The test's call begins: from here a GPU kernel met with a TPU's numbers runs the
+        test again with the GPU's (in its setup, the rest of the setup and the call get
+        the GPU's)."""
+        self._calling = True
+
+    def _heard_gpu_kernel(self, kernel: object) -> None:
+        # The test's first GPU kernel, in its call, with the TPU's numbers (one in its setup
+        # already turned the rest of the setup and the call to the GPU's).
+        first_in_call = self._calling and not self._gpu_kernels
+        self._gpu_kernels.append(kernel)
+        if first_in_call and self.backend.float32_dot_rounding == "bfloat16":
+            raise GpuNumbersFromTheStart(getattr(kernel, "name", "kernel"))
+
+    def _run_with_gpu_numbers(self, watchdog: Watchdog) -> None:
+        """Run the test again with the GPU's numbers from its start (``GpuNumbersFromTheStart``)."""
+        __tracebackhide__ = True
+        self.close()
+        self.backend = dataclasses.replace(self.backend, gpu_numbers=True)
+        self.open()
+        try:
+            run_test_again(self.item)
+        except BaseException as second:
+            self.after_failure(second, watchdog)
 
     # --- what the kernels recorded ------------------------------------------------------
 
@@ -193,6 +241,8 @@ class KernelRun:
         __tracebackhide__ = True
         if watchdog.fired and not isinstance(error, KernelTimeout):
             raise KernelTimeout(watchdog.message) from error
+        if isinstance(error, GpuNumbersFromTheStart):
+            return self._run_with_gpu_numbers(watchdog)
         if not isinstance(error, Exception):
             raise error
         diagnoses.raise_as_tpu_rule(error)
@@ -318,7 +368,8 @@ class KernelRun:
         if error is not None and not (self.backend.is_compiled or self.conformance):
             note = diagnoses.uninitialized_read_note(error, self._interpreted_kernel_names())
         # The float32 dots the chip rounds (numerics.rounding_note), when the test failed.
-        rounding = (rounding_note(self._rounded_dots, self.backend.chip)
+        rounding = (rounding_note(self._rounded_dots, self.backend.chip,
+                                  self.backend.float32_dot_rounding or "bfloat16")
                     if self._rounded_dots else None)
         note = "\n".join(filter(None, (note, rounding))) or None
         return note, "\n".join(self.backend.own_params_changed)
