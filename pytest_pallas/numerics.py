@@ -163,6 +163,12 @@ def is_rounded_dot(equation: Any, rounding: str = "bfloat16") -> bool:
         return any(_is_float32(var) for var in equation.invars[1:3])
     if name != "dot_general":
         return False
+    from ._compat.chip_matmuls import goes_through_the_matrix_unit
+
+    lhs, rhs = (getattr(var, "aval", None) for var in equation.invars[:2])
+    if lhs is not None and rhs is not None and not goes_through_the_matrix_unit(
+            rounding, lhs, rhs, equation.params.get("dimension_numbers")):
+        return False
     precision = equation.params.get("precision")
     if precision is None:
         per_operand: tuple[Any, ...] = (None, None)

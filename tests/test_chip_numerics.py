@@ -167,3 +167,53 @@ def test_the_table_is_what_libtpu_emits(chip, tmp_path, monkeypatch):
     one_pass = modes["default"]["round"]
     assert sum(modes["highest"].values()) == facts.highest_passes * one_pass
     assert facts.default_passes == 1
+
+
+def test_a_matrix_vector_dot_is_not_an_mxu_pass(tmp_path, monkeypatch):
+    # An (8, 8) @ (8,) float32 dot in a kernel compiles to llo.vmul.f32 and vadd.xlane: float32
+    # products on the chip (JAX's tpu_ops_test.py test_sum_of_two_matmuls holds it to 1e-5
+    # of a HIGHEST reference), so the CPU computes it in float32 too.
+    pytest.importorskip("libtpu", reason="the TPU compiler (pip install 'pytest-pallas[tpu]')")
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    import pytest_pallas
+    from pytest_pallas._compat.libtpu_dump import matmul_modes
+
+    def dot_kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], y_ref[...])
+
+    def call(out_shape):
+        return lambda x, y: pl.pallas_call(
+            dot_kernel, out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32))(x, y)
+
+    matrix, vector = jnp.ones((128, 128), jnp.float32), jnp.ones((128,), jnp.float32)
+    modes = {}
+    for name, y, out_shape in (("matrix", matrix, (128, 128)), ("vector", vector, (128,))):
+        monkeypatch.setenv("PYTEST_PALLAS_KEEP_DUMP", str(tmp_path / name))
+        pytest_pallas.estimate(call(out_shape), matrix, y, chip="v5e")
+        modes[name] = matmul_modes(str(tmp_path / name))
+    assert modes["matrix"] == {"round": 16}  # the dump's format is still read
+    assert modes["vector"] == {}
+
+
+MATRIX_VECTOR = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+
+    @pytest.mark.pallas
+    def test_matrix_vector_dot_in_float32():
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((8, 8), np.float32), rng.standard_normal(8, np.float32)
+        def kernel(a_ref, b_ref, o_ref):
+            o_ref[:] = jnp.dot(a_ref[:], b_ref[:])
+        out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32))(a, b)
+        expected = jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+''')
+
+
+def test_a_matrix_vector_dot_keeps_float32_on_the_cpu(pytester, run_pytest):
+    pytester.makepyfile(test_matvec=MATRIX_VECTOR)
+    run_pytest("--pallas-interpret=tpu", "-p", "no:xdist").assert_outcomes(passed=1)

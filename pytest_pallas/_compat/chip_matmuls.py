@@ -129,7 +129,8 @@ def _install(flag: str) -> Any:
 
     def rounded(ctx: Any, lhs: Any, rhs: Any, *, precision: Any = None, **params: Any) -> Any:
         rounding = rounding_now()
-        if rounding is not None:
+        if rounding is not None and goes_through_the_matrix_unit(
+                rounding, *ctx.avals_in, params.get("dimension_numbers")):
             bits = MANTISSA_BITS[rounding]
             per_operand = _rounded_operands(rounding, precision, lax.Precision)
             lhs, rhs = (
@@ -148,6 +149,23 @@ def _install(flag: str) -> Any:
             jax.config.update("jax_default_matmul_precision", None)
 
     return restore
+
+
+def goes_through_the_matrix_unit(rounding: str, lhs: Any, rhs: Any,
+                                 dimension_numbers: Any) -> bool:
+    """Whether the hardware that rounds for ``rounding`` computes this dot on its matrix unit.
+
+    On a TPU a dot with an operand that has no free dimension (a matrix-vector product:
+    ``jnp.dot`` of an (8, 8) and an (8,) float32 block) is not an MXU pass: Mosaic lowers it
+    to ``llo.vmul.f32`` and ``llo.vadd.xlane.f32`` (libtpu 0.0.42.1's post-lower-to-llo dump,
+    v5e), float32 products. XLA's own matrix-vector dots on a TPU: unchecked, taken alike.
+    """
+    if rounding != "bfloat16" or dimension_numbers is None:
+        return True
+    (lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch) = dimension_numbers
+    free = (len(lhs.shape) - len(lhs_contracting) - len(lhs_batch),
+            len(rhs.shape) - len(rhs_contracting) - len(rhs_batch))
+    return min(free) > 0
 
 
 def _rounded_operands(rounding: str, precision: Any, precision_enum: Any) -> tuple[bool, bool]:
