@@ -538,3 +538,22 @@ def test_a_kernel_over_its_vmem_is_rejected_as_on_the_chip_whatever_else_it_brea
     assert isinstance(both, jax.errors.JaxRuntimeError)
     assert "256 MiB" in str(both) and "(0, 8192)" in str(both)
     assert not isinstance(rule_violation([outside]), jax.errors.JaxRuntimeError)
+
+
+def test_a_kernel_mosaic_s_lowering_refuses_raises_what_the_lowering_raises():
+    # JAX's test_unsigned_dtype_dot_raises expects NotImplementedError from Mosaic's lowering
+    # for an unsigned matmul: the compile check's rejection is one too.
+    from jax.experimental import pallas as pl
+
+    def unsigned_matmul(lhs, rhs):
+        def kernel(lhs_ref, rhs_ref, o_ref):
+            o_ref[...] = lhs_ref[...] @ rhs_ref[...]
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.uint8))(
+            lhs, rhs)
+
+    with pytest.raises(NotImplementedError, match="Unsigned integer dtype.*dot_general.*matmul"
+                       ) as raised:
+        check_kernel(unsigned_matmul, jax.ShapeDtypeStruct((32, 256), jnp.uint8),
+                     jax.ShapeDtypeStruct((256, 128), jnp.uint8), chip="v5e")
+    assert isinstance(raised.value, TpuRuleViolation)
+    assert isinstance(raised.value, jax.errors.JaxRuntimeError)

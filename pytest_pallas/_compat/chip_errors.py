@@ -35,10 +35,12 @@ def chip_compile_errors() -> tuple[type[BaseException], ...]:
 
 
 @functools.cache
-def as_chip_compile_error(base: type[BaseException]) -> type[BaseException]:
-    """A subclass of ``base`` that is also each of the chip's compile errors (``base``
-    itself when Python cannot combine them)."""
-    bases = (base, *chip_compile_errors())
+def as_chip_compile_error(base: type[BaseException],
+                          lowering: type[BaseException] | None = None) -> type[BaseException]:
+    """A subclass of ``base`` that is also each of the chip's compile errors, and
+    ``lowering`` (the Python exception Mosaic's lowering raised: ``NotImplementedError`` for
+    an unsigned matmul) when given; ``base`` itself when Python cannot combine them."""
+    bases = (base, *([lowering] if lowering is not None else []), *chip_compile_errors())
     message = property(BaseException.__str__)
     try:
         return type(f"{base.__name__}ByTheChip", bases, {

@@ -40,7 +40,7 @@ from typing import Any
 from .._compat import device_kinds, gpu_interpreter, jax_internals, pallas_call_hooks
 from . import jaxpr_analysis, kernel_model
 from .libtpu_environment import host_has_tpu, quiet_libtpu_environment_for  # noqa: F401
-from .violations import MIB, Violation, rule_violation
+from .violations import MIB, Violation, raised_by_the_lowering, rule_violation
 from .vmem_footprint import tpu_info_for
 
 UNIMPLEMENTED = "compiler-unimplemented"
@@ -139,6 +139,7 @@ class CompileVerdict:
     seconds: float = 0.0  # wall time of the compile (lowering included)
     vmem_bytes: int | None = None  # scoped VMEM the compiler asked for, when it says
     vmem_limit_bytes: int | None = None
+    raised: str | None = None  # the Python exception Mosaic's lowering raised, if it did
 
     def violation(self) -> Violation:
         problem = f"the TPU compiler (libtpu {libtpu_version()}) rejects it for {self.chip}: "
@@ -146,7 +147,8 @@ class CompileVerdict:
             problem += (f"it needs {mib_text(self.vmem_bytes)} of scoped VMEM, the limit is "
                         f"{mib_text(self.vmem_limit_bytes)}. ")
         problem += f"Compiler: {self.message}"
-        return Violation(self.rule or OTHER, self.kernel, None, problem, _FIXES[self.rule or OTHER])
+        return Violation(self.rule or OTHER, self.kernel, None, problem, _FIXES[self.rule or OTHER],
+                         raised=self.raised)
 
 
 _FIXES = {
@@ -235,7 +237,8 @@ def compile_pallas_call(params: dict[str, Any], avals: Sequence[Any], chip: str,
         return CompileVerdict(chip, kernel, True, seconds=seconds)
     message = _short(error)
     rule, size, limit = classify_rejection(str(error))
-    return CompileVerdict(chip, kernel, False, rule, message, seconds, size, limit)
+    return CompileVerdict(chip, kernel, False, rule, message, seconds, size, limit,
+                          raised_by_the_lowering(error))
 
 
 class _NotTheCompiler(RuntimeError):

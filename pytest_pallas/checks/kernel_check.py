@@ -53,6 +53,7 @@ from pytest_pallas.checks.violations import (
     TpuRuleViolation,
     Violation,
     raise_for,
+    raised_by_the_lowering,
     rule_violation,
 )
 from pytest_pallas.checks.vmem_footprint import tpu_info_for
@@ -294,6 +295,7 @@ def _lower_for_tpu(target: Callable[..., Any], args: Sequence[Any], info: Any, n
                     "change what the message names (an operation, dtype or shape Mosaic "
                     "does not support on this chip); interpret mode accepts it but the TPU "
                     "compiler does not.",
+                    raised=raised_by_the_lowering(error),
                 )
             ],
             by_the_compiler=True,

@@ -85,6 +85,9 @@ class Violation:
     # For a race on an output: which output (its flat index), so the verdict can
     # wait for what the program does with that output (settle_output_races).
     output_index: int | None = None
+    # The Python exception Mosaic's lowering raised for it ("NotImplementedError"), when it
+    # did: on the chip the test meets that exception, so the error is one too.
+    raised: str | None = None
 
     def __str__(self) -> str:
         where = f" {self.operand}:" if self.operand else ""
@@ -169,5 +172,20 @@ def rule_violation(violations: Sequence[Violation], *,
     if by_the_compiler or any(v.rule in COMPILE_TIME_RULES for v in violations):
         from .._compat.chip_errors import as_chip_compile_error
 
-        return as_chip_compile_error(TpuRuleViolation)(violations)
+        lowering = next((_builtin_exception(v.raised) for v in violations if v.raised), None)
+        return as_chip_compile_error(TpuRuleViolation, lowering)(violations)
     return TpuRuleViolation(violations)
+
+
+def _builtin_exception(name: str) -> type[Exception] | None:
+    """Python's own exception type called ``name`` (what Mosaic's lowering raises), or None."""
+    import builtins
+
+    found = getattr(builtins, name, None)
+    return found if isinstance(found, type) and issubclass(found, Exception) else None
+
+
+def raised_by_the_lowering(error: BaseException) -> str | None:
+    """``error``'s type name when it is one of Python's own (``NotImplementedError``, ...):
+    Mosaic's lowering raising it, not the compiler's verdict."""
+    return type(error).__name__ if type(error).__module__ == "builtins" else None
