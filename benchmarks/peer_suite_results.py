@@ -83,6 +83,10 @@ def normalise(reason: str) -> str:
 TPU_GATE = "gates on a TPU or a TPU generation the device under test is not"
 CAUSES: list[tuple[str, str]] = [
     (r"PeerSuiteTimeout|Timeout", "timeout: the test ran past the per-test limit"),
+    # Python 3.11's ast check, hit by pytest rendering a Hypothesis test's failure after its
+    # time limit (tpu_pallas_pipeline_test.py's padded matmuls).
+    (r"AST constructor recursion depth mismatch",
+     "timeout: the test ran past the per-test limit (pytest then failed to render it)"),
     (r"crashed while running|node down|Not properly terminated",
      "crash: the test's process died (pytest-xdist replaced the worker)"),
     (r"JaxFeatureOff|device under test is off",
@@ -277,9 +281,15 @@ def _markdown(header, body) -> str:
     return "\n".join(lines)
 
 
-def report(off_path, on_path=None) -> str:
+def report(off_path, on_path=None, *more_runs) -> str:
+    """The tables of one run (``off_path``, ``on_path``), or of several taken together
+    (``more_runs``: further off and on paths, in pairs: the files of one suite measured in
+    separate runs)."""
     off = read_junit(off_path)
     on = read_junit(on_path) if on_path else None
+    for more_off, more_on in zip(more_runs[::2], more_runs[1::2]):
+        off += read_junit(more_off)
+        on = (on or []) + read_junit(more_on)
     rows, classes = compare(off, on)
     parts = [table(rows, opted_in=on is not None), "", cause_table(classes), "",
              class_table(classes)]
@@ -304,8 +314,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("off", help="JUnit XML of the run with the plugin off")
     parser.add_argument("on", nargs="?", help="JUnit XML of the opted-in run")
+    parser.add_argument("more", nargs="*",
+                        help="the off and on XML of further runs, in pairs, taken together")
     args = parser.parse_args(argv)
-    print(report(args.off, args.on))
+    if len(args.more) % 2:
+        parser.error("give further runs as pairs: OFF.xml ON.xml")
+    print(report(args.off, args.on, *args.more))
 
 
 if __name__ == "__main__":
