@@ -156,8 +156,9 @@ def tokamax_test_files(exclude: str) -> tuple[pathlib.Path, list[pathlib.Path]]:
                           "print(os.path.dirname(tokamax.__file__))"],
                          capture_output=True, text=True)
     if out.returncode:
-        raise SystemExit("tokamax is not installed: pip install tokamax==0.0.17 "
-                         "(it needs jax 0.12 and Python 3.12+).")
+        why = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"tokamax does not import ({why}): pip install tokamax==0.0.17 with "
+                         "its dependencies (it needs jax 0.12 and Python 3.12+).")
     root = pathlib.Path(out.stdout.strip())
     files = sorted(
         path for path in root.rglob("*_test.py")
