@@ -199,11 +199,17 @@ def test_gpu_numbers_round_triton_and_xla_dots_as_the_gpu():
 
 
 def test_a_gpu_interpreter_that_moved_its_wgmma_is_named(monkeypatch):
+    import inspect
+
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
 
     from pytest_pallas._compat import chip_matmuls, jax_internals
 
-    monkeypatch.setattr(gpu_callbacks, "wgmma", lambda **kwargs: None)
+    # A GPU interpreter whose products are no longer NumPy's matmul over its module's np.
+    real_getsource = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda target: (
+        "def wgmma(a, b):\n    return jnp.dot(a, b)\n" if target is gpu_callbacks
+        else real_getsource(target)))
     with pytest.raises(jax_internals.JaxInternalsChanged, match="no longer computes with "
                        "np.matmul; Mosaic GPU's wgmma of float32 operands computes float32"):
         with chip_matmuls.gpu_wgmma_rounded():

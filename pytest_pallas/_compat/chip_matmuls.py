@@ -239,6 +239,17 @@ class _RoundingNumPy:
         return self._numpy.matmul(a, b, *args, **kwargs)
 
 
+def _computes_with_np_matmul(module: Any) -> bool:
+    """Whether ``module``'s source computes its products with its global ``np``'s ``matmul``
+    (jax 0.10.2: in ``wgmma`` itself; jax 0.12: in the pending wgmma it applies later)."""
+    import inspect
+
+    try:
+        return "np.matmul(" in inspect.getsource(module)
+    except (OSError, TypeError):  # no source shipped: the swap cannot be vouched for
+        return False
+
+
 @contextlib.contextmanager
 def gpu_wgmma_rounded() -> Iterator[None]:
     """Inside the block (and a ``"tensorfloat32"`` one), JAX's GPU interpreter computes
@@ -248,10 +259,8 @@ def gpu_wgmma_rounded() -> Iterator[None]:
     import numpy
 
     callbacks = jax_internals.private_attribute(_GPU_CALLBACKS)
-    wgmma = getattr(callbacks, "wgmma", None)
-    names = set(getattr(getattr(wgmma, "__code__", None), "co_names", ()))
     current = getattr(callbacks, "np", None)
-    if not {"np", "matmul"} <= names or not (
+    if not (hasattr(callbacks, "wgmma") and _computes_with_np_matmul(callbacks)) or not (
             current is numpy or isinstance(current, _RoundingNumPy)):
         raise JaxInternalsChanged(
             f"{_GPU_CALLBACKS}.wgmma no longer computes with np.matmul; Mosaic GPU's wgmma "
