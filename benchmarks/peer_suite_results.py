@@ -94,7 +94,7 @@ CAUSES: list[tuple[str, str]] = [
     (r"(un)?pack_elementwise",
      "JAX interpreter limit: pack_elementwise/unpack_elementwise have no CPU rule"),
     (r"dma_sem", "JAX interpreter limit: an uninitialised DMA semaphore (nan + dma_sem)"),
-    (r"io_callback|empty_ref",
+    (r"discharge rule implemented for primitive: io_callback|empty_ref",
      "JAX interpreter limit: jax.empty_ref in a kernel (no discharge rule for io_callback)"),
     (r"JaxprInputEffect",
      "JAX interpreter limit: the emit_pipeline primitive's state effects (no jaxpr input)"),
