@@ -163,24 +163,17 @@ def is_rounded_dot(equation: Any, rounding: str = "bfloat16") -> bool:
         return any(_is_float32(var) for var in equation.invars[1:3])
     if name != "dot_general":
         return False
-    from ._compat.chip_matmuls import goes_through_the_matrix_unit
+    from ._compat.chip_matmuls import goes_through_the_matrix_unit, rounded_operands
 
     lhs, rhs = (getattr(var, "aval", None) for var in equation.invars[:2])
     if lhs is not None and rhs is not None and not goes_through_the_matrix_unit(
             rounding, lhs, rhs, equation.params.get("dimension_numbers")):
         return False
-    precision = equation.params.get("precision")
-    if precision is None:
-        per_operand: tuple[Any, ...] = (None, None)
-    elif isinstance(precision, (tuple, list)):
-        per_operand = tuple(precision)
-    else:
-        per_operand = (precision, precision)
-    rounded = ("DEFAULT", "HIGH") if gpu else ("DEFAULT",)
-    return any(
-        _is_float32(var) and (each is None or (type(each).__name__ == "Precision"
-                                               and each.name in rounded))
-        for var, each in zip(equation.invars, per_operand))
+    # The rule the CPU lowering rounds by (_compat.chip_matmuls), so the note names the
+    # kernels whose operands it rounded.
+    each_rounded = rounded_operands(rounding, equation.params.get("precision"))
+    return any(_is_float32(var) and rounded
+               for var, rounded in zip(equation.invars, each_rounded))
 
 
 def rounded_dots(jaxpr: Any, rounding: str = "bfloat16") -> int:

@@ -125,14 +125,13 @@ def _install(flag: str) -> Any:
             "looks (_platform_specific_lowerings['cpu']); float32 matmuls cannot round as "
             "the chip's on this JAX (--pallas-numerics=exact runs without it).")
     hlo = jax_internals.private_attribute("jax._src.lib.mlir.dialects", "hlo")
-    lax = jax_internals.private_attribute(_LAX)
 
     def rounded(ctx: Any, lhs: Any, rhs: Any, *, precision: Any = None, **params: Any) -> Any:
         rounding = rounding_now()
         if rounding is not None and goes_through_the_matrix_unit(
                 rounding, *ctx.avals_in, params.get("dimension_numbers")):
             bits = MANTISSA_BITS[rounding]
-            per_operand = _rounded_operands(rounding, precision, lax.Precision)
+            per_operand = rounded_operands(rounding, precision)
             lhs, rhs = (
                 _round(hlo, mlir, value, bits) if _is_float32(aval) and each else value
                 for value, aval, each in zip((lhs, rhs), ctx.avals_in, per_operand))
@@ -168,16 +167,18 @@ def goes_through_the_matrix_unit(rounding: str, lhs: Any, rhs: Any,
     return min(free) > 0
 
 
-def _rounded_operands(rounding: str, precision: Any, precision_enum: Any) -> tuple[bool, bool]:
-    """Which operands of a dot at ``precision`` the hardware takes rounded: on a TPU each
-    operand at None or ``DEFAULT``; on a GPU both, when either is at None, ``DEFAULT`` or
-    ``HIGH`` (Triton's ``input_precision=TF32``; XLA's TF32 at both)."""
-    per_operand = _per_operand(precision, precision_enum)
+def rounded_operands(rounding: str, precision: Any) -> tuple[bool, bool]:
+    """Which operands of a dot at ``precision`` (a ``dot_general``'s parameter) the hardware
+    takes rounded: on a TPU each operand at None or ``DEFAULT``; on a GPU both, when either
+    is at None, ``DEFAULT`` or ``HIGH`` (Triton's ``input_precision=TF32``; XLA's TF32 at
+    both)."""
+    from jax.lax import Precision
+
+    per_operand = _per_operand(precision, Precision)
     if rounding == "tensorfloat32":
-        either = any(each in (None, precision_enum.DEFAULT, precision_enum.HIGH)
-                     for each in per_operand)
+        either = any(each in (None, Precision.DEFAULT, Precision.HIGH) for each in per_operand)
         return either, either
-    each_rounded = tuple(each in (None, precision_enum.DEFAULT) for each in per_operand)
+    each_rounded = tuple(each in (None, Precision.DEFAULT) for each in per_operand)
     return each_rounded[0], each_rounded[1]
 
 
