@@ -347,7 +347,7 @@ def _unsigned(bits: int) -> Any:
     return jnp.dtype(f"uint{bits}")
 
 
-def _bits(dtype: Any) -> int:
+def value_bits(dtype: Any) -> int:
     """The width of ``dtype``'s values (4 for int4, which takes a byte in memory)."""
     import jax.numpy as jnp
 
@@ -362,7 +362,7 @@ def _pack_elementwise_on_cpu(*xs: Any, packed_dtype: Any) -> Any:
     import jax.numpy as jnp
     from jax import lax
 
-    wide_bits, narrow_bits = _bits(xs[0].dtype), _bits(packed_dtype)
+    wide_bits, narrow_bits = value_bits(xs[0].dtype), value_bits(packed_dtype)
     word = jnp.zeros(xs[0].shape, _unsigned(wide_bits))
     for position, x in enumerate(xs):
         if jnp.issubdtype(packed_dtype, jnp.floating):
@@ -381,7 +381,7 @@ def _unpack_elementwise_on_cpu(x: Any, *, index: int, packed_dtype: Any,
     import jax.numpy as jnp
     from jax import lax
 
-    wide_bits, narrow_bits = _bits(unpacked_dtype), _bits(packed_dtype)
+    wide_bits, narrow_bits = value_bits(unpacked_dtype), value_bits(packed_dtype)
     floating = jnp.issubdtype(packed_dtype, jnp.floating)
     word = lax.bitcast_convert_type(x, _unsigned(wide_bits))
     bits = (word >> (index * narrow_bits)) & ((1 << narrow_bits) - 1)

@@ -74,10 +74,10 @@ def _bitcast(array: Any, dtype: Any) -> Any:
 def _is_sub_byte(dtype: Any) -> bool:
     import jax.numpy as jnp
 
-    if not (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)):
-        return False
-    info = jnp.finfo(dtype) if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype)
-    return info.bits < 8
+    from .interpreter_fixes import value_bits
+
+    numeric = jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)
+    return bool(numeric) and value_bits(dtype) < 8
 
 
 def _kind(transform: Any) -> str:
