@@ -81,6 +81,9 @@ def normalise(reason: str) -> str:
 # (pattern searched in the outcome and the reason, the cause in words). First match wins, so
 # the specific come before the general. Each cause is what the measurement found behind it.
 TPU_GATE = "gates on a TPU or a TPU generation the device under test is not"
+# jtu.is_cloud_tpu_at_least(date), answered for the installed libtpu's build date: a TPU with
+# the libtpu this jax pins (jax[tpu]) skips the test too.
+NEWER_LIBTPU = "needs a newer libtpu than the installed one (skips on a TPU with it too)"
 CAUSES: list[tuple[str, str]] = [
     (r"PeerSuiteTimeout|Timeout", "timeout: the test ran past the per-test limit"),
     # Python 3.11's ast check, hit by pytest rendering a Hypothesis test's failure after its
@@ -128,6 +131,7 @@ CAUSES: list[tuple[str, str]] = [
      r"|Requires aligned shape|Shift amount out of range"
      r"|only supported for shapes with vreg alignment|Requires jax_use_emit_pipeline_primitive",
      "the test's own parameter skip (skips on the chip too)"),
+    (r"(?i)needs? a newer libtpu", NEWER_LIBTPU),
     (r"FP8 matmul is not supported on this device", TPU_GATE),
     (r"Device kind cpu is not supported|device kind",
      "asks the device kind: the CPU is no TPU generation"),
@@ -223,6 +227,28 @@ RUN_NOWHERE = {
 }
 
 
+# ... and those a TPU with the libtpu installed here skips as well.
+SKIPPED_ON_THE_CHIP = RUN_NOWHERE | {NEWER_LIBTPU}
+
+
+def merge_configurations(on: list[Result], *others: list[Result]) -> list[Result]:
+    """One opted-in result per test from runs of the same tests under several configurations
+    (one simulated device and eight, as a TPU CI runs a suite on a single chip and on a
+    slice): failed where any run failed it, else passed where any passed it, else the
+    first run's skip. A test only some runs hold keeps the outcomes it has."""
+    by_id: dict[str, list[Result]] = collections.defaultdict(list)
+    for results in (on, *others):
+        for result in results:
+            by_id[result.test_id].append(result)
+    merged = []
+    for test_id, results in by_id.items():
+        chosen = (next((r for r in results if r.outcome == FAILED), None)
+                  or next((r for r in results if r.outcome == PASSED), None)
+                  or results[0])
+        merged.append(dataclasses.replace(chosen, seconds=sum(r.seconds for r in results)))
+    return merged
+
+
 def _class_of(result: Result) -> tuple[str, str, str]:
     words = cause(result.outcome, result.reason, result.detail)
     test_class = result.test_id.split("::")[-2] if result.test_id.count("::") >= 2 else ""
@@ -281,15 +307,18 @@ def _markdown(header, body) -> str:
     return "\n".join(lines)
 
 
-def report(off_path, on_path=None, *more_runs) -> str:
+def report(off_path, on_path=None, *more_runs, also_on=()) -> str:
     """The tables of one run (``off_path``, ``on_path``), or of several taken together
     (``more_runs``: further off and on paths, in pairs: the files of one suite measured in
-    separate runs)."""
+    separate runs). ``also_on``: opted-in runs of the same tests under other configurations,
+    taken together with the opted-in run by :func:`merge_configurations`."""
     off = read_junit(off_path)
     on = read_junit(on_path) if on_path else None
     for more_off, more_on in zip(more_runs[::2], more_runs[1::2]):
         off += read_junit(more_off)
         on = (on or []) + read_junit(more_on)
+    if on is not None and also_on:
+        on = merge_configurations(on, *map(read_junit, also_on))
     rows, classes = compare(off, on)
     parts = [table(rows, opted_in=on is not None), "", cause_table(classes), "",
              class_table(classes)]
@@ -305,6 +334,12 @@ def report(off_path, on_path=None, *more_runs) -> str:
             parts += [f"... of those that run somewhere in JAX's CI (less {nowhere} that skip "
                       f"on every machine): {passed} of {tpu_only - nowhere} "
                       f"({100 * passed / (tpu_only - nowhere):.1f}%)"]
+        on_chip = sum(count for (outcome, words, _), count in classes.items()
+                      if outcome == SKIPPED and words in SKIPPED_ON_THE_CHIP)
+        if on_chip > nowhere and tpu_only - on_chip > 0:
+            parts += [f"... of those a TPU with the installed libtpu runs (less {on_chip}): "
+                      f"{passed} of {tpu_only - on_chip} "
+                      f"({100 * passed / (tpu_only - on_chip):.1f}%)"]
     parts += ["", "slowest opted in:" if on is not None else "slowest:",
               slowest(on if on is not None else off)]
     return "\n".join(parts)
@@ -316,10 +351,16 @@ def main(argv=None) -> None:
     parser.add_argument("on", nargs="?", help="JUnit XML of the opted-in run")
     parser.add_argument("more", nargs="*",
                         help="the off and on XML of further runs, in pairs, taken together")
+    parser.add_argument("--also-on", nargs="+", default=[], metavar="XML",
+                        help="opted-in runs of the same tests under other configurations "
+                        "(--pallas-devices=1): a test fails if any run failed it, and passes "
+                        "if any run passed it")
     args = parser.parse_args(argv)
     if len(args.more) % 2:
         parser.error("give further runs as pairs: OFF.xml ON.xml")
-    print(report(args.off, args.on, *args.more))
+    if args.also_on and not args.on:
+        parser.error("--also-on needs the opted-in run's XML")
+    print(report(args.off, args.on, *args.more, also_on=args.also_on))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@
 Each suite runs twice in a work folder (``--workdir``, default a fresh temporary one): with
 ``-p no:pallas``, then opted in (``--opt-in``, default ``--pallas-interpret=tpu``); each run
 writes JUnit XML there (off.xml, on.xml) and its ``--durations`` output (off.log, on.log).
+``--also-opt-in`` adds opted-in runs under other configurations (on2.xml, ...), taken
+together with the first: a TPU CI runs a suite on a single chip and on a slice, and the
+tests that want one device skip beside the run's eight simulated ones.
 The tables (docs/peer-suites.md) count, per file, the TPU-only tests (skipped with the plugin
 off) and what became of them opted in, and class every skip and failure by cause.
 
@@ -31,6 +34,7 @@ import argparse
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -141,12 +145,16 @@ def measure(workdir: pathlib.Path, paths, args) -> None:
     xml_off = xml_on = None
     if args.mode in ("off", "both"):
         xml_off = run_pytest(workdir, paths, "off", ["-p", "no:pallas"], args)
+    also_on = []
     if args.mode in ("on", "both"):
-        xml_on = run_pytest(workdir, paths, "on", args.opt_in.split(), args)
+        xml_on = run_pytest(workdir, paths, "on", shlex.split(args.opt_in), args)
+        also_on = [run_pytest(workdir, paths, f"on{number}", shlex.split(opt_in), args)
+                   for number, opt_in in enumerate(args.also_opt_in, start=2)]
     if xml_off is None:
-        print(peer_suite_results.report(xml_on))
+        for xml in (xml_on, *also_on):
+            print(peer_suite_results.report(xml))
     else:
-        print(peer_suite_results.report(xml_off, xml_on))
+        print(peer_suite_results.report(xml_off, xml_on, also_on=also_on))
 
 
 def tokamax_test_files(exclude: str) -> tuple[pathlib.Path, list[pathlib.Path]]:
@@ -185,6 +193,10 @@ def main(argv=None) -> None:
     parser.add_argument("--mode", choices=("off", "on", "both"), default="both")
     parser.add_argument("--opt-in", default="--pallas-interpret=tpu",
                         help="the pytest arguments of the opted-in run")
+    parser.add_argument("--also-opt-in", action="append", default=[], metavar="ARGS",
+                        help="the pytest arguments of a further opted-in run, taken together "
+                        "with the first (\"--pallas-interpret=tpu --pallas-devices=1\": the "
+                        "single-device tests); repeatable")
     parser.add_argument("--sample", type=int, default=1, help="keep every K-th test id per file")
     parser.add_argument("-n", "--workers", type=int, default=0, help="pytest-xdist workers")
     parser.add_argument("--timeout", type=float, default=120.0,

@@ -399,3 +399,40 @@ ZERO_STRIDE_LOAD = textwrap.dedent('''
 def test_a_zero_stride_load_broadcasts_in_the_tpu_interpreter(pytester, run_pytest):
     pytester.makepyfile(test_broadcast=ZERO_STRIDE_LOAD)
     run_pytest("-p", "no:xdist").assert_outcomes(passed=1)
+
+
+# JAX's pipeline tests run each case once more with jax_use_emit_pipeline_primitive on
+# (tests/pallas/tpu_pallas_pipeline_test.py's *PrimitiveTest classes). Before JAX 0.11 its
+# TPU interpreter has no rule for that primitive, and JAX's tracing refused the kernel.
+EMIT_PIPELINE_PRIMITIVE = textwrap.dedent('''
+    import functools
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax._src import config
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    @pytest.mark.pallas
+    def test_pipeline_primitive_copies_and_scales_blocks():
+        def kernel(x_hbm_ref, o_hbm_ref):
+            def body(x_ref, o_ref):
+                o_ref[...] = x_ref[...] * (pl.program_id(0) + 1)
+            pltpu.emit_pipeline(
+                body, grid=(4,),
+                in_specs=pl.BlockSpec((8, 128), lambda i: (0, i)),
+                out_specs=pl.BlockSpec((8, 128), lambda i: (0, i)),
+            )(x_hbm_ref, o_hbm_ref)
+
+        x = jnp.arange(8 * 512, dtype=jnp.int32).reshape(8, 512)
+        with config.use_emit_pipeline_primitive(True):
+            out = pl.pallas_call(
+                kernel, out_shape=jax.ShapeDtypeStruct((8, 512), jnp.int32),
+                in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
+                out_specs=pl.BlockSpec(memory_space=pltpu.HBM))(x)
+        np.testing.assert_array_equal(out, np.asarray(x) * np.repeat(np.arange(1, 5), 128))
+''')
+
+
+def test_a_pipeline_built_as_the_emit_pipeline_primitive_runs_in_the_tpu_interpreter(
+        pytester, run_pytest):
+    pytester.makepyfile(test_pipeline_primitive=EMIT_PIPELINE_PRIMITIVE)
+    run_pytest("-p", "no:xdist").assert_outcomes(passed=1)

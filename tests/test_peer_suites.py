@@ -2,6 +2,7 @@
 limit) and the classing and tables of benchmarks/peer_suite_results.py, on a small suite run
 twice by an inner pytest, as the measurement runs JAX's: gated off, then "opted in"."""
 
+import dataclasses
 import pathlib
 import sys
 import textwrap
@@ -125,3 +126,30 @@ def test_no_jax_source_is_one_line_naming_how_to_get_one(monkeypatch, tmp_path):
         peer_suites.main(["jax", "--workdir", str(tmp_path)])
     assert str(stopped.value) == peer_suites.NO_SOURCE
     assert "git clone" in peer_suites.NO_SOURCE and "\n" not in peer_suites.NO_SOURCE
+
+
+def test_runs_under_two_configurations_are_taken_together(suite, monkeypatch, tmp_path):
+    off = _run(suite, "off")
+    monkeypatch.setenv("FAKE_DEVICE_UNDER_TEST", "tpu")
+    on = results.read_junit(_run(suite, "on"))
+    # The second configuration: the Megacore case runs and passes, case 3 fails.
+    second = [dataclasses.replace(r, outcome=results.PASSED, reason="")
+              if r.test_id.endswith("test_kernel[5]") else
+              dataclasses.replace(r, outcome=results.FAILED, reason="AssertionError: differs")
+              if r.test_id.endswith("test_kernel[3]") else r for r in on]
+
+    merged = {r.test_id.rsplit("::", 1)[-1]: r.outcome
+              for r in results.merge_configurations(on, second)}
+
+    assert merged["test_kernel[5]"] == results.PASSED     # skipped in one, passed in the other
+    assert merged["test_kernel[3]"] == results.FAILED     # passed in one, failed in the other
+    assert merged["test_kernel[2]"] == results.FAILED
+    assert merged["test_kernel[0]"] == results.PASSED
+    assert len(merged) == len(on)
+
+
+def test_a_newer_libtpu_gate_is_counted_as_skipped_on_the_chip_too():
+    reason = "Needs a newer libtpu"
+    assert results.cause(results.SKIPPED, reason) == results.NEWER_LIBTPU
+    assert results.NEWER_LIBTPU in results.SKIPPED_ON_THE_CHIP
+    assert results.NEWER_LIBTPU not in results.RUN_NOWHERE

@@ -493,3 +493,57 @@ def zero_stride_reads_broadcast() -> Iterator[bool]:
         yield True
     finally:
         module.get = original
+
+
+_PIPELINE = "jax._src.pallas.mosaic.pipeline"
+
+
+@contextlib.contextmanager
+def emit_pipeline_traced_for_the_interpreter() -> Iterator[bool]:
+    """A kernel interpreted with ``jax_use_emit_pipeline_primitive`` on runs its
+    ``pltpu.emit_pipeline`` loops, where the installed JAX's TPU interpreter has no rule for
+    that primitive.
+
+    Before JAX 0.11 the interpreter binds the primitive as it finds it, with its buffer ids
+    for refs, and JAX's tracing refuses ("JaxprInputEffect ... does not have a corresponding
+    jaxpr input"): JAX's pipeline tests' ``*PrimitiveTest`` classes (62 of them at 0.10.2)
+    could not run. The primitive's Mosaic lowering traces the same ``_emit_pipeline`` loop
+    that the flag off traces at once, so a pipeline built while the TPU interpreter is
+    forced is built with the flag off: what runs is the loop the chip's lowering emits. A
+    trace for the chip (the compile check forces no interpreter) still binds the
+    primitive, and is judged as it is. JAX 0.11 and later interpret the primitive
+    themselves (``emit_pipeline_to_jaxpr``): yields False there, and where the pipeline
+    module moved.
+    """
+    try:
+        module = private_attribute(_PIPELINE)
+        original = module.emit_pipeline
+        interpret_mode = private_attribute("jax._src.config",
+                                           "pallas_tpu_interpret_mode_context_manager")
+        flag = private_attribute("jax._src.config", "use_emit_pipeline_primitive")
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+    if hasattr(module, "emit_pipeline_to_jaxpr"):  # the interpreter's own rule (JAX 0.11+)
+        yield False
+        return
+    from jax.experimental.pallas import tpu as pltpu
+
+    public_is_original = getattr(pltpu, "emit_pipeline", None) is original
+
+    @functools.wraps(original)
+    def emit_pipeline(*args: Any, **kwargs: Any) -> Any:
+        if flag.value and interpret_mode.value is not None:
+            with flag(False):
+                return original(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    module.emit_pipeline = emit_pipeline
+    if public_is_original:
+        pltpu.emit_pipeline = emit_pipeline
+    try:
+        yield True
+    finally:
+        module.emit_pipeline = original
+        if public_is_original:
+            pltpu.emit_pipeline = original
