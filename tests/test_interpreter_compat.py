@@ -436,3 +436,26 @@ def test_a_pipeline_built_as_the_emit_pipeline_primitive_runs_in_the_tpu_interpr
         pytester, run_pytest):
     pytester.makepyfile(test_pipeline_primitive=EMIT_PIPELINE_PRIMITIVE)
     run_pytest("-p", "no:xdist").assert_outcomes(passed=1)
+
+
+def test_a_two_core_kernels_per_core_computations_run_on_the_last_device(monkeypatch):
+    # JAX's paged-attention tests as a v5p hung: each core's computation, dispatched from
+    # inside the kernel's callback to the default device, queued behind the test's own work,
+    # which waited for the kernel. The computations go to the last simulated device.
+    import jax
+
+    from pytest_pallas._compat import interpreter_fixes, jax_internals
+
+    thread_map = jax_internals.private_attribute("jax._src.pallas.mosaic.interpret.thread_map")
+    devices_seen = []
+
+    def run_jaxpr(*args):
+        devices_seen.append(jax.numpy.zeros(()).devices())
+
+    monkeypatch.setattr(thread_map, "_run_jaxpr", run_jaxpr)
+    with interpreter_fixes.core_threads_off_the_kernels_device() as on:
+        assert on
+        thread_map._run_jaxpr()
+    thread_map._run_jaxpr()
+    assert len(jax.local_devices()) > 1
+    assert devices_seen == [{jax.local_devices()[-1]}, {jax.local_devices()[0]}]

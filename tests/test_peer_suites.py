@@ -128,8 +128,7 @@ def test_no_jax_source_is_one_line_naming_how_to_get_one(monkeypatch, tmp_path):
     assert "git clone" in peer_suites.NO_SOURCE and "\n" not in peer_suites.NO_SOURCE
 
 
-def test_runs_under_two_configurations_are_taken_together(suite, monkeypatch, tmp_path):
-    off = _run(suite, "off")
+def test_runs_under_two_configurations_are_taken_together(suite, monkeypatch):
     monkeypatch.setenv("FAKE_DEVICE_UNDER_TEST", "tpu")
     on = results.read_junit(_run(suite, "on"))
     # The second configuration: the Megacore case runs and passes, case 3 fails.

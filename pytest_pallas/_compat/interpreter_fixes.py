@@ -13,7 +13,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from .jax_internals import JaxInternalsChanged, private_attribute
+from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
 
 _CALLBACK = "jax._src.callback"
 _INTERPRETER_PACKAGE = "jax._src.pallas.mosaic.interpret"
@@ -122,13 +122,9 @@ def own_interpret_params_kept_on_meshes(
 
         return build
 
-    for name, original in originals.items():
-        setattr(pallas, name, keeping(name, original))
-    try:
+    with attributes_replaced(pallas, {name: keeping(name, original)
+                                      for name, original in originals.items()}):
         yield True
-    finally:
-        for name, original in originals.items():
-            setattr(pallas, name, original)
 
 
 @contextlib.contextmanager
@@ -329,13 +325,8 @@ def empty_accesses_race_with_nothing() -> Iterator[bool]:
 
         return check
 
-    for name in originals:
-        setattr(state_class, name, skipping_empty(name))
-    try:
+    with attributes_replaced(state_class, {name: skipping_empty(name) for name in originals}):
         yield True
-    finally:
-        for name, original in originals.items():
-            setattr(state_class, name, original)
 
 
 _TPU_PRIMITIVES = "jax._src.pallas.mosaic.primitives"
@@ -538,12 +529,46 @@ def emit_pipeline_traced_for_the_interpreter() -> Iterator[bool]:
                 return original(*args, **kwargs)
         return original(*args, **kwargs)
 
-    module.emit_pipeline = emit_pipeline
-    if public_is_original:
-        pltpu.emit_pipeline = emit_pipeline
-    try:
+    with (attributes_replaced(module, {"emit_pipeline": emit_pipeline}),
+          attributes_replaced(pltpu, {"emit_pipeline": emit_pipeline} if public_is_original
+                              else {})):
         yield True
-    finally:
-        module.emit_pipeline = original
-        if public_is_original:
-            pltpu.emit_pipeline = original
+
+
+_THREAD_MAP = f"{_INTERPRETER_PACKAGE}.thread_map"
+
+
+@contextlib.contextmanager
+def core_threads_off_the_kernels_device() -> Iterator[bool]:
+    """The computations the TPU interpreter starts for each TensorCore of a two-core chip
+    (v4, v5p: ``num_cores_or_threads=2``) run on the last simulated device, not on the default
+    one, where the kernel that started them runs.
+
+    Each core's part of a kernel runs as a computation of its own, dispatched from inside the
+    kernel's callback (``thread_map._thread_map_callback``, jax 0.10 to 0.12). Dispatched to the
+    default device while the test's thread queued more work there, it waited behind that work,
+    which waited for the kernel: JAX's paged-attention tests as a v5p hung (every thread in an
+    XLA dispatch, no progress for minutes; 2 of 2 runs of 88 ids, at the 18th and the 35th).
+    On the last device nothing waits before it, unless the kernel itself runs there (a kernel
+    sharded over every device). Yields False where the thread map moved.
+    """
+    try:
+        module = private_attribute(_THREAD_MAP)
+        originals = {name: getattr(module, name) for name in ("_thread_map_callback",
+                                                              "_run_jaxpr")}
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+    import jax
+
+    def on_the_last_device(function: Any) -> Any:
+        @functools.wraps(function)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            # Also the thread pool's threads: JAX's default device is a thread's own setting.
+            with jax.default_device(jax.local_devices()[-1]):
+                return function(*args, **kwargs)
+        return run
+
+    with attributes_replaced(module, {name: on_the_last_device(original)
+                                      for name, original in originals.items()}):
+        yield True

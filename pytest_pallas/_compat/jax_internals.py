@@ -72,6 +72,20 @@ def optional_feature(name: str, make_context: Callable[[], Any]) -> Iterator[Any
         yield value
 
 
+@contextlib.contextmanager
+def attributes_replaced(owner: Any, replacements: dict[str, Any]) -> Iterator[None]:
+    """Within the block, each named attribute of ``owner`` (a JAX module or class) is its
+    replacement; the originals are put back on exit, whatever happened."""
+    originals = {name: getattr(owner, name) for name in replacements}
+    for name, value in replacements.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(owner, name, original)
+
+
 def private_attribute(module_name: str, attribute: str | None = None) -> Any:
     try:
         module = importlib.import_module(module_name)

@@ -29,7 +29,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from .jax_internals import JaxInternalsChanged, private_attribute
+from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
 
 INTERPRETER_MODULE = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
 _UTILS = "jax._src.pallas.mosaic.interpret.utils"
@@ -364,9 +364,6 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
         # The interpreter's own module, so its callbacks are recognised as its
         # (_compat.interpreter_fixes.interpreter_callbacks_on_host_arrays).
         function.__module__ = originals[name].__module__
-        setattr(module, name, wrap(function))
-    try:
+    with attributes_replaced(module, {name: wrap(function)
+                                      for name, function in replacements.items()}):
         yield True
-    finally:
-        for name, original in originals.items():
-            setattr(module, name, original)
