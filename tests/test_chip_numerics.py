@@ -217,3 +217,56 @@ MATRIX_VECTOR = textwrap.dedent('''
 def test_a_matrix_vector_dot_keeps_float32_on_the_cpu(pytester, run_pytest):
     pytester.makepyfile(test_matvec=MATRIX_VECTOR)
     run_pytest("--pallas-interpret=tpu", "-p", "no:xdist").assert_outcomes(passed=1)
+
+
+# JAX's pipeline tests (tpu_pallas_pipeline_test.py's test_matmul, test_pipeline_matmul): a
+# kernel that accumulates 128-deep K blocks, held to `x @ y` at atol=5e-5 (about three float32
+# ulps of sums near 128). On the chip both sum K a pass at a time; XLA's CPU dot summed all
+# 512 at once and 1.4% of elements missed.
+K_BLOCKS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+
+    @pytest.mark.pallas
+    def test_k_blocks_accumulated_match_the_tests_own_dot():
+        x = jax.random.uniform(jax.random.key(0), (512, 512))
+        y = jax.random.uniform(jax.random.key(1), (512, 512))
+        def kernel(x_ref, y_ref, o_ref):
+            @pl.when(pl.program_id(2) == 0)
+            def _():
+                o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
+            o_ref[...] += jnp.dot(x_ref[...], y_ref[...])
+        out = pl.pallas_call(
+            kernel, grid=(4, 4, 4),
+            in_specs=[pl.BlockSpec((128, 128), lambda i, j, k: (i, k)),
+                      pl.BlockSpec((128, 128), lambda i, j, k: (k, j))],
+            out_specs=pl.BlockSpec((128, 128), lambda i, j, k: (i, j)),
+            out_shape=jax.ShapeDtypeStruct((512, 512), jnp.float32))(x, y)
+        np.testing.assert_allclose(out, x @ y, atol=5e-5)
+''')
+
+
+def test_a_kernels_k_blocks_sum_as_the_tests_own_dot_does(pytester, run_pytest):
+    pytester.makepyfile(test_k_blocks=K_BLOCKS)
+    run_pytest("--pallas-interpret=tpu", "-p", "no:xdist").assert_outcomes(passed=1)
+
+
+def test_a_deep_dot_sums_its_passes_in_order_and_a_shallow_one_at_once():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pytest_pallas._compat import chip_matmuls
+
+    x = jax.random.uniform(jax.random.key(0), (16, 300))
+    y = jax.random.uniform(jax.random.key(1), (300, 16))
+    rounded = [a.astype(jnp.bfloat16).astype(jnp.float32) for a in (x, y)]
+    highest = jax.lax.Precision.HIGHEST
+    in_passes = sum((jnp.dot(rounded[0][:, s:s + 128], rounded[1][s:s + 128],
+                             precision=highest) for s in (128, 256)),
+                    start=jnp.dot(rounded[0][:, :128], rounded[1][:128], precision=highest))
+    with chip_matmuls.float32_dots_rounded():
+        deep, shallow = jnp.dot(x, y), jnp.dot(x[:, :128], y[:128])
+    np.testing.assert_array_equal(deep, in_passes)  # 128 + 128 + 44, in that order
+    np.testing.assert_array_equal(
+        shallow, jnp.dot(rounded[0][:, :128], rounded[1][:128], precision=highest))

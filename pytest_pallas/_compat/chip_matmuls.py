@@ -128,13 +128,19 @@ def _install(flag: str) -> Any:
 
     def rounded(ctx: Any, lhs: Any, rhs: Any, *, precision: Any = None, **params: Any) -> Any:
         rounding = rounding_now()
+        dimension_numbers = params.get("dimension_numbers")
         if rounding is not None and goes_through_the_matrix_unit(
-                rounding, *ctx.avals_in, params.get("dimension_numbers")):
+                rounding, *ctx.avals_in, dimension_numbers):
             bits = MANTISSA_BITS[rounding]
             per_operand = rounded_operands(rounding, precision)
             lhs, rhs = (
                 _round(hlo, mlir, value, bits) if _is_float32(aval) and each else value
                 for value, aval, each in zip((lhs, rhs), ctx.avals_in, per_operand))
+            if rounding == "bfloat16" and any(per_operand):
+                return _accumulated_in_passes(
+                    ctx, lhs, rhs, dimension_numbers,
+                    lambda ctx, lhs, rhs: original(ctx, lhs, rhs, precision=precision,
+                                                   **params), hlo, mlir)
         return original(ctx, lhs, rhs, precision=precision, **params)
 
     set_flag = jax.config.jax_default_matmul_precision is None
@@ -148,6 +154,52 @@ def _install(flag: str) -> Any:
             jax.config.update("jax_default_matmul_precision", None)
 
     return restore
+
+
+# How many elements of the contracted dimension one MXU pass sums: the TPU's lane width, the
+# MXU's width on v4, v5e and v5p, and the unit of every kernel's K blocks (a float32 block's
+# last dimension is a multiple of 128). v6e's and 7x's MXUs are 256 wide: a multiple.
+PASS_DEPTH = 128
+
+
+def _accumulated_in_passes(ctx: Any, lhs: Any, rhs: Any, dimension_numbers: Any,
+                           dot: Any, hlo: Any, mlir: Any) -> Any:
+    """A rounded float32 dot summed as the chip's passes sum it: the contracted dimension in
+    runs of :data:`PASS_DEPTH`, one run's float32 result added to the next, in order.
+
+    Why: a kernel that accumulates its K blocks (``acc += x_blk @ y_blk``) sums in that order,
+    and on a TPU the test's own XLA dot does too, so JAX's tests hold the two to a few float32
+    ulps (``atol=5e-5`` on sums near 128: tests/pallas/tpu_pallas_pipeline_test.py). XLA's CPU
+    dot sums all of K at once, in its own order: 9 ulps from the float64 sum of the same
+    rounded products where the kernel's order is 2.3, so 1.4% of elements missed. How the
+    chip orders the products within one pass is unchecked; this takes the CPU's.
+    """
+    (lhs_contracting, rhs_contracting), _ = dimension_numbers
+    lhs_aval, rhs_aval = ctx.avals_in
+    out_aval = ctx.avals_out[0]
+    if (len(lhs_contracting) != 1 or not _is_float32(out_aval)
+            or not isinstance(lhs_aval.shape[lhs_contracting[0]], int)):
+        return dot(ctx, lhs, rhs)
+    depth = lhs_aval.shape[lhs_contracting[0]]
+    if depth <= PASS_DEPTH:
+        return dot(ctx, lhs, rhs)
+
+    def run_of(value: Any, aval: Any, axis: int, start: int, stop: int) -> tuple[Any, Any]:
+        starts, limits = [0] * len(aval.shape), list(aval.shape)
+        starts[axis], limits[axis] = start, stop
+        run_aval = aval.update(shape=tuple(limit - begin for begin, limit
+                                           in zip(starts, limits)))
+        return mlir.slice_op(ctx, value, run_aval, start_indices=starts, limit_indices=limits,
+                             strides=[1] * len(aval.shape)), run_aval
+
+    total = None
+    for start in range(0, depth, PASS_DEPTH):
+        stop = min(start + PASS_DEPTH, depth)
+        lhs_run, lhs_run_aval = run_of(lhs, lhs_aval, lhs_contracting[0], start, stop)
+        rhs_run, rhs_run_aval = run_of(rhs, rhs_aval, rhs_contracting[0], start, stop)
+        [partial] = dot(ctx.replace(avals_in=(lhs_run_aval, rhs_run_aval)), lhs_run, rhs_run)
+        total = partial if total is None else hlo.add(total, partial)
+    return [total]
 
 
 def goes_through_the_matrix_unit(rounding: str, lhs: Any, rhs: Any,
