@@ -172,8 +172,9 @@ class Backend:
             # XLA's fast CPU compiles for the test's own jits, where its kernels are
             # interpreted: their compile time is most of an interpreted test's.
             stack.enter_context(xla_cpu_options.fast_cpu_compiles())
-            # pltpu.pack_elementwise and unpack_elementwise, which JAX's CPU cannot run.
-            stack.enter_context(interpreter_fixes.packing_on_the_cpu())
+            # pltpu.pack_elementwise, unpack_elementwise and stochastic_round, which JAX's
+            # CPU cannot run.
+            stack.enter_context(interpreter_fixes.tpu_primitives_on_the_cpu())
             # Operands constrained to SMEM or VMEM, as to HBM.
             stack.enter_context(interpreter_fixes.memory_space_constraints_accepted())
             # Loads, stores and DMAs from and to ref.reshape(...) and ref.bitcast(...) views.

@@ -459,3 +459,31 @@ def test_a_two_core_kernels_per_core_computations_run_on_the_last_device(monkeyp
     thread_map._run_jaxpr()
     assert len(jax.local_devices()) > 1
     assert devices_seen == [{jax.local_devices()[-1]}, {jax.local_devices()[0]}]
+
+
+# pltpu.stochastic_round has no CPU rule in JAX: JAX's tpu_ops_test.py::test_stochastic_round
+# skipped, neither interpreter able to run it. Rounded, each value is one of its two
+# neighbours, and over many draws their mean is the value (stochastic rounding's promise).
+STOCHASTIC_ROUND = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    @pytest.mark.pallas
+    def test_stochastic_round_to_bfloat16():
+        def kernel(x_ref, bits_ref, o_ref):
+            o_ref[...] = pltpu.stochastic_round(x_ref[...], bits_ref[...],
+                                                target_dtype=jnp.bfloat16)
+        x = jnp.full((64, 128), 1.0 + 2.0 ** -9, jnp.float32)  # a quarter of a bf16 gap up
+        bits = jax.random.bits(jax.random.key(0), x.shape, jnp.uint32)
+        out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.bfloat16))(
+            x, bits)
+        values = np.asarray(out.astype(jnp.float32))
+        assert set(np.unique(values)) == {1.0, 1.0 + 2.0 ** -7}
+        assert abs(values.mean() - (1.0 + 2.0 ** -9)) < 2.0 ** -11
+''')
+
+
+def test_stochastic_rounding_runs_in_the_tpu_interpreter(pytester, run_pytest):
+    pytester.makepyfile(test_stochastic_round=STOCHASTIC_ROUND)
+    run_pytest("-p", "no:xdist", "--pallas-compile=none").assert_outcomes(passed=1)

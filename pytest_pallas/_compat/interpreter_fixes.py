@@ -387,29 +387,55 @@ def _unpack_elementwise_on_cpu(x: Any, *, index: int, packed_dtype: Any,
     return bits.astype(unpacked_dtype)
 
 
-@contextlib.contextmanager
-def packing_on_the_cpu() -> Iterator[bool]:
-    """``pltpu.pack_elementwise`` and ``unpack_elementwise`` run on the CPU.
+def _stochastic_round_on_cpu(x: Any, random_bits: Any, *, target_dtype: Any) -> Any:
+    """``x`` rounded to one of its two neighbours in ``target_dtype``: up with probability the
+    distance from the lower one over the gap, drawn from ``random_bits`` (uint32)."""
+    import jax.numpy as jnp
 
-    Mosaic lowers them to one TPU instruction each and JAX gives them no other rule, so a
-    kernel using them crashed in the TPU interpreter ("MLIR translation rule for primitive
-    'pack_elementwise' not found for platform cpu"). Registered for the CPU only while the
-    block runs; yields False where this JAX has no such primitives.
+    nearest = x.astype(target_dtype)
+    as_x = nearest.astype(x.dtype)
+    lower = jnp.where(as_x > x, jnp.nextafter(nearest, jnp.finfo(target_dtype).min), nearest)
+    upper = jnp.where(as_x < x, jnp.nextafter(nearest, jnp.finfo(target_dtype).max), nearest)
+    low, high = lower.astype(x.dtype), upper.astype(x.dtype)
+    gap = high - low
+    up = jnp.where(gap > 0, (x - low) / jnp.where(gap > 0, gap, 1), 0)
+    draw = random_bits.astype(x.dtype) * (1.0 / 2.0 ** 32)
+    return jnp.where(jnp.isnan(nearest.astype(x.dtype)), nearest,
+                     jnp.where(draw < up, upper, lower))
+
+
+# Mosaic lowers each to TPU instructions and JAX gives them no CPU rule: a kernel using one
+# crashed in the TPU interpreter ("MLIR translation rule for primitive 'pack_elementwise' not
+# found for platform cpu").
+_ON_THE_CPU = {
+    "pack_elementwise_p": _pack_elementwise_on_cpu,
+    "unpack_elementwise_p": _unpack_elementwise_on_cpu,
+    # Which neighbour the chip picks for given bits: unchecked; JAX's test_stochastic_round
+    # accepts either.
+    "stochastic_round_p": _stochastic_round_on_cpu,
+}
+
+
+@contextlib.contextmanager
+def tpu_primitives_on_the_cpu() -> Iterator[bool]:
+    """``pltpu.pack_elementwise``, ``unpack_elementwise`` and ``stochastic_round`` run on the
+    CPU (:data:`_ON_THE_CPU`). Registered for the CPU only while the block runs, each where
+    this JAX has the primitive and no CPU rule for it; yields False where the registry moved.
     """
     try:
-        primitives = [private_attribute(_TPU_PRIMITIVES, name)
-                      for name in ("pack_elementwise_p", "unpack_elementwise_p")]
         mlir = private_attribute("jax._src.interpreters.mlir")
         cpu_rules = mlir._platform_specific_lowerings["cpu"]
+        module = private_attribute(_TPU_PRIMITIVES)
     except (JaxInternalsChanged, AttributeError, KeyError):
         yield False
         return
-    implementations = (_pack_elementwise_on_cpu, _unpack_elementwise_on_cpu)
-    added = [primitive for primitive in primitives if primitive not in cpu_rules]
-    for primitive, implementation in zip(primitives, implementations):
-        if primitive in added:
+    added = []
+    for name, implementation in _ON_THE_CPU.items():
+        primitive = getattr(module, name, None)
+        if primitive is not None and primitive not in cpu_rules:
             mlir.register_lowering(primitive, mlir.lower_fun(
                 implementation, multiple_results=False), platform="cpu")
+            added.append(primitive)
     try:
         yield True
     finally:
