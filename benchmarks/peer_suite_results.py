@@ -103,6 +103,8 @@ CAUSES: list[tuple[str, str]] = [
      "JAX interpreter limit: the emit_pipeline primitive's state effects (no jaxpr input)"),
     (r"Incorrect output shape for return value",
      "JAX interpreter limit: a ref bitcast between packings returns the wrong shape"),
+    (r"neither of JAX's interpreters can run",
+     "JAX interpreter limit: neither interpreter runs the kernel (a primitive with no CPU rule)"),
     (r"Only interpret mode is supported on CPU backend",
      "false alarm: the compile check lowered an interpret-only kernel for the CPU"),
     (r"Cannot lower a pallas_call with constants",
@@ -129,7 +131,8 @@ CAUSES: list[tuple[str, str]] = [
     (r"no sharding on runners", "the suite's own skip of sharded tests on its CI runners"),
     (r"Bitcasting with bool|No bitcast needed|Bitwidths must match|out of bounds for packing"
      r"|Requires aligned shape|Shift amount out of range"
-     r"|only supported for shapes with vreg alignment|Requires jax_use_emit_pipeline_primitive",
+     r"|only supported for shapes with vreg alignment|Requires jax_use_emit_pipeline_primitive"
+     r"|Requires axis < rank|Scalar output not supported",
      "the test's own parameter skip (skips on the chip too)"),
     (r"(?i)needs? a newer libtpu", NEWER_LIBTPU),
     (r"FP8 matmul is not supported on this device", TPU_GATE),
@@ -146,6 +149,8 @@ CAUSES: list[tuple[str, str]] = [
 # Tried on a failure's whole text (its traceback) when its first line matched none of CAUSES:
 # a test whose own assertion failed on something it read, named only in its source line.
 DETAIL_CAUSES: list[tuple[str, str]] = [
+    (r"\.num_cores\b[^\n]*\n(.*\n)*?E\s+AttributeError",
+     "reads a TPU attribute of JAX's device object (num_cores): the devices stay CPU devices"),
     (r"assert triton_\w+ is not None", "a GPU test (its Triton ops are not installed)"),
     (r"cost_analysis|used_scoped_memory_configs|\.as_text\(\)|debug_string|debug=True",
      "reads a compiled artefact (cost analysis, the HLO's memory configs, debug MLIR)"),
@@ -158,6 +163,8 @@ UNCLASSED = "unclassed"
 def cause(outcome: str, reason: str, detail: str = "") -> str:
     if outcome == PASSED:
         return ""
+    # A skip's "tests/pallas/tpu_ops_test.py:416: " names the file, not the cause.
+    reason = re.sub(r"^\S*\.py:\d+: ", "", reason.strip())
     for pattern, words in CAUSES:
         if re.search(pattern, reason, re.DOTALL):
             return words
