@@ -182,7 +182,7 @@ class Backend:
             # A load through pl.ds(i, n, stride=0) reads element i n times, as on the chip
             # (after the views: it rewrites the load before they see it).
             stack.enter_context(interpreter_fixes.zero_stride_reads_broadcast())
-            # pltpu.emit_pipeline under jax_use_emit_pipeline_primitive, before JAX 0.11.
+            # pltpu.emit_pipeline under jax_use_emit_pipeline_primitive, before JAX 0.12.
             stack.enter_context(interpreter_fixes.emit_pipeline_traced_for_the_interpreter())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
             # A pallas_call built before (at import time) is interpreted too.

@@ -402,7 +402,7 @@ def test_a_zero_stride_load_broadcasts_in_the_tpu_interpreter(pytester, run_pyte
 
 
 # JAX's pipeline tests run each case once more with jax_use_emit_pipeline_primitive on
-# (tests/pallas/tpu_pallas_pipeline_test.py's *PrimitiveTest classes). Before JAX 0.11 its
+# (tests/pallas/tpu_pallas_pipeline_test.py's *PrimitiveTest classes). Before JAX 0.12 its
 # TPU interpreter has no rule for that primitive, and JAX's tracing refused the kernel.
 EMIT_PIPELINE_PRIMITIVE = textwrap.dedent('''
     import functools

@@ -521,14 +521,14 @@ def emit_pipeline_traced_for_the_interpreter() -> Iterator[bool]:
     ``pltpu.emit_pipeline`` loops, where the installed JAX's TPU interpreter has no rule for
     that primitive.
 
-    Before JAX 0.11 the interpreter binds the primitive as it finds it, with its buffer ids
+    Before JAX 0.12 the interpreter binds the primitive as it finds it, with its buffer ids
     for refs, and JAX's tracing refuses ("JaxprInputEffect ... does not have a corresponding
     jaxpr input"): JAX's pipeline tests' ``*PrimitiveTest`` classes (62 of them at 0.10.2)
     could not run. The primitive's Mosaic lowering traces the same ``_emit_pipeline`` loop
     that the flag off traces at once, so a pipeline built while the TPU interpreter is
     forced is built with the flag off: what runs is the loop the chip's lowering emits. A
     trace for the chip (the compile check forces no interpreter) still binds the
-    primitive, and is judged as it is. JAX 0.11 and later interpret the primitive
+    primitive, and is judged as it is. JAX 0.12 and later interpret the primitive
     themselves (``emit_pipeline_to_jaxpr``): yields False there, and where the pipeline
     module moved.
     """
@@ -541,7 +541,7 @@ def emit_pipeline_traced_for_the_interpreter() -> Iterator[bool]:
     except (JaxInternalsChanged, AttributeError):
         yield False
         return
-    if hasattr(module, "emit_pipeline_to_jaxpr"):  # the interpreter's own rule (JAX 0.11+)
+    if hasattr(module, "emit_pipeline_to_jaxpr"):  # the interpreter's own rule (JAX 0.12+)
         yield False
         return
     from jax.experimental.pallas import tpu as pltpu
