@@ -557,3 +557,65 @@ def test_a_kernel_mosaic_s_lowering_refuses_raises_what_the_lowering_raises():
                      jax.ShapeDtypeStruct((256, 128), jnp.uint8), chip="v5e")
     assert isinstance(raised.value, TpuRuleViolation)
     assert isinstance(raised.value, jax.errors.JaxRuntimeError)
+
+
+def _window_of(index_map, grid):
+    from jax.experimental import pallas as pl
+
+    def body(*_):
+        pass
+
+    mib = 10  # one window fits v5e's 16 MiB default, two do not
+    return pl.pallas_call(
+        body, grid=grid, out_shape=jax.ShapeDtypeStruct((100 * 2 ** 20,), jnp.int8),
+        out_specs=pl.BlockSpec((mib * 2 ** 20,), index_map))
+
+
+@pytest.mark.parametrize("grid, index_map, fits", [
+    ((4, 1), lambda i, j: (j,), True),      # the block index only moves on a 1-sized axis
+    ((1, 4), lambda i, j: (i,), True),
+    ((4, 1), lambda i, j: (j + i,), False),  # four windows: double-buffered, over the limit
+])
+def test_a_block_the_grid_never_moves_is_single_buffered_as_the_compiler_says(
+        grid, index_map, fits):
+    # JAX's test_automatic_single_buffering: the static rule counted two 10 MiB buffers and
+    # rejected what the compiler compiles.
+    verdicts = {}
+    for use_compiler in (False, True):
+        try:
+            check_kernel(_window_of(index_map, grid), chip="v5e", use_compiler=use_compiler)
+            verdicts[use_compiler] = True
+        except TpuRuleViolation:
+            verdicts[use_compiler] = False
+    assert verdicts == {False: fits, True: fits}
+
+
+# A test that sets a mesh of its own CPU devices (jax.set_mesh) around a shard_map'd kernel:
+# the compile for the chip's devices ran under it and failed ("Received incompatible
+# devices for jitted computation"), a rejection the kernel did not earn.
+SET_MESH = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.sharding import PartitionSpec as P
+
+    @pytest.mark.pallas
+    @pytest.mark.devices(2)
+    def test_kernel_under_the_tests_own_mesh():
+        mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1
+        with jax.set_mesh(mesh):
+            x = jnp.zeros((16, 128), jnp.float32, out_sharding=P("x"))
+            @jax.jit
+            @jax.shard_map(mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+            def inner(x):
+                return pl.pallas_call(kernel, out_shape=jax.typeof(x))(x)
+            np.testing.assert_array_equal(inner(x), np.ones((16, 128), np.float32))
+''')
+
+
+def test_a_kernel_under_the_tests_own_mesh_is_compiled_for_the_chip(run_pytest, pytester):
+    pytester.makepyfile(test_set_mesh=SET_MESH)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+    assert "1 kernel compiles" in result.stdout.str()

@@ -71,8 +71,15 @@ def pallas_call_fingerprint(params: dict[str, Any]) -> str:
     print without source locations, so a kernel traced again for another example
     of the same shapes prints the same. The interpreter choice is left out.
     """
-    return "\n".join(f"{name}={params[name]!r}" if name != "jaxpr" else f"jaxpr={params[name]}"
-                     for name in sorted(params) if name not in ("interpret", "debug"))
+    # A block mapping's repr leaves out its index map: two calls that differ only there (a
+    # block the grid never moves, and one it does) printed the same, and the compile check
+    # answered the second with the first's verdict.
+    index_maps = [f"index_map[{i}]={getattr(mapping, 'index_map_jaxpr', None)}"
+                  for i, mapping in enumerate(
+                      getattr(params.get("grid_mapping"), "block_mappings", ()))]
+    return "\n".join([*(f"{name}={params[name]!r}" if name != "jaxpr" else f"jaxpr={params[name]}"
+                         for name in sorted(params) if name not in ("interpret", "debug")),
+                       *index_maps])
 
 
 def pallas_call_communicates(params: dict[str, Any]) -> bool:

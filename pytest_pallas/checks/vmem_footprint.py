@@ -103,14 +103,14 @@ def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
     # (18.8 MiB single-buffered).
     single_step = all(g is not None for g in call.grid) and math.prod(
         int(g) for g in call.grid) == 1
-    default_buffers = 1 if single_step else 2
     for operand in call.operands:
         if operand.memory_space == "vmem":
             items.append(
                 VmemItem(
                     f"{describe_operand(operand)} block {operand.ref_shape} "
                     f"{name_of_dtype(operand.dtype)}",
-                    operand.buffer_count or default_buffers,
+                    operand.buffer_count or (1 if single_step or _one_window(operand, call)
+                                             else 2),
                     padded_vmem_bytes(operand.ref_shape, operand.dtype, info),
                 )
             )
@@ -130,6 +130,20 @@ def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
     if peak:
         items.append(VmemItem(f"pl.run_scoped allocations (peak, {where})", 1, peak))
     return items
+
+
+def _one_window(operand: Any, call: PallasCallInfo) -> bool:
+    """Whether the operand's block is the same at every grid step, so that the chip keeps one
+    copy of it: a whole-array block with an index map of zeros (JAX's Mosaic lowering forces
+    ``pl.Buffered(1)`` on it, jax/_src/pallas/mosaic/lowering.py, 0.10.2 and 0.12), or an index
+    map that reads no scalar-prefetch operand and only grid axes of size 1 (the TPU compiler
+    keeps one window: JAX's ``test_automatic_single_buffering``, checked against libtpu
+    0.0.42.1 for v5e: a 10 MiB block over grid (4, 1) indexed by the second axis compiles
+    under the 16 MiB limit, indexed by both it does not)."""
+    if operand.trivial_window:
+        return True
+    return not operand.index_map_reads_scalar_prefetch and all(
+        call.grid[axis] == 1 for axis in operand.index_map_axes)
 
 
 def _buffering_text(call: PallasCallInfo) -> str:
