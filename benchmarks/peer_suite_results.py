@@ -138,7 +138,7 @@ CAUSES: list[tuple[str, str]] = [
     (r"Bitcasting with bool|No bitcast needed|Bitwidths must match|out of bounds for packing"
      r"|Requires aligned shape|Shift amount out of range"
      r"|only supported for shapes with vreg alignment|Requires jax_use_emit_pipeline_primitive"
-     r"|Requires axis < rank|Scalar output not supported",
+     r"|Requires axis < rank|Scalar output not supported|Negative shift amount for unsigned",
      "the test's own parameter skip (skips on the chip too)"),
     (r"(?i)needs? a newer libtpu", NEWER_LIBTPU),
     (r"FP8 matmul is not supported on this device", TPU_GATE),
