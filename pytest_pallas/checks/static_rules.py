@@ -491,7 +491,9 @@ def check_pallas_call_info(
 ) -> KernelReport:
     """Run the static checks on a described pallas_call; the report lists what they found."""
     report = KernelReport(call.title, call.grid, call.dimension_semantics,
-                          output_blocks=_output_blocks(call))
+                          output_blocks=_output_blocks(call),
+                          revisits_any=any(operand.revisit_any for operand in call.operands
+                                           if operand.role == "output"))
     if not call.for_tensor_core:
         report.skipped.append("not a TensorCore kernel (GPU compiler params or a SparseCore mesh)")
         return report

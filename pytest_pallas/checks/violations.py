@@ -117,6 +117,9 @@ class KernelReport:
     # when check_kernel compiled the call (compile_check.CompileVerdict in compile_verdict).
     judged_by: str = "static rules"
     compile_verdict: Any = None
+    # An output under pl.Buffered(revisit=pl.RevisitMode.ANY): the chip reads the block
+    # back when the grid returns to it, which JAX's TPU interpreter does not (it stops).
+    revisits_any: bool = False
 
     @property
     def ok(self) -> bool:

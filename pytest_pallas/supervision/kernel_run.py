@@ -29,7 +29,7 @@ from ..backend import Backend, make_interpret_params
 from ..checks.compile_check import compiling_pallas_calls, libtpu_platform_version
 from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
 from ..checks.mismatch import TracedOutput, traced_output_blocks
-from ..checks.runtime_rules import kernel_exit_violations
+from ..checks.runtime_rules import kernel_exit_violations, translate_interpreter_error
 from ..checks.violations import TpuRuleViolation
 from ..compare import (
     GpuKernelName,
@@ -245,7 +245,8 @@ class KernelRun:
             return self._run_with_gpu_numbers(watchdog)
         if not isinstance(error, Exception):
             raise error
-        diagnoses.raise_as_tpu_rule(error)
+        if self._revisit_it_cannot_run(error) is None:
+            diagnoses.raise_as_tpu_rule(error)
         exit_failure = self.kernel_exit_failure()
         if exit_failure is not None:
             raise exit_failure from error  # the race behind the wrong values, say
@@ -305,7 +306,7 @@ class KernelRun:
         backend = self.backend
         if backend.is_tpu or self.conformance:
             return None
-        crash = jax_internals.interpreter_crash(error)
+        crash = jax_internals.interpreter_crash(error) or self._revisit_it_cannot_run(error)
         if crash is None:
             return None
         kernels = self._traced_kernel_names()
@@ -316,6 +317,18 @@ class KernelRun:
             params = make_interpret_params(
                 dataclasses.replace(self.options, interpreter="tpu"), backend.tpu_info)
         return params, diagnoses.fallback_paragraph(backend.interpreter, crash, which)
+
+    def _revisit_it_cannot_run(self, error: BaseException) -> str | None:
+        """The TPU interpreter's revisit check stopping a kernel whose output asked for
+        ``pl.RevisitMode.ANY`` (JAX's interpreter does not read a revisited block back, so it
+        refuses; the chip does): its limit, in one line; else None."""
+        if self.backend.interpreter != "tpu" or not any(
+                report.revisits_any for report in self._reports):
+            return None
+        if translate_interpreter_error(error) is None:
+            return None
+        return ("it stops at an output block revisited under "
+                "pl.Buffered(revisit=pl.RevisitMode.ANY), which the chip reads back")
 
     def _run_in_other_interpreter(self, params: object, paragraph: str) -> None:
         """Run the test again with ``params`` after JAX's interpreter crashed inside JAX."""

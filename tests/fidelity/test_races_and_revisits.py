@@ -12,6 +12,7 @@ mode, which keeps whole outputs in memory and runs the grid in order:
 """
 
 import functools
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -251,3 +252,42 @@ def test_data_dependent_index_maps_are_left_to_the_interpreter(interpret):
     assert report.ok and any("scalar prefetch" in note for note in report.skipped)
     with interpret(), pytest.raises(Exception, match="Revisited block"):
         jax.block_until_ready(gathered_sum(order, x))
+
+
+# JAX's TPU interpreter stops at any revisit, RevisitMode.ANY or not (it does not read the
+# block back); the chip reads it back (JAX's TPUPipelineModeRevisitTest). A declared revisit
+# runs in the plain interpreter instead, values checked; an undeclared one stays the rule.
+DECLARED_REVISIT = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+
+    def reduce(x, **mode):
+        def body(x_ref, o_ref):
+            @pl.when(pl.program_id(0) == 0)
+            def _():
+                o_ref[...] = jnp.zeros_like(o_ref)
+            o_ref[...] += x_ref[...]
+        return pl.pallas_call(
+            body, grid=(3, 3), out_shape=jax.ShapeDtypeStruct((8, 384), jnp.float32),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, j: (0, j), **mode))(x)
+
+    X = jnp.arange(24 * 384, dtype=jnp.float32).reshape(24, 384)
+
+    @pytest.mark.pallas
+    def test_declared():
+        out = reduce(X, pipeline_mode=pl.Buffered(1, revisit=pl.RevisitMode.ANY))
+        np.testing.assert_allclose(out, np.asarray(X).reshape(3, 8, 384).sum(0))
+
+    @pytest.mark.pallas
+    def test_undeclared():
+        reduce(X)
+''')
+
+
+def test_a_declared_revisit_runs_and_an_undeclared_one_is_the_rule(pytester, run_pytest):
+    pytester.makepyfile(test_revisits=DECLARED_REVISIT)
+    result = run_pytest("-p", "no:xdist", "--pallas-compile=none", "-W",
+                        "ignore::UserWarning")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "[output-revisit]" in result.stdout.str()
