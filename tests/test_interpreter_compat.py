@@ -487,36 +487,3 @@ STOCHASTIC_ROUND = textwrap.dedent('''
 def test_stochastic_rounding_runs_in_the_tpu_interpreter(pytester, run_pytest):
     pytester.makepyfile(test_stochastic_round=STOCHASTIC_ROUND)
     run_pytest("-p", "no:xdist", "--pallas-compile=none").assert_outcomes(passed=1)
-
-
-# The chip poisons a pipeline's unwritten integer output with the type's minimum (JAX's
-# tpu_pallas_pipeline_test.py::test_poison_buffers, run on TPU v5+); JAX's interpreter used
-# the maximum.
-POISONED_INTEGERS = textwrap.dedent('''
-    import jax, jax.numpy as jnp, numpy as np, pytest
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    @pytest.mark.pallas
-    @pytest.mark.parametrize("dtype", [jnp.int32, jnp.int8])
-    def test_unwritten_half_reads_the_poison(dtype):
-        def body(x_ref, o_ref):
-            o_ref[:4, :] = x_ref[:4, :]
-
-        @pl.kernel(out_type=jax.ShapeDtypeStruct((8, 128), dtype),
-                   mesh=pltpu.create_tensorcore_mesh("core"))
-        def kernel(x_hbm_ref, o_hbm_ref):
-            pltpu.emit_pipeline(body, grid=(1,),
-                                in_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
-                                out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)))(
-                x_hbm_ref, o_hbm_ref)
-
-        out = np.asarray(kernel(jnp.ones((8, 128), dtype)))
-        np.testing.assert_array_equal(out[:4], 1)
-        np.testing.assert_array_equal(out[4:], np.iinfo(dtype).min)
-''')
-
-
-def test_unwritten_integers_read_the_chips_poison(pytester, run_pytest):
-    pytester.makepyfile(test_poison=POISONED_INTEGERS)
-    run_pytest("-p", "no:xdist", "--pallas-compile=none").assert_outcomes(passed=2)

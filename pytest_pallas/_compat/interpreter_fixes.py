@@ -598,37 +598,3 @@ def core_threads_off_the_kernels_device() -> Iterator[bool]:
     with attributes_replaced(module, {name: on_the_last_device(original)
                                       for name, original in originals.items()}):
         yield True
-
-
-_INTERPRETER_UTILS = f"{_INTERPRETER_PACKAGE}.utils"
-
-
-@contextlib.contextmanager
-def integers_poisoned_as_the_chip_poisons() -> Iterator[bool]:
-    """Uninitialised integer memory in the TPU interpreter holds the type's minimum, as the
-    chip's poisoned buffers do, not its maximum.
-
-    JAX's ``tpu_pallas_pipeline_test.py::test_poison_buffers`` (run on TPU v5 and later in
-    JAX's CI) expects an ``emit_pipeline`` output block's unwritten half to read
-    ``jnp.iinfo(dtype).min`` on the chip, NaN for floats; JAX's interpreter
-    (``utils.get_uninitialized_value``, jax 0.10 to 0.12) fills integers with the maximum, and
-    the eight integer cases failed on the CPU. Floats and booleans are left as they are.
-    Yields False where the interpreter's fill moved.
-    """
-    try:
-        module = private_attribute(_INTERPRETER_UTILS)
-        original = module.get_uninitialized_value
-    except (JaxInternalsChanged, AttributeError):
-        yield False
-        return
-
-    @functools.wraps(original)
-    def get_uninitialized_value(dtype: Any, uninitialized_memory: Any) -> Any:
-        import jax.numpy as jnp
-
-        if uninitialized_memory == "nan" and jnp.issubdtype(dtype, jnp.integer):
-            return jnp.iinfo(dtype).min
-        return original(dtype, uninitialized_memory)
-
-    with attributes_replaced(module, {"get_uninitialized_value": get_uninitialized_value}):
-        yield True
