@@ -30,7 +30,7 @@ from ..checks.compile_check import compiling_pallas_calls, libtpu_platform_versi
 from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
 from ..checks.mismatch import TracedOutput, traced_output_blocks
 from ..checks.runtime_rules import kernel_exit_violations, translate_interpreter_error
-from ..checks.violations import TpuRuleViolation
+from ..checks.violations import REVISIT, TpuRuleViolation
 from ..compare import (
     GpuKernelName,
     backend_matmul_precision,
@@ -325,7 +325,8 @@ class KernelRun:
         if self.backend.interpreter != "tpu" or not any(
                 report.revisits_any for report in self._reports):
             return None
-        if translate_interpreter_error(error) is None:
+        violation = translate_interpreter_error(error)
+        if violation is None or violation.rule != REVISIT:  # an out-of-bounds access stays
             return None
         return ("it stops at an output block revisited under "
                 "pl.Buffered(revisit=pl.RevisitMode.ANY), which the chip reads back")

@@ -282,12 +282,29 @@ DECLARED_REVISIT = textwrap.dedent('''
     @pytest.mark.pallas
     def test_undeclared():
         reduce(X)
+
+    @pytest.mark.pallas
+    def test_declared_with_an_out_of_bounds_read():
+        def body(x_ref, o_ref):
+            @pl.when(pl.program_id(0) == 0)
+            def _():
+                o_ref[...] = jnp.zeros_like(o_ref)
+            o_ref[...] += x_ref[pl.ds(8 * pl.program_id(0), 8), :]  # rows past the block
+        pl.pallas_call(
+            body, grid=(3, 3), out_shape=jax.ShapeDtypeStruct((8, 384), jnp.float32),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, j: (0, j),
+                                   pipeline_mode=pl.Buffered(1, revisit=pl.RevisitMode.ANY)))(X)
 ''')
 
 
-def test_a_declared_revisit_runs_and_an_undeclared_one_is_the_rule(pytester, run_pytest):
+def test_a_declared_revisit_runs_and_an_undeclared_one_or_a_bad_read_is_the_rule(
+        pytester, run_pytest):
     pytester.makepyfile(test_revisits=DECLARED_REVISIT)
     result = run_pytest("-p", "no:xdist", "--pallas-compile=none", "-W",
                         "ignore::UserWarning")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     assert "[output-revisit]" in result.stdout.str()
+    # A declared revisit is no licence for an out-of-bounds read: that stays the kernel's.
+    assert "test_declared_with_an_out_of_bounds_read - " in result.stdout.str()
+    assert "out-of-bounds" in result.stdout.str()
