@@ -430,27 +430,16 @@ def outside_current_trace() -> Iterator[None]:
             f"{CORE_MODULE} no longer has trace_ctx/top_axis_env/eval_context; the TPU compile "
             "check cannot step out of a trace on this JAX.")
     saved_axis_env = context.axis_env
-    # The test's own `with jax.set_mesh(mesh)` (CPU devices) too: a compile for the chip's
-    # devices under it fails ("Received incompatible devices for jitted computation").
-    # (jax 0.10 keeps the setting in jax._src.config, 0.12 in jax._src.mesh.)
-    mesh_module = private_attribute("jax._src.mesh")
-    device_context = (getattr(mesh_module, "device_context", None)
-                      or getattr(private_attribute("jax._src.config"), "device_context", None))
-    empty = getattr(mesh_module, "empty_concrete_mesh", None)
-    if empty is None:
-        device_context = None
-    saved_mesh = device_context.swap_local(empty) if device_context is not None else None
-    try:
-        with (core.eval_context(),
-              jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ()))):
-            context.set_axis_env(top_axis_env)
-            try:
+    with core.eval_context():
+        context.set_axis_env(top_axis_env)
+        try:
+            # No mesh either: the abstract one of a shard_map, nor the test's own
+            # `with jax.set_mesh(mesh)` of CPU devices, under which a compile for the chip's
+            # devices fails ("Received incompatible devices for jitted computation").
+            with jax.set_mesh(None):
                 yield
-            finally:
-                context.set_axis_env(saved_axis_env)
-    finally:
-        if device_context is not None:
-            device_context.set_local(saved_mesh)
+        finally:
+            context.set_axis_env(saved_axis_env)
 
 
 # A ValueError is often the kernel's own (a shape it rejects), so it counts only when
