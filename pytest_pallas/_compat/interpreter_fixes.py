@@ -13,7 +13,13 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
+from .jax_internals import (
+    PIPELINE_MODULE,
+    JaxInternalsChanged,
+    attributes_replaced,
+    emit_pipeline_replaced,
+    private_attribute,
+)
 
 _CALLBACK = "jax._src.callback"
 _INTERPRETER_PACKAGE = "jax._src.pallas.mosaic.interpret"
@@ -512,9 +518,6 @@ def zero_stride_reads_broadcast() -> Iterator[bool]:
         module.get = original
 
 
-_PIPELINE = "jax._src.pallas.mosaic.pipeline"
-
-
 @contextlib.contextmanager
 def emit_pipeline_traced_for_the_interpreter() -> Iterator[bool]:
     """A kernel interpreted with ``jax_use_emit_pipeline_primitive`` on runs its
@@ -533,7 +536,7 @@ def emit_pipeline_traced_for_the_interpreter() -> Iterator[bool]:
     module moved.
     """
     try:
-        module = private_attribute(_PIPELINE)
+        module = private_attribute(PIPELINE_MODULE)
         original = module.emit_pipeline
         interpret_mode = private_attribute("jax._src.config",
                                            "pallas_tpu_interpret_mode_context_manager")
@@ -544,10 +547,6 @@ def emit_pipeline_traced_for_the_interpreter() -> Iterator[bool]:
     if hasattr(module, "emit_pipeline_to_jaxpr"):  # the interpreter's own rule (JAX 0.12+)
         yield False
         return
-    from jax.experimental.pallas import tpu as pltpu
-
-    public_is_original = getattr(pltpu, "emit_pipeline", None) is original
-
     @functools.wraps(original)
     def emit_pipeline(*args: Any, **kwargs: Any) -> Any:
         if flag.value and interpret_mode.value is not None:
@@ -555,9 +554,7 @@ def emit_pipeline_traced_for_the_interpreter() -> Iterator[bool]:
                 return original(*args, **kwargs)
         return original(*args, **kwargs)
 
-    with (attributes_replaced(module, {"emit_pipeline": emit_pipeline}),
-          attributes_replaced(pltpu, {"emit_pipeline": emit_pipeline} if public_is_original
-                              else {})):
+    with emit_pipeline_replaced(emit_pipeline):
         yield True
 
 

@@ -86,6 +86,23 @@ def attributes_replaced(owner: Any, replacements: dict[str, Any]) -> Iterator[No
             setattr(owner, name, original)
 
 
+PIPELINE_MODULE = "jax._src.pallas.mosaic.pipeline"
+
+
+@contextlib.contextmanager
+def emit_pipeline_replaced(replacement: Callable[..., Any]) -> Iterator[None]:
+    """Within the block, ``pltpu.emit_pipeline`` and the name in JAX's pipeline module (which
+    JAX's own helpers call) are ``replacement``; the public name only where it is JAX's
+    function (another wrapper, a harness's, is left to its owner)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    module = private_attribute(PIPELINE_MODULE)
+    public_is_jaxs = getattr(pltpu, "emit_pipeline", None) is module.emit_pipeline
+    with (attributes_replaced(module, {"emit_pipeline": replacement}),
+          attributes_replaced(pltpu, {"emit_pipeline": replacement} if public_is_jaxs else {})):
+        yield
+
+
 def private_attribute(module_name: str, attribute: str | None = None) -> Any:
     try:
         module = importlib.import_module(module_name)

@@ -348,15 +348,12 @@ def observe_emit_pipelines(observer: Callable[[PipelineSeen], None]) -> Iterator
     that bound the function to a name of its own before is not seen. Yields False
     where this JAX has no such function.
     """
-    from jax.experimental.pallas import tpu as pltpu
-
     try:
-        module = jax_internals.private_attribute("jax._src.pallas.mosaic.pipeline")
-        original = module.emit_pipeline
+        original = jax_internals.private_attribute(jax_internals.PIPELINE_MODULE,
+                                                   "emit_pipeline")
     except (JaxInternalsChanged, AttributeError):
         yield False
         return
-    public = getattr(pltpu, "emit_pipeline", None)
 
     @functools.wraps(original)
     def observed(body: Any, *args: Any, **kwargs: Any) -> Any:
@@ -391,15 +388,8 @@ def observe_emit_pipelines(observer: Callable[[PipelineSeen], None]) -> Iterator
 
         return run
 
-    module.emit_pipeline = observed
-    if public is original:
-        pltpu.emit_pipeline = observed
-    try:
+    with jax_internals.emit_pipeline_replaced(observed):
         yield True
-    finally:
-        module.emit_pipeline = original
-        if public is original:
-            pltpu.emit_pipeline = original
 
 
 def _body_over_indices(body: Any, refs: Any, kwargs: dict[str, Any],
