@@ -101,8 +101,7 @@ def vmem_items(call: PallasCallInfo, info: Any) -> list[VmemItem]:
     # whole-array float32 matmul without a grid, or with grid=(1,), compiles at
     # 1152 x 1152 (15.2 MiB single-buffered, 30.4 double) and is rejected at 1280
     # (18.8 MiB single-buffered).
-    single_step = all(g is not None for g in call.grid) and math.prod(
-        int(g) for g in call.grid) == 1
+    single_step = _single_step(call)
     for operand in call.operands:
         if operand.memory_space == "vmem":
             items.append(
@@ -146,8 +145,12 @@ def _one_window(operand: Any, call: PallasCallInfo) -> bool:
         call.grid[axis] == 1 for axis in operand.index_map_axes)
 
 
+def _single_step(call: PallasCallInfo) -> bool:
+    return all(g is not None for g in call.grid) and math.prod(int(g) for g in call.grid) == 1
+
+
 def _buffering_text(call: PallasCallInfo) -> str:
-    if all(g is not None for g in call.grid) and math.prod(int(g) for g in call.grid) == 1:
+    if _single_step(call):
         return "blocks single-buffered: a grid of one step has no pipeline"
     return "blocks double-buffered"
 
