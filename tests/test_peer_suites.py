@@ -4,6 +4,7 @@ twice by an inner pytest, as the measurement runs JAX's: gated off, then "opted 
 
 import dataclasses
 import pathlib
+import re
 import sys
 import textwrap
 
@@ -80,7 +81,9 @@ def test_off_and_on_runs_are_counted_and_every_outcome_classed(suite, monkeypatc
          "Only run interpret tests on CPU."): 1,
     }
     text = results.report(off, on)
-    assert "| tpu_fake_test.py | 7 | 6 | 1 | 5 | 3 | 2 | 1 | 1 | 0 | " in text
+    # Every count; the two seconds columns are timings of a loaded machine, not asserted.
+    counts = r"\| tpu_fake_test\.py \| 7 \| 6 \| 1 \| 5 \| 3 \| 2 \| 1 \| 1 \| "
+    assert re.search(counts + r"\d+ \| \d+ \|", text)
     assert "TPU-only tests passing opted in: 3 of 6 (50.0%)" in text
 
 
