@@ -619,3 +619,43 @@ def test_a_kernel_under_the_tests_own_mesh_is_compiled_for_the_chip(run_pytest, 
     result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
     result.assert_outcomes(passed=1)
     assert "1 kernel compiles" in result.stdout.str()
+
+
+# JAX's test_vmem_oom_error_message_basics, cut down: blocks over v5e's 16 MiB of scoped VMEM,
+# and an index map returning element offsets, which the kernel would read out of bounds.
+OVER_ITS_VMEM = textwrap.dedent('''
+    import jax, jax.numpy as jnp, pytest
+    from jax.experimental import pallas as pl
+
+    def test_over_its_vmem():
+        block = (2048, 8192)
+        shape = (2 * block[0], 2 * block[1])
+        spec = pl.BlockSpec(block, lambda i, j: (i * block[0], j * block[1]))
+        x = jnp.zeros(shape, jnp.float32)
+        with pytest.raises(jax.errors.JaxRuntimeError) as raised:
+            pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
+                           out_shape=jax.typeof(x), grid=(2, 2), in_specs=[spec],
+                           out_specs=spec)(x)
+        print("RAISED", str(raised.value))
+''')
+
+
+def test_at_run_time_the_compiler_judges_vmem_in_its_own_words(run_pytest, pytester):
+    # Where the compile check compiles for the stand-in chip, a kernel over its VMEM meets the
+    # compiler's rejection first, whole, as on the chip (where it never runs); the rule it
+    # would break at run time is named after it.
+    pytester.makepyfile(test_vmem=OVER_ITS_VMEM)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*RAISED TPU rule ?compiler-vmem? broken by kernel * rejects it for v5e*",
+        "The compiler's whole message:",
+        "*window allocation for operator input 0*",
+    ])
+    assert "TPU rule [block-out-of-bounds]" in result.stdout.str()
+    # Without the compiler, the static rule judges, in its words and the same exception type.
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-compile=none", "-p", "no:xdist",
+                        "-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*RAISED TPU rule ?vmem*"])
+    assert "The compiler's whole message" not in result.stdout.str()

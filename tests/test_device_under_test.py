@@ -38,7 +38,8 @@ JAX_STYLE_TPU_TESTS = textwrap.dedent('''
             print("GENERATION", jtu.get_tpu_version(), jtu.is_device_tpu(5, "e"),
                   jtu.is_device_tpu(7, "x"), jtu.device_kind_match("TPU v5 lite$") is not None,
                   jax.default_backend(), jax.devices()[0].platform,
-                  pltpu.get_tpu_info().generation)
+                  pltpu.get_tpu_info().generation, jax.devices()[0].num_cores,
+                  pltpu.create_tensorcore_mesh("core").shape["core"])
 
     class InterpretTest(jtu.JaxTestCase):
         INTERPRET = True  # runs only on the CPU, interpreted
@@ -68,10 +69,10 @@ def test_tpu_tests_run_on_the_cpu_as_the_stand_in_chip(pytester, run_pytest):
     result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-s")
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines([
-        "pallas: *device under test: TPU v5e for JAX's test utilities and "
-        "jax.default_backend() (device kind 'TPU v5 lite'*",
+        "pallas: *device under test: TPU v5e for JAX's test utilities, "
+        "jax.default_backend() and devices' num_cores (device kind 'TPU v5 lite'*",
         # The chip's answers where a test asks; JAX's devices stay CPU devices.
-        "*GENERATION 5 True False True tpu cpu 5",
+        "*GENERATION 5 True False True tpu cpu 5 1 1",
         # An interpret class keeps seeing the CPU, but the generation it interprets for.
         "*INTERPRET SEES cpu cpu False False True 5",
     ])
@@ -81,7 +82,11 @@ def test_the_chip_flag_picks_the_generation_they_see(pytester, run_pytest):
     pytester.makepyfile(test_tpu_suite=JAX_STYLE_TPU_TESTS)
     result = run_pytest("--pallas-chip=7x", "-p", "no:xdist", "-s", "-k", "generation")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*GENERATION 7 False True False tpu cpu 7"])
+    result.stdout.fnmatch_lines(["*GENERATION 7 False True False tpu cpu 7 1 1"])
+    # A two-core chip's devices report both TensorCores, as JAX's mesh of cores reads them.
+    result = run_pytest("--pallas-chip=v5p", "-p", "no:xdist", "-s", "-k", "generation")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*GENERATION 5 False False False tpu cpu 5 2 2"])
 
 
 @pytest.mark.parametrize("args", [(), ("-p", "no:pallas")], ids=["no flag", "plugin off"])
@@ -106,6 +111,8 @@ def test_the_answers_are_undone_after_the_test():
         from jax._src import xla_bridge
         assert xla_bridge.default_backend() == "cpu"
         assert jax.devices()[0].platform == "cpu"
+        assert jax.devices()[0].num_cores == 1
+    assert not hasattr(jax.devices()[0], "num_cores")
     assert (jax.default_backend(), jtu.device_under_test(),
             jtu.test_device_matches(["tpu"])) == before == ("cpu", "cpu", False)
 

@@ -140,6 +140,7 @@ class CompileVerdict:
     vmem_bytes: int | None = None  # scoped VMEM the compiler asked for, when it says
     vmem_limit_bytes: int | None = None
     raised: str | None = None  # the Python exception Mosaic's lowering raised, if it did
+    compiler_output: str = ""  # the compiler's whole message, when ``message`` shortens it
 
     def violation(self) -> Violation:
         problem = f"the TPU compiler (libtpu {libtpu_version()}) rejects it for {self.chip}: "
@@ -147,8 +148,10 @@ class CompileVerdict:
             problem += (f"it needs {mib_text(self.vmem_bytes)} of scoped VMEM, the limit is "
                         f"{mib_text(self.vmem_limit_bytes)}. ")
         problem += f"Compiler: {self.message}"
+        detail = (f"The compiler's whole message:\n{self.compiler_output}"
+                  if self.compiler_output else "")
         return Violation(self.rule or OTHER, self.kernel, None, problem, _FIXES[self.rule or OTHER],
-                         raised=self.raised)
+                         raised=self.raised, detail=detail)
 
 
 _FIXES = {
@@ -226,7 +229,7 @@ def compile_pallas_call(params: dict[str, Any], avals: Sequence[Any], chip: str,
             pallas_call_hooks.suspend_pallas_call_observers(),
         ):
             _compile(params, avals, chip, mesh_axes)
-    except (jax_internals.JaxInternalsChanged, _NotTheCompiler):
+    except (jax_internals.JaxInternalsChanged, NotTheCompiler):
         raise
     except Exception as failure:  # noqa: BLE001  # the compiler's rejection, judged below
         error: Exception | None = failure
@@ -236,12 +239,18 @@ def compile_pallas_call(params: dict[str, Any], avals: Sequence[Any], chip: str,
     if error is None:
         return CompileVerdict(chip, kernel, True, seconds=seconds)
     message = _short(error)
-    rule, size, limit = classify_rejection(str(error))
+    whole = str(error).strip()
+    rule, size, limit = classify_rejection(whole)
     return CompileVerdict(chip, kernel, False, rule, message, seconds, size, limit,
-                          raised_by_the_lowering(error))
+                          raised_by_the_lowering(error),
+                          whole[:_WHOLE_MESSAGE_CHARS] if whole != message else "")
 
 
-class _NotTheCompiler(RuntimeError):
+# The compiler's whole message is kept up to this long (a VMEM overflow lists allocations).
+_WHOLE_MESSAGE_CHARS = 20_000
+
+
+class NotTheCompiler(RuntimeError):
     """The check itself could not run (no topology, ...): not a verdict on the kernel."""
 
 
@@ -256,7 +265,7 @@ def _compile(params: dict[str, Any], avals: Sequence[Any], chip: str,
     try:
         devices = topology_devices(chip, needed)
     except RuntimeError as error:
-        raise _NotTheCompiler(str(error)) from error
+        raise NotTheCompiler(str(error)) from error
     shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in avals]
 
     def call(*args: Any) -> Any:
@@ -381,6 +390,22 @@ def clear_cache() -> None:
         STATS.seconds = 0.0
 
 
+def verdict_if_judged(params: dict[str, Any], avals: Sequence[Any],
+                      chip: str) -> CompileVerdict | None:
+    """:func:`verdict_for` a pallas_call as traced (inside a ``shard_map``, for its mesh), or
+    None where the TensorCore's compiler does not judge it."""
+    if not kernel_model.describe_pallas_call(params).for_tensor_core:
+        return None  # GPU compiler params or a SparseCore mesh: not the TensorCore's compiler
+    if _passes_semaphores(params, avals):
+        # libtpu's ahead-of-time compiler aborts the whole process on a program whose
+        # operands or results are semaphores (JAX's asynchronous-copy kernels): such a
+        # kernel keeps the static rules' verdict.
+        return None
+    mesh_axes = (jax_internals.manual_mesh_axes()
+                 if jaxpr_analysis.pallas_call_communicates(params) else ())
+    return verdict_for(params, avals, chip, mesh_axes)
+
+
 def pallas_call_compiler(
     chips: Sequence[str],
     verdicts: list[CompileVerdict] | None = None,
@@ -393,18 +418,11 @@ def pallas_call_compiler(
     cached and fails again on the next call).
     """
     def observe(params: dict[str, Any], avals: tuple[Any, ...]) -> None:
-        if not kernel_model.describe_pallas_call(params).for_tensor_core:
-            return  # GPU compiler params or a SparseCore mesh: not the TensorCore's compiler
-        if _passes_semaphores(params, avals):
-            # libtpu's ahead-of-time compiler aborts the whole process on a program whose
-            # operands or results are semaphores (JAX's asynchronous-copy kernels): such a
-            # kernel keeps the static rules' verdict.
-            return
-        mesh_axes = (jax_internals.manual_mesh_axes()
-                     if jaxpr_analysis.pallas_call_communicates(params) else ())
         rejected = []
         for chip in chips:
-            verdict = verdict_for(params, avals, chip, mesh_axes)
+            verdict = verdict_if_judged(params, avals, chip)
+            if verdict is None:
+                return
             if verdicts is not None:
                 verdicts.append(verdict)
             if on_verdict is not None:

@@ -45,10 +45,9 @@ from pytest_pallas.checks.static_rules import (
     settle_output_races,
 )
 from pytest_pallas.checks.violations import (
-    TILING,
+    COMPILE_TIME_RULES,
     UNINITIALIZED_READ,
     UNINITIALIZED_READ_FIX,
-    VMEM,
     KernelReport,
     TpuRuleViolation,
     Violation,
@@ -166,13 +165,7 @@ def check_kernel(
             for (params, _, _), used in zip(calls, uses)
         ]
         if compiler_chip is not None:
-            # Tiling and VMEM are the compiler's to judge: the static rules' findings stay
-            # in the report as notes (their footprint too), and do not fail the kernel.
-            for report in reports:
-                judged = [v for v in report.violations if v.rule in (TILING, VMEM)]
-                report.violations = [v for v in report.violations if v not in judged]
-                report.skipped += [f"static rule [{v.rule}] said: {v.problem} (the TPU "
-                                   "compiler judged instead)" for v in judged]
+            reports = [left_to_the_compiler(report) for report in reports]
         raise_for(reports)
         if compiler_chip is not None:
             _compile_each(calls, reports, compiler_chip)
@@ -180,6 +173,19 @@ def check_kernel(
             _lower_for_tpu(*_as_the_chip_compiles(target, args, closed), info,
                            _function_name(fn))
     return reports
+
+
+def left_to_the_compiler(report: KernelReport) -> KernelReport:
+    """``report`` without its tiling and VMEM findings, which the TPU compiler judges where it
+    compiles the kernel (it is right where the two disagree): they stay as notes (the
+    footprint too), and do not fail the kernel."""
+    judged = [v for v in report.violations if v.rule in COMPILE_TIME_RULES]
+    if not judged:
+        return report
+    return dataclasses.replace(
+        report, violations=[v for v in report.violations if v not in judged],
+        skipped=[*report.skipped, *(f"static rule [{v.rule}] said: {v.problem} (the TPU "
+                                    "compiler judged instead)" for v in judged)])
 
 
 def _as_the_chip_compiles(target: Callable[..., Any], args: Sequence[Any],
@@ -320,14 +326,21 @@ class PallasCallChecker:
     time: ``settle(params, used_outputs)`` (an observer for
     ``_compat.pallas_call_hooks.observe_pallas_call_uses``) raises it once the
     program shows that it uses that output, and drops it if it does not.
+
+    With ``compiler_chip`` (the compile check runs for that chip beside this), call it with
+    the operands' avals too: a broken kernel the TPU compiler judges keeps the compiler's
+    verdict on tiling and VMEM (:func:`left_to_the_compiler`); one it rejects raises the
+    compiler's error first, in its words and the chip's exception type, as on the chip,
+    where it never runs; one it does not judge keeps the static rules' verdict.
     """
 
     _KEPT = 512  # reports kept for kernels traced again; races pending for programs unlowered
 
     def __init__(self, chip: Any = "v5e", check_options: CheckOptions | None = None,
                  reports: list[KernelReport] | None = None, *,
-                 defer_output_races: bool = False) -> None:
+                 defer_output_races: bool = False, compiler_chip: str | None = None) -> None:
         options = check_options or CheckOptions()
+        self._compiler_chip = compiler_chip
         self._info = tpu_info_for(_chip_or_the_tests(chip))
         self._static = options.static_options()
         self._reports = reports
@@ -339,12 +352,23 @@ class PallasCallChecker:
         self._pending: dict[int, tuple[Any, KernelReport]] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, params: dict[str, Any]) -> None:
+    def __call__(self, params: dict[str, Any], avals: tuple[Any, ...] = ()) -> None:
         report = self._report(params)
         if report is None:
             return
+        rejected_by_the_compiler = None
+        if self._compiler_chip is not None and report.violations:
+            verdict = self._compiler_verdict(params, avals)
+            if verdict is not None:
+                report = left_to_the_compiler(report)
+                if not verdict.compiled:
+                    rejected_by_the_compiler = verdict.violation()
         if self._reports is not None:
             self._reports.append(report)
+        if rejected_by_the_compiler is not None:
+            # On the chip the kernel never runs: the compiler's error, with what else is wrong.
+            raise rule_violation([rejected_by_the_compiler, *report.violations],
+                                 by_the_compiler=True)
         if not self._defer_output_races:
             raise_for([report])
             return
@@ -356,6 +380,15 @@ class PallasCallChecker:
                 self._pending[id(params.get("jaxpr"))] = (params.get("jaxpr"), report)
                 while len(self._pending) > self._KEPT:  # traced but never lowered (make_jaxpr)
                     del self._pending[next(iter(self._pending))]
+
+    def _compiler_verdict(self, params: dict[str, Any],
+                          avals: tuple[Any, ...]) -> compile_check.CompileVerdict | None:
+        """The TPU compiler's verdict on a kernel the static rules found broken (compiled
+        now; the compile check then reads it from the cache), or None where it gives none."""
+        try:
+            return compile_check.verdict_if_judged(params, avals, self._compiler_chip)
+        except (jax_internals.JaxInternalsChanged, compile_check.NotTheCompiler):
+            return None  # the compile check cannot run: the static rules judge
 
     def _report(self, params: dict[str, Any]) -> KernelReport | None:
         """The rules' report on the pallas_call of ``params`` (once per kernel traced again);
@@ -401,15 +434,17 @@ def pallas_call_checker(
     reports: list[KernelReport] | None = None,
     *,
     defer_output_races: bool = False,
+    compiler_chip: str | None = None,
 ) -> PallasCallChecker:
     """The observer that checks each pallas_call as traced (``PallasCallChecker``)."""
     return PallasCallChecker(chip, check_options, reports,
-                             defer_output_races=defer_output_races)
+                             defer_output_races=defer_output_races, compiler_chip=compiler_chip)
 
 
 @contextlib.contextmanager
 def checking_pallas_calls(
-    chip: Any = "v5e", check_options: CheckOptions | None = None
+    chip: Any = "v5e", check_options: CheckOptions | None = None, *,
+    compiler_chip: str | None = None,
 ) -> Iterator[list[KernelReport]]:
     """Statically check every pallas_call traced inside the block; yields the reports.
 
@@ -418,17 +453,22 @@ def checking_pallas_calls(
 
     A race on an output is judged when JAX lowers the program, by whether the
     program uses that output (``checks.static_rules.settle_output_races``); on a JAX
-    whose dead-code elimination cannot be observed it is raised at trace time.
+    whose dead-code elimination cannot be observed it is raised at trace time. With
+    ``compiler_chip``, where the TPU compiler check runs for that chip: tiling and VMEM are
+    the compiler's to judge (``PallasCallChecker``).
     """
     reports: list[KernelReport] = []
     with contextlib.ExitStack() as stack:
         # GPU kernels (Mosaic GPU, Triton) meet no TPU rule.
         only_tpu = gpu_interpreter.tpu_kernels_only
-        checker = pallas_call_checker(chip, check_options, reports, defer_output_races=True)
+        checker = pallas_call_checker(chip, check_options, reports, defer_output_races=True,
+                                      compiler_chip=compiler_chip)
         if not stack.enter_context(pallas_call_hooks.observe_pallas_call_uses(
                 only_tpu(checker.settle))):
-            checker = pallas_call_checker(chip, check_options, reports)
-        stack.enter_context(pallas_call_hooks.observe_pallas_calls(only_tpu(checker)))
+            checker = pallas_call_checker(chip, check_options, reports,
+                                          compiler_chip=compiler_chip)
+        stack.enter_context(pallas_call_hooks.observe_pallas_calls(
+            only_tpu(checker), with_avals=compiler_chip is not None))
         yield reports
 
 

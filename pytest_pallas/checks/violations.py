@@ -88,13 +88,17 @@ class Violation:
     # The Python exception Mosaic's lowering raised for it ("NotImplementedError"), when it
     # did: on the chip the test meets that exception, so the error is one too.
     raised: str | None = None
+    # Text the problem quotes in part, whole (the TPU compiler's message): printed after the
+    # paragraph, for a test or a reader that wants every word of it.
+    detail: str = ""
 
     def __str__(self) -> str:
         where = f" {self.operand}:" if self.operand else ""
-        return (
+        paragraph = (
             f"TPU rule [{self.rule}] broken by kernel {self.kernel}:{where} {self.problem} "
             f"Fix: {self.fix}"
         )
+        return f"{paragraph}\n{self.detail}" if self.detail else paragraph
 
 
 @dataclasses.dataclass

@@ -334,8 +334,8 @@ class PallasSession:
         if not options.compiled and (options.session_opted_in or self.scope_all):
             from .._compat.device_under_test import device_kind_of_chip
 
-            declared = (f"; device under test: TPU {options.chip} for JAX's test utilities "
-                        f"and jax.default_backend() (device kind "
+            declared = (f"; device under test: TPU {options.chip} for JAX's test utilities, "
+                        f"jax.default_backend() and devices' num_cores (device kind "
                         f"{device_kind_of_chip(options.chip)!r}; INTERPRET = True test "
                         "classes see the CPU, interpreting for that generation)")
         compile_text = self.compile_header()

@@ -124,10 +124,16 @@ class KernelRun:
                 GPU_RACE_CHECK, gpu_interpreter.gpu_races_recorded)))
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
+        compiling = bool(not backend.is_tpu and self.options.compile_chips and self.compile_check)
         if not backend.is_gpu:
+            # Where the compile check compiles for the stand-in chip, tiling and VMEM are the
+            # compiler's to judge, in its words, as on the chip.
+            compiler_chip = (backend.chip if compiling and backend.chip in
+                             self.options.compile_chips else None)
             self._reports = _list_or_empty(stack.enter_context(optional(
-                STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip))))
-        if not backend.is_tpu and self.options.compile_chips and self.compile_check:
+                STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip,
+                                                             compiler_chip=compiler_chip))))
+        if compiling:
             # Then the TPU compiler's verdict on each kernel, for each chip asked for.
             stack.enter_context(optional(TPU_COMPILER_CHECK, lambda: compiling_pallas_calls(
                 self.options.compile_chips, on_verdict=self._on_compile_verdict)))
@@ -153,6 +159,7 @@ class KernelRun:
             # Then the test's own "am I on a TPU?" gets the stand-in chip's answer (§9).
             stack.enter_context(optional(DEVICE_UNDER_TEST, lambda: stand_in_chip_under_test(
                 backend.chip, lambda: libtpu_platform_version(backend.chip),
+                num_cores=int(backend.tpu_info.num_cores),
                 generation_only=self.chip_under_test == "generation")))
         self._stack = stack
 
