@@ -659,3 +659,37 @@ def test_at_run_time_the_compiler_judges_vmem_in_its_own_words(run_pytest, pytes
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*RAISED TPU rule ?vmem*"])
     assert "The compiler's whole message" not in result.stdout.str()
+
+
+def _dma_from_a_nested_selection(x, y):
+    # JAX's test_select_ref_nested: a DMA from pl.select_ref over refs that are selections
+    # themselves, which JAX 0.10's jaxpr printer cannot print (a TypeError).
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, y_ref, o_ref):
+        def body(sem):
+            @pl.loop(0, 2)
+            def _(i):
+                nested = (pl.select_ref(0, r.at[:, :128], r.at[:, 128:]) for r in (x_ref, y_ref))
+                source = pl.select_ref(i, *nested).reshape(8, 128)
+                pltpu.async_copy(source, o_ref.at[pl.ds(8 * i, 8)], sem.at[0]).wait()
+        pl.run_scoped(body, pltpu.SemaphoreType.DMA(1))
+
+    hbm = pl.BlockSpec(memory_space=pltpu.HBM)
+    return pl.pallas_call(kernel, in_specs=[hbm, hbm], out_specs=hbm,
+                          out_shape=jax.ShapeDtypeStruct((16, 128), jnp.int32))(x, y)
+
+
+def test_a_kernel_jax_cannot_print_still_has_a_fingerprint():
+    from pytest_pallas.checks import jaxpr_analysis
+
+    x = jax.ShapeDtypeStruct((8, 256), jnp.int32)
+    first = _kernel_params(lambda a, b: _dma_from_a_nested_selection(a, b), x, x)[0][0]
+    again = _kernel_params(lambda a, b: _dma_from_a_nested_selection(a, b), x, x)[0][0]
+    assert first is not again
+    assert jaxpr_analysis.pallas_call_fingerprint(first) == jaxpr_analysis.pallas_call_fingerprint(
+        again)
+    other = _kernel_params(lambda a, b: _dma_from_a_nested_selection(a, b), *[jax.ShapeDtypeStruct(
+        (8, 256), jnp.float32)] * 2)[0][0]
+    assert jaxpr_analysis.pallas_call_fingerprint(first) != jaxpr_analysis.pallas_call_fingerprint(
+        other)

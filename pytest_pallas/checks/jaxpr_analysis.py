@@ -5,7 +5,8 @@ fingerprint that is equal for two traces of the same kernel.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._compat import jax_internals
@@ -74,12 +75,57 @@ def pallas_call_fingerprint(params: dict[str, Any]) -> str:
     # A block mapping's repr leaves out its index map: two calls that differ only there (a
     # block the grid never moves, and one it does) printed the same, and the compile check
     # answered the second with the first's verdict.
-    index_maps = [f"index_map[{i}]={getattr(mapping, 'index_map_jaxpr', None)}"
+    index_maps = [f"index_map[{i}]={_printed(getattr(mapping, 'index_map_jaxpr', None), str)}"
                   for i, mapping in enumerate(
                       getattr(params.get("grid_mapping"), "block_mappings", ()))]
-    return "\n".join([*(f"{name}={params[name]!r}" if name != "jaxpr" else f"jaxpr={params[name]}"
+    text = "\n".join([*(f"{name}={_printed(params[name], str if name == 'jaxpr' else repr)}"
                          for name in sorted(params) if name not in ("interpret", "debug")),
                        *index_maps])
+    # JAX prints some variables by their object ids (a ref selection's index: "Var(id=...)"),
+    # which differ between traces: they are numbered in order of appearance instead.
+    numbers: dict[str, int] = {}
+    return _OBJECT_ID.sub(lambda m: f"id={numbers.setdefault(m.group(1), len(numbers))}", text)
+
+
+_OBJECT_ID = re.compile(r"\bid=(\d+)")
+
+
+def _printed(value: Any, printer: Callable[[Any], str]) -> str:
+    """``value`` as JAX prints it or, where JAX's printer fails on it, its structure. (JAX
+    0.10's printer raises a TypeError on a DMA from a nested ref selection, ``x_ref.at[i].at[j]``,
+    that its interpreter runs.)"""
+    try:
+        return printer(value)
+    except Exception:  # noqa: BLE001  # any failure of JAX's printer: the structure instead
+        return _structure(value, {})
+
+
+def _structure(value: Any, names: dict[Any, int]) -> str:
+    """What a jaxpr computes, printed without JAX's printer: each equation's primitive, its
+    operands and results (numbered in order of appearance, with their types) and params."""
+    jaxpr = next(sub_jaxprs(value), None) if hasattr(value, "eqns") or hasattr(
+        value, "jaxpr") else None
+    if jaxpr is None:
+        if isinstance(value, (tuple, list)):
+            return "(" + ", ".join(_structure(item, names) for item in value) + ")"
+        try:
+            return repr(value)
+        except Exception:  # noqa: BLE001
+            return type(value).__name__
+
+    def var(v: Any) -> str:
+        if hasattr(v, "val"):  # a literal
+            return f"{v.val!r}:{getattr(v, 'aval', '')}"
+        return f"v{names.setdefault(v, len(names))}:{getattr(v, 'aval', '')}"
+
+    lines = [f"in ({', '.join(var(v) for v in getattr(jaxpr, 'invars', ()))})"]
+    for eqn in jaxpr.eqns:
+        params = ", ".join(f"{key}={_structure(eqn.params[key], names)}"
+                           for key in sorted(eqn.params))
+        lines.append(f"{', '.join(var(v) for v in eqn.outvars)} = {eqn.primitive.name}"
+                     f"[{params}]({', '.join(var(v) for v in eqn.invars)})")
+    lines.append(f"out ({', '.join(var(v) for v in getattr(jaxpr, 'outvars', ()))})")
+    return "{" + "; ".join(lines) + "}"
 
 
 def pallas_call_communicates(params: dict[str, Any]) -> bool:
