@@ -103,6 +103,8 @@ CAUSES: list[tuple[str, str]] = [
      "JAX interpreter limit: the emit_pipeline primitive's state effects (no jaxpr input)"),
     (r"Incorrect output shape for return value",
      "JAX interpreter limit: a ref bitcast between packings returns the wrong shape"),
+    (r"keeps an operand in host memory",
+     "JAX interpreter limit: a kernel with an operand in host memory (pl.HOST)"),
     (r"neither of JAX's interpreters can run",
      "JAX interpreter limit: neither interpreter runs the kernel (a primitive with no CPU rule)"),
     (r"Only interpret mode is supported on CPU backend",

@@ -266,3 +266,36 @@ def test_the_interpreter_fallback_notice_is_not_a_failure_under_w_error(pytester
     result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-W", "error",
                         "--pallas-numerics=exact")
     result.assert_outcomes(passed=1)
+
+
+# JAX's test_hbm_to_host_host_output_dma: a kernel copying into host memory. libtpu's compiler
+# aborted the process compiling it, and JAX's TPU interpreter cannot lower it on the CPU.
+HOST_MEMORY_OUTPUT = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(y_hbm_ref, x_host_ref):
+        def body(sem):
+            pltpu.async_copy(y_hbm_ref, x_host_ref, sem).wait()
+        pl.run_scoped(body, pltpu.SemaphoreType.DMA)
+
+    def test_copy_to_host():
+        host = jax.sharding.NamedSharding(jax.sharding.Mesh(jax.devices(), "x"),
+                                          jax.sharding.PartitionSpec(), memory_kind="pinned_host")
+        x = jnp.arange(8 * 128.0).reshape((8, 128))
+        f = jax.jit(lambda x: pl.pallas_call(
+            kernel, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.HOST),
+            out_shape=pl.HOST(shape=(8, 128), dtype=jnp.float32))(x), out_shardings=host)
+        np.testing.assert_array_equal(f(x), x)
+''')
+
+
+def test_a_kernel_in_host_memory_skips_with_one_line(pytester, run_pytest):
+    pytester.makepyfile(test_host=HOST_MEMORY_OUTPUT)
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-devices=1", "-p", "no:xdist", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED *pallas: kernel 'kernel at test_host.py:*' keeps an "
+                                 "operand in host memory (pl.HOST), which JAX's interpreters "
+                                 "do not run on the CPU*"])

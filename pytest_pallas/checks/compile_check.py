@@ -394,8 +394,13 @@ def verdict_if_judged(params: dict[str, Any], avals: Sequence[Any],
                       chip: str) -> CompileVerdict | None:
     """:func:`verdict_for` a pallas_call as traced (inside a ``shard_map``, for its mesh), or
     None where the TensorCore's compiler does not judge it."""
-    if not kernel_model.describe_pallas_call(params).for_tensor_core:
+    described = kernel_model.describe_pallas_call(params)
+    if not described.for_tensor_core:
         return None  # GPU compiler params or a SparseCore mesh: not the TensorCore's compiler
+    if any(operand.memory_space == "host" for operand in described.operands):
+        # libtpu's ahead-of-time compiler aborts the whole process compiling a kernel with
+        # an operand in host memory (pl.HOST; libtpu 0.0.42.1, for v5e): not asked.
+        return None
     if _passes_semaphores(params, avals):
         # libtpu's ahead-of-time compiler aborts the whole process on a program whose
         # operands or results are semaphores (JAX's asynchronous-copy kernels): such a

@@ -493,7 +493,9 @@ def check_pallas_call_info(
     report = KernelReport(call.title, call.grid, call.dimension_semantics,
                           output_blocks=_output_blocks(call),
                           revisits_any=any(operand.revisit_any for operand in call.operands
-                                           if operand.role == "output"))
+                                           if operand.role == "output"),
+                          uses_host_memory=any(operand.memory_space == "host"
+                                               for operand in call.operands))
     if not call.for_tensor_core:
         report.skipped.append("not a TensorCore kernel (GPU compiler params or a SparseCore mesh)")
         return report

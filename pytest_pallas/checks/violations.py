@@ -124,6 +124,9 @@ class KernelReport:
     # An output under pl.Buffered(revisit=pl.RevisitMode.ANY): the chip reads the block
     # back when the grid returns to it, which JAX's TPU interpreter does not (it stops).
     revisits_any: bool = False
+    # An operand in host memory (pl.HOST): neither of JAX's interpreters runs such a kernel on
+    # the CPU (JAX's own interpret tests skip it).
+    uses_host_memory: bool = False
 
     @property
     def ok(self) -> bool:

@@ -57,6 +57,15 @@ def gpu_interpreter_limit(error: BaseException, kernels: Sequence) -> str | None
             "interpreters, not a bug of the kernel; run it with --pallas-gpu on a GPU.")
 
 
+def host_memory_limit(kernel: str, error: BaseException) -> str:
+    """The skip reason when a test whose kernel keeps an operand in host memory failed."""
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    return (f"pallas: kernel {kernel} keeps an operand in host memory (pl.HOST), which JAX's "
+            "interpreters do not run on the CPU (JAX's own interpret tests skip it), and the "
+            f"test failed ({type(error).__name__}: {first}): a limit of JAX's, so its "
+            "run-time behaviour is not checked on the CPU.")
+
+
 def fallback_paragraph(interpreter: str, crash: str, which: str) -> str:
     """Why the test ran again in the other interpreter after ``interpreter`` ("tpu" or
     "plain") crashed inside JAX with ``crash`` while running ``which``."""

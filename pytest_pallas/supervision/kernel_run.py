@@ -261,6 +261,9 @@ class KernelRun:
             gpu_limit = diagnoses.gpu_interpreter_limit(error, self.gpu_kernels_run())
             if gpu_limit is not None:
                 skip_at_test(gpu_limit)  # a GPU kernel never falls back to the TPU interpreter
+            host_memory = [report.kernel for report in self._reports if report.uses_host_memory]
+            if host_memory:
+                skip_at_test(diagnoses.host_memory_limit(host_memory[-1], error))
         fallback = self.interpreter_fallback(error)
         if fallback is None:
             raise error
