@@ -299,3 +299,39 @@ def test_a_kernel_in_host_memory_skips_with_one_line(pytester, run_pytest):
     result.stdout.fnmatch_lines(["SKIPPED *pallas: kernel 'kernel at test_host.py:*' keeps an "
                                  "operand in host memory (pl.HOST), which JAX's interpreters "
                                  "do not run on the CPU*"])
+
+
+# JAX's test_dma_with_regular_semaphore (TPU v6+): a DMA signals a regular semaphore, which
+# the kernel waits for once.
+DMA_SIGNALLING_A_REGULAR_SEMAPHORE = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(x_hbm_ref, y_hbm_ref):
+        def body(x_ref, sem):
+            pltpu.async_copy(x_hbm_ref, x_ref, sem)
+            pl.semaphore_wait(sem)
+            pltpu.async_copy(x_ref, y_hbm_ref, sem)
+            pl.semaphore_wait(sem)
+        pl.run_scoped(body, pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.REGULAR)
+
+    def test_copy_through_vmem():
+        x = jnp.arange(8 * 128.0).reshape((8, 128))
+        any_space = pl.BlockSpec(memory_space=pl.ANY)
+        y = pl.pallas_call(kernel, in_specs=[any_space], out_specs=any_space,
+                           out_shape=jax.typeof(x))(x)
+        np.testing.assert_array_equal(y, x)
+''')
+
+
+def test_a_dma_signalling_a_regular_semaphore_runs_in_the_plain_interpreter(pytester,
+                                                                            run_pytest):
+    # JAX's TPU interpreter adds the DMA's bytes to the semaphore (the kernel's wait of one
+    # passes early, its values are wrong and its semaphore ends off 0); not the kernel's bug.
+    pytester.makepyfile(test_regular=DMA_SIGNALLING_A_REGULAR_SEMAPHORE)
+    result = run_pytest("--pallas-chip=v6e", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*PallasInterpreterFallback: pallas: JAX's TPU interpreter "
+                                 "cannot run kernel 'kernel at test_regular.py:*' as the chip "
+                                 "does (it adds a DMA's bytes to the regular semaphore*"])

@@ -239,11 +239,16 @@ def compile_pallas_call(params: dict[str, Any], avals: Sequence[Any], chip: str,
     if error is None:
         return CompileVerdict(chip, kernel, True, seconds=seconds)
     message = _short(error)
-    whole = str(error).strip()
+    # The compiler's words without the note JAX appends on its filtered traceback.
+    whole = str(error).split(_JAX_TRACEBACK_NOTE)[0].strip()
     rule, size, limit = classify_rejection(whole)
+    shortened = " ".join(line.strip() for line in whole.splitlines() if line.strip()) != message
     return CompileVerdict(chip, kernel, False, rule, message, seconds, size, limit,
                           raised_by_the_lowering(error),
-                          whole[:_WHOLE_MESSAGE_CHARS] if whole != message else "")
+                          whole[:_WHOLE_MESSAGE_CHARS] if shortened else "")
+
+
+_JAX_TRACEBACK_NOTE = "\n--------------------\nFor simplicity, JAX has removed"
 
 
 # The compiler's whole message is kept up to this long (a VMEM overflow lists allocations).

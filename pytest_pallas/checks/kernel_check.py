@@ -328,10 +328,11 @@ class PallasCallChecker:
     program shows that it uses that output, and drops it if it does not.
 
     With ``compiler_chip`` (the compile check runs for that chip beside this), call it with
-    the operands' avals too: a broken kernel the TPU compiler judges keeps the compiler's
+    the operands' avals too: a broken kernel the TPU compiler accepts keeps the compiler's
     verdict on tiling and VMEM (:func:`left_to_the_compiler`); one it rejects raises the
     compiler's error first, in its words and the chip's exception type, as on the chip,
-    where it never runs; one it does not judge keeps the static rules' verdict.
+    where it never runs, then the static rules' reasons; one it does not judge keeps the
+    static rules' verdict.
     """
 
     _KEPT = 512  # reports kept for kernels traced again; races pending for programs unlowered
@@ -359,14 +360,15 @@ class PallasCallChecker:
         rejected_by_the_compiler = None
         if self._compiler_chip is not None and report.violations:
             verdict = self._compiler_verdict(params, avals)
-            if verdict is not None:
-                report = left_to_the_compiler(report)
-                if not verdict.compiled:
-                    rejected_by_the_compiler = verdict.violation()
+            if verdict is not None and verdict.compiled:
+                report = left_to_the_compiler(report)  # the compiler is right
+            elif verdict is not None:
+                rejected_by_the_compiler = verdict.violation()
         if self._reports is not None:
             self._reports.append(report)
         if rejected_by_the_compiler is not None:
-            # On the chip the kernel never runs: the compiler's error, with what else is wrong.
+            # On the chip the kernel never runs: the compiler's error first, then the static
+            # rules' one-line reasons (what else is wrong, in the plugin's words).
             raise rule_violation([rejected_by_the_compiler, *report.violations],
                                  by_the_compiler=True)
         if not self._defer_output_races:

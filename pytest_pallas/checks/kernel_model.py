@@ -95,6 +95,8 @@ class PallasCallInfo:
     scoped: ScopedRegion  # pl.run_scoped allocations in the kernel body
     vmem_limit_bytes: int | None
     for_tensor_core: bool  # False for GPU compiler params or a SparseCore mesh
+    # A DMA signals a regular semaphore (pltpu.SemaphoreType.REGULAR, TPU v6+), not a DMA one.
+    dma_signals_regular_semaphore: bool = False
 
     @property
     def title(self) -> str:
@@ -205,7 +207,25 @@ def describe_pallas_call(params: dict[str, Any]) -> PallasCallInfo:
         scoped=ScopedRegion((), _scoped_regions(kernel_jaxpr)),
         vmem_limit_bytes=compiler_params.vmem_limit_bytes if tpu_params else None,
         for_tensor_core=bool(for_tensor_core),
+        dma_signals_regular_semaphore=_dma_signals_regular_semaphore(kernel_jaxpr),
     )
+
+
+# The dtype names of JAX's semaphore refs: SemaphoreType.REGULAR's, and SemaphoreType.DMA's.
+_REGULAR_SEMAPHORE = "semaphore"
+
+
+def _dma_signals_regular_semaphore(jaxpr: Any) -> bool:
+    """Whether a DMA of the kernel (``dma_start``) takes a regular semaphore."""
+    for eqn in getattr(jaxpr, "eqns", ()):
+        if eqn.primitive.name == "dma_start" and any(
+                str(getattr(getattr(v, "aval", None), "dtype", "")) == _REGULAR_SEMAPHORE
+                for v in eqn.invars):
+            return True
+        for value in eqn.params.values():
+            if any(_dma_signals_regular_semaphore(sub) for sub in sub_jaxprs(value)):
+                return True
+    return False
 
 
 def _block_dim(dim: Any, pl: Any) -> tuple[str, int]:

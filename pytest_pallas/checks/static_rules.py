@@ -495,7 +495,8 @@ def check_pallas_call_info(
                           revisits_any=any(operand.revisit_any for operand in call.operands
                                            if operand.role == "output"),
                           uses_host_memory=any(operand.memory_space == "host"
-                                               for operand in call.operands))
+                                               for operand in call.operands),
+                          dma_signals_regular_semaphore=call.dma_signals_regular_semaphore)
     if not call.for_tensor_core:
         report.skipped.append("not a TensorCore kernel (GPU compiler params or a SparseCore mesh)")
         return report

@@ -127,6 +127,9 @@ class KernelReport:
     # An operand in host memory (pl.HOST): neither of JAX's interpreters runs such a kernel on
     # the CPU (JAX's own interpret tests skip it).
     uses_host_memory: bool = False
+    # A DMA signalling a regular semaphore (TPU v6+): JAX's TPU interpreter adds the DMA's
+    # bytes to it, where the chip's DMA signals it once (JAX's test_dma_with_regular_semaphore).
+    dma_signals_regular_semaphore: bool = False
 
     @property
     def ok(self) -> bool:

@@ -66,9 +66,10 @@ def host_memory_limit(kernel: str, error: BaseException) -> str:
             "run-time behaviour is not checked on the CPU.")
 
 
-def fallback_paragraph(interpreter: str, crash: str, which: str) -> str:
+def fallback_paragraph(interpreter: str, crash: str, which: str, *, crashed: bool = True) -> str:
     """Why the test ran again in the other interpreter after ``interpreter`` ("tpu" or
-    "plain") crashed inside JAX with ``crash`` while running ``which``."""
+    "plain") crashed inside JAX with ``crash`` while running ``which`` (or, not
+    ``crashed``, ran it otherwise than the chip does: ``crash`` says how)."""
     if interpreter == "tpu":
         failed, other = "TPU interpreter", "plain interpreter (interpret=True)"
         lost = ("which checks its values but not its DMAs, semaphores, races or "
@@ -76,8 +77,10 @@ def fallback_paragraph(interpreter: str, crash: str, which: str) -> str:
     else:
         failed, other = "plain interpreter", "TPU interpreter"
         lost = "which checks everything the plain one does"
+    what = (f"crashed inside JAX while running {which}" if crashed
+            else f"cannot run {which} as the chip does")
     return (
-        f"pallas: JAX's {failed} crashed inside JAX while running {which} ({crash}). "
+        f"pallas: JAX's {failed} {what} ({crash}). "
         f"That is a limitation of JAX's {failed}, not a bug of the kernel (the TPU "
         f"compiler may well accept it). The test was run again in the {other}, {lost}; "
         "the static TPU rules ran as usual."

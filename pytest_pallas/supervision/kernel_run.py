@@ -238,7 +238,11 @@ class KernelRun:
             raise KernelTimeout(watchdog.message)
         failure = self.kernel_exit_failure()
         if failure is not None:
-            raise failure
+            fallback = (self.interpreter_fallback(failure)
+                        if self._tpu_interpreter_limit(failure) else None)
+            if fallback is None:
+                raise failure
+            self._run_in_other_interpreter(*fallback)  # the TPU interpreter miscounted
 
     def after_failure(self, error: BaseException, watchdog: Watchdog) -> None:
         """What the test's ``error`` means: a hang, a TPU rule, the race behind wrong values,
@@ -252,11 +256,11 @@ class KernelRun:
             return self._run_with_gpu_numbers(watchdog)
         if not isinstance(error, Exception):
             raise error
-        if self._revisit_it_cannot_run(error) is None:
+        if self._tpu_interpreter_limit(error) is None:
             diagnoses.raise_as_tpu_rule(error)
-        exit_failure = self.kernel_exit_failure()
-        if exit_failure is not None:
-            raise exit_failure from error  # the race behind the wrong values, say
+            exit_failure = self.kernel_exit_failure()
+            if exit_failure is not None:
+                raise exit_failure from error  # the race behind the wrong values, say
         if not self.backend.is_compiled:
             gpu_limit = diagnoses.gpu_interpreter_limit(error, self.gpu_kernels_run())
             if gpu_limit is not None:
@@ -316,8 +320,9 @@ class KernelRun:
         backend = self.backend
         if backend.is_tpu or self.conformance:
             return None
-        crash = jax_internals.interpreter_crash(error) or self._revisit_it_cannot_run(error)
-        if crash is None:
+        crash = jax_internals.interpreter_crash(error)
+        limit = None if crash is not None else self._tpu_interpreter_limit(error)
+        if crash is None and limit is None:
             return None
         kernels = self._traced_kernel_names()
         which = f"kernel {kernels[-1]}" if kernels else "a kernel of this test"
@@ -326,14 +331,26 @@ class KernelRun:
         else:
             params = make_interpret_params(
                 dataclasses.replace(self.options, interpreter="tpu"), backend.tpu_info)
-        return params, diagnoses.fallback_paragraph(backend.interpreter, crash, which)
+        return params, diagnoses.fallback_paragraph(backend.interpreter, crash or limit, which,
+                                                    crashed=crash is not None)
 
-    def _revisit_it_cannot_run(self, error: BaseException) -> str | None:
-        """The TPU interpreter's revisit check stopping a kernel whose output asked for
-        ``pl.RevisitMode.ANY`` (JAX's interpreter does not read a revisited block back, so it
-        refuses; the chip does): its limit, in one line; else None."""
-        if self.backend.interpreter != "tpu" or not any(
-                report.revisits_any for report in self._reports):
+    def _tpu_interpreter_limit(self, error: BaseException) -> str | None:
+        """A failure that is the TPU interpreter's limit, not the kernel's bug, in one line
+        (the test then runs in the plain interpreter); else None:
+
+        - a kernel whose DMA signals a regular semaphore: the TPU interpreter adds the DMA's
+          bytes to it, so the kernel's waits of one pass early and its semaphores end off 0;
+          the chip (TPU v6+) signals it once per DMA;
+        - its revisit check stopping a kernel whose output asked for ``pl.RevisitMode.ANY``
+          (JAX's interpreter does not read a revisited block back, so it refuses; the chip
+          does).
+        """
+        if self.backend.interpreter != "tpu":
+            return None
+        if any(report.dma_signals_regular_semaphore for report in self._reports):
+            return ("it adds a DMA's bytes to the regular semaphore the DMA signals "
+                    "(pltpu.SemaphoreType.REGULAR), which the chip signals once per DMA")
+        if not any(report.revisits_any for report in self._reports):
             return None
         violation = translate_interpreter_error(error)
         if violation is None or violation.rule != REVISIT:  # an out-of-bounds access stays

@@ -22,17 +22,22 @@ USER_KERNELS = textwrap.dedent(
                          max_size={"r": 8, "c": 128})
 
 
-    def _sum_body(x_ref, o_ref, acc_ref, *unused_scratch, initialise, axis):
+    def _sum_body(x_ref, o_ref, acc_ref, *extra_scratch, initialise, axis):
         if initialise:
             @pl.when(pl.program_id(axis) == 0)
             def _():
                 acc_ref[...] = jnp.zeros_like(acc_ref)
 
         acc_ref[...] += x_ref[...]
+        for extra in extra_scratch:  # used, so that the compiler keeps it in VMEM
+            row = pl.multiple_of(pl.program_id(0) * 8, 8)  # dynamic: the whole buffer stays
+            extra[pl.ds(row, 8), :] = acc_ref[...]
 
         @pl.when(pl.program_id(axis) == pl.num_programs(axis) - 1)
         def _():
             o_ref[...] = acc_ref[...]
+            for extra in extra_scratch:  # the same values, read back from the big buffer
+                o_ref[...] = extra[pl.ds(pl.multiple_of(pl.program_id(0) * 8, 8), 8), :]
 
 
     def _sum(x, *, name, block=(8, 128), order="rows-then-n", semantics=None,
