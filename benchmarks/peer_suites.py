@@ -66,8 +66,19 @@ NO_SOURCE = ("no JAX source: give --jax-source PATH (or PEER_SUITES_JAX_SOURCE),
 
 
 def _installed_jax_version() -> str:
-    out = subprocess.run([sys.executable, "-c", "import jax; print(jax.__version__)"],
-                         capture_output=True, text=True, check=True)
+    return _installed_versions().split(",")[0].removeprefix("jax ")
+
+
+def _installed_versions() -> str:
+    """"jax 0.10.2, libtpu 0.0.43.2" as the runs will import them (``PYTHONPATH`` included):
+    the libtpu decides the TPU compiler check's verdicts and which tests a libtpu-date gate
+    lets run."""
+    probe = ("import importlib.metadata as m, jax\n"
+             "try: libtpu = 'libtpu ' + m.version('libtpu')\n"
+             "except m.PackageNotFoundError: libtpu = 'no libtpu'\n"
+             "print(f'jax {jax.__version__}, {libtpu}')")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True)
     return out.stdout.strip()
 
 
@@ -217,7 +228,7 @@ def main(argv=None) -> None:
             raise SystemExit(NO_SOURCE)
         used = fetch_jax_files(pathlib.Path(args.jax_source).expanduser(), args.ref,
                                args.files, workdir)
-        print(f"JAX's tests from {used}, jax {_installed_jax_version()} installed", flush=True)
+        print(f"JAX's tests from {used}; installed: {_installed_versions()}", flush=True)
         paths = [pathlib.Path("tests", "pallas", name) for name in args.files]
     else:
         root, paths = tokamax_test_files(args.tokamax_exclude)
