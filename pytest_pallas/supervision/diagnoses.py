@@ -57,6 +57,13 @@ def gpu_interpreter_limit(error: BaseException, kernels: Sequence) -> str | None
             "interpreters, not a bug of the kernel; run it with --pallas-gpu on a GPU.")
 
 
+def compiled_artefact_note(read: Sequence[str]) -> str:
+    """For a failed test that read what JAX compiled (``_compat.compiled_artefacts``)."""
+    return (f"pallas: this test read the compiled program ({', '.join(sorted(set(read)))}); "
+            "on the CPU its Pallas kernels are compiled as JAX's interpreter, not as the "
+            "chip's Mosaic kernel, so what it asserts of that text or cost does not hold here.")
+
+
 def host_memory_limit(kernel: str, error: BaseException) -> str:
     """The skip reason when a test whose kernel keeps an operand in host memory failed."""
     first = (str(error).strip().splitlines() or [""])[0][:200]

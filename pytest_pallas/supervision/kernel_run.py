@@ -23,6 +23,7 @@ from collections.abc import Callable
 import pytest
 
 from .._compat import gpu_interpreter, jax_internals, tpu_interpreter
+from .._compat.compiled_artefacts import compiled_artefacts_read
 from .._compat.device_under_test import stand_in_chip_under_test
 from .._compat.pytest_internals import run_test_again, skip_at_test
 from ..backend import Backend, make_interpret_params
@@ -101,6 +102,7 @@ class KernelRun:
         self._gpu_kernels: list = []  # the GPU kernels the test ran on the CPU, and where
         self._gpu_races: list = []  # True per GPU-interpreted kernel that ended with a race
         self._rounded_dots: list = []  # kernels with a float32 dot the chip rounds
+        self._artefacts_read: list[str] = []  # compiled programs the test read (failure note)
         self._calling = False  # the test's call has begun (its setup is over)
 
     # --- open and close -----------------------------------------------------------------
@@ -140,6 +142,9 @@ class KernelRun:
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
             stack.enter_context(interpreted_kernels(self._interpreted_kernel_names))
+        if not backend.is_compiled:
+            # A failure then says the test read a compiled program of an interpreted kernel.
+            self._artefacts_read = stack.enter_context(compiled_artefacts_read([]))
         # A bare comparison's failure then names the error model of a traced paged or
         # ragged attention kernel.
         stack.enter_context(traced_kernels(self._traced_kernel_names))
@@ -412,7 +417,10 @@ class KernelRun:
         rounding = (rounding_note(self._rounded_dots, self.backend.chip,
                                   self.backend.float32_dot_rounding or "bfloat16")
                     if self._rounded_dots else None)
-        note = "\n".join(filter(None, (note, rounding))) or None
+        artefacts = (diagnoses.compiled_artefact_note(self._artefacts_read)
+                     if error is not None and self._artefacts_read
+                     and self._traced_kernel_names() else None)
+        note = "\n".join(filter(None, (note, rounding, artefacts))) or None
         return note, "\n".join(self.backend.own_params_changed)
 
 
