@@ -115,7 +115,7 @@ CAUSES: list[tuple[str, str]] = [
      "expects the TPU compiler's words for a VMEM overflow (the plugin's static rule answered)"),
     (r"Cannot resolve attribute pretty_print",
      "a TypeError inside JAX's jaxpr printer on a nested ref selection (not examined further)"),
-    (r"TpuRuleViolation.*Mosaic failed to compile",
+    (r"TpuRuleViolation.*(Mosaic failed to compile|the TPU compiler \(libtpu [^)]*\) rejects)",
      "the TPU compiler rejects the kernel for the stand-in chip (v5e)"),
     (r"TpuRuleViolation", "the plugin's TPU check rejected the kernel"),
     (r"cost_analysis|used_scoped_memory|as_text\(\)|debug=True|HloModule"
@@ -126,8 +126,14 @@ CAUSES: list[tuple[str, str]] = [
     # The test's own: its kv-head Megacore mode wants an even head count, on any chip.
     (r"when num_kv_heads is odd", "the test's own parameter skip (skips on the chip too)"),
     (r"Megacore|megacore", "Megacore only: the stand-in chip has one TensorCore"),
-    (r"(?i)interpret not supported|non-interpret mode|fail on interpreter",
+    (r"(?i)interpret not supported|non-interpret mode|fail on interpreter"
+     r"|interpret mode does not support|not supported in interpret mode"
+     r"|add interpret support",
      "the test declines the interpreter (it runs compiled only)"),
+    # The test's own, on any chip: "Requires TPU v5+ and not too large stride." skips the
+    # large strides on a v5+ too; "doesn't work yet." skips unconditionally.
+    (r"not too large stride|doesn't work yet",
+     "the test's own parameter skip (skips on the chip too)"),
     (r"Only run interpret tests on CPU|interpret.*on CPU",
      "interpret-mode test: runs only where the device under test is the CPU"),
     (r"(?i)only \d+ device is supported|single device",
@@ -250,11 +256,18 @@ RUN_NOWHERE = {
 SKIPPED_ON_THE_CHIP = RUN_NOWHERE | {NEWER_LIBTPU}
 
 
+# Skips another configuration is there to open (another chip, one device): where that
+# configuration skipped the test too, its own reason is the one that says why.
+_GATES_OPENED = {TPU_GATE, "wants one device: the run simulates several",
+                 "Megacore only: the stand-in chip has one TensorCore"}
+
+
 def merge_configurations(on: list[Result], *others: list[Result]) -> list[Result]:
     """One opted-in result per test from runs of the same tests under several configurations
     (one simulated device and eight, as a TPU CI runs a suite on a single chip and on a
     slice): failed where any run failed it, else passed where any passed it, else the
-    first run's skip. A test only some runs hold keeps the outcomes it has."""
+    first run's skip (a later run's where the first skipped at a gate the later one opened,
+    for another chip or one device). A test only some runs hold keeps the outcomes it has."""
     by_id: dict[str, list[Result]] = collections.defaultdict(list)
     for results in (on, *others):
         for result in results:
@@ -263,6 +276,8 @@ def merge_configurations(on: list[Result], *others: list[Result]) -> list[Result
     for test_id, results in by_id.items():
         chosen = (next((r for r in results if r.outcome == FAILED), None)
                   or next((r for r in results if r.outcome == PASSED), None)
+                  or next((r for r in results
+                           if cause(r.outcome, r.reason, r.detail) not in _GATES_OPENED), None)
                   or results[0])
         merged.append(dataclasses.replace(chosen, seconds=sum(r.seconds for r in results)))
     return merged

@@ -155,6 +155,19 @@ def test_runs_under_two_configurations_are_taken_together(suite, monkeypatch):
     assert len(merged) == len(on)
 
 
+def test_a_skip_at_a_gate_another_configuration_opened_gives_that_run_s_reason():
+    def skipped(reason):
+        return results.Result("t.py::T::test_mxu", "t.py", results.SKIPPED, reason, 0.1)
+
+    first = skipped("TPU v7 required for this test.")
+    as_7x = skipped("pallas: ... neither of JAX's interpreters can run this kernel ...")
+    merged = results.merge_configurations([first], [as_7x])
+    assert [r.reason for r in merged] == [as_7x.reason]
+    # A skip of the test's own keeps the first run's reason.
+    own = skipped("Bitcasting with bool is not supported")
+    assert results.merge_configurations([own], [as_7x])[0].reason == own.reason
+
+
 def test_a_newer_libtpu_gate_is_counted_as_skipped_on_the_chip_too():
     reason = "Needs a newer libtpu"
     assert results.cause(results.SKIPPED, reason) == results.NEWER_LIBTPU
