@@ -23,6 +23,7 @@ from . import hosts
 from ._compat import (
     chip_matmuls,
     device_kinds,
+    explicit_mxu,
     gpu_interpreter,
     interpreter_fixes,
     jax_internals,
@@ -175,6 +176,8 @@ class Backend:
             # pltpu.pack_elementwise, unpack_elementwise and stochastic_round, which JAX's
             # CPU cannot run.
             stack.enter_context(interpreter_fixes.tpu_primitives_on_the_cpu())
+            # TPU 7x's explicit MXU (pltpu.matmul_push_rhs, matmul_acc_lhs, matmul_pop).
+            stack.enter_context(explicit_mxu.explicit_mxu_interpreted())
             # Operands constrained to SMEM or VMEM, as to HBM.
             stack.enter_context(interpreter_fixes.memory_space_constraints_accepted())
             # Loads, stores and DMAs from and to ref.reshape(...) and ref.bitcast(...) views.
