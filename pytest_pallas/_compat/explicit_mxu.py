@@ -6,8 +6,9 @@ The MXU's state lives on the host while a kernel runs, as its docstrings describ
 MXU has staging registers a right-hand side is pushed to (transposed if asked), the weights
 ``matmul_acc_lhs`` loads from one of them, and accumulators addressed by ``acc_addr``, to which
 each ``matmul_acc_lhs`` adds ``lhs @ weights`` and from which ``matmul_pop`` takes the sum,
-zeroing it (an accumulator never added to reads zero). The product itself is a ``jnp.matmul`` in the kernel, so a float32 one rounds as
-the run's chip numbers round every kernel dot (contract §10). Checked against JAX's own
+zeroing it (an accumulator never added to reads zero). The product itself is a
+``jnp.matmul`` in the kernel, so a float32 one rounds as the run's chip numbers round every
+kernel dot (contract §10). Checked against JAX's own
 ``ExplicitMXUTest`` (tests/pallas/tpu_pallas_test.py), which holds the explicit MXU to a
 ``jnp.matmul`` in a kernel bit for bit; the chip's order within a pass: unchecked.
 
