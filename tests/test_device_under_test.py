@@ -360,3 +360,42 @@ def test_a_failure_after_reading_the_compiled_program_says_why(pytester, run_pyt
     result.stdout.fnmatch_lines(["*pallas: this test read the compiled program (Compiled.as_text);"
                                  " on the CPU its Pallas kernels are compiled as JAX's "
                                  "interpreter, not as the chip's Mosaic kernel*"])
+
+
+# A suite that loads its own Hypothesis profile as its module is imported, as JAX's Pallas
+# tests do (derandomized: the same examples on every machine).
+OWN_HYPOTHESIS_PROFILE = textwrap.dedent('''
+    import hypothesis as hp, hypothesis.strategies as hps
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.experimental import pallas as pl
+
+    hp.settings.register_profile("deterministic", database=None, derandomize=True,
+                                 deadline=None, max_examples=7)
+    hp.settings.load_profile("deterministic")
+    SEEN = []
+
+    @hp.given(hps.integers(1, 1000))
+    def test_kernel(n):
+        SEEN.append(n)
+        x = jnp.full((8, 128), n, jnp.int32)
+        out = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + 1),
+                             out_shape=jax.typeof(x), interpret=True)(x)
+        np.testing.assert_array_equal(out, x + 1)
+
+    def test_report():
+        print("PROFILE", hp.settings.get_current_profile_name(), "EXAMPLES", SEEN)
+''')
+
+
+def test_a_suite_s_own_hypothesis_profile_stands(pytester, run_pytest):
+    pytester.makepyfile(test_own_profile=OWN_HYPOTHESIS_PROFILE)
+    off = run_pytest("-p", "no:pallas", "-p", "no:xdist", "-s")
+    on = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-s")
+    on.assert_outcomes(passed=2)
+
+    def examples(result):
+        return next(line for line in result.outlines if "PROFILE" in line)
+
+    # Its profile, its derandomized examples: not the plugin's profile or seed.
+    assert "PROFILE deterministic" in examples(on)
+    assert examples(on).split("PROFILE")[1] == examples(off).split("PROFILE")[1]

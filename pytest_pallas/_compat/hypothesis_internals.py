@@ -39,14 +39,15 @@ def is_given_test(function: Any) -> bool:
     return bool(getattr(function, "is_hypothesis_test", False))
 
 
-def seed_with_run_settings(function: Any, seed: int,
+def seed_with_run_settings(function: Any, seed: int | None,
                            make_settings: Callable[[Any], Any] | None = None
                            ) -> Callable[[], None]:
     """Make the ``@given`` test ``function`` run with ``seed`` and, unless it has its own
     ``@settings``, the loaded profile; returns what puts the function back as it was.
 
     ``make_settings``, if given, derives the test's settings from the loaded profile
-    (a conformance property that runs a fifth of the profile's examples, say).
+    (a conformance property that runs a fifth of the profile's examples, say). ``seed=None``:
+    no seed, the settings' own draw (a derandomized suite's examples).
     """
     from hypothesis import seed as seeded
     from hypothesis import settings
@@ -58,7 +59,8 @@ def seed_with_run_settings(function: Any, seed: int,
         # @given took the profile loaded when the module was imported, before the plugin
         # knew the test was ours.
         setattr(function, _SETTINGS, settings.default)
-    seeded(seed)(function)
+    if seed is not None:
+        seeded(seed)(function)
 
     def restore() -> None:
         for name, value in saved.items():

@@ -281,7 +281,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         from ..bench.fixture import request_single_threaded_xla
 
         request_single_threaded_xla(config)
-    load_hypothesis_profile(pallas, config)
+    # The suite's own conformance properties are sized on the run's profile; another suite
+    # keeps a profile its modules loaded.
+    load_hypothesis_profile(pallas, config, collected=not any(
+        is_conformance_item(item) for item in items))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -13,12 +13,18 @@ from ..suite.membership import is_conformance_item
 from .session import PallasSession
 
 
-def load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> None:
+def load_hypothesis_profile(pallas: PallasSession, config: pytest.Config, *,
+                            collected: bool = False) -> None:
+    """Load the run's profile (``pallas-dev``, ...). Once the tests are ``collected``, a
+    profile a test module or conftest loaded of its own as it was imported stands (JAX's
+    Pallas tests load ``deterministic``: derandomized, with health checks its examples pass)."""
     from hypothesis import Verbosity, settings
 
     from .._compat.hypothesis_internals import current_profile_name
     from ..strategies import register_profiles
 
+    if collected and _suite_s_own_profile(config, current_profile_name()):
+        return
     register_profiles()
     profile = f"pallas-{pallas.options.profile}"
     overrides = {}
@@ -38,6 +44,13 @@ def load_hypothesis_profile(pallas: PallasSession, config: pytest.Config) -> Non
     settings.load_profile(profile)
 
 
+def _suite_s_own_profile(config: pytest.Config, name: str) -> bool:
+    """Whether the loaded profile ``name`` is one the tests' own modules loaded: not
+    Hypothesis's default, not the one ``--hypothesis-profile`` asked for, not the plugin's."""
+    asked = config.getoption("--hypothesis-profile", default=None)
+    return name not in ("default", asked) and not name.startswith("pallas-")
+
+
 def seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
     """The same --pallas-seed and test id give the same examples, on any worker.
 
@@ -45,18 +58,28 @@ def seed_hypothesis(pallas: PallasSession, item: pytest.Item) -> None:
     set at collection would be the last item's; a method's ``obj`` is a bound method, which
     takes no attributes, so the seed goes on the function behind it.
     """
-    from .._compat.hypothesis_internals import is_given_test, seed_with_run_settings
+    from hypothesis import settings
+
+    from .._compat.hypothesis_internals import (
+        current_profile_name,
+        is_given_test,
+        seed_with_run_settings,
+    )
 
     function = getattr(item, "obj", None)
     function = getattr(function, "__func__", function)
     if is_given_test(function):
         from ..suite.generated import SETTINGS_ATTRIBUTE
 
+        # A suite's own derandomized profile (JAX's) keeps the examples its authors chose.
+        own_draw = (_suite_s_own_profile(item.config, current_profile_name())
+                    and settings.default.derandomize)
         # Put back at teardown: the function is shared by its parametrized items and by
         # a later run of the suite in the same process. A conformance test makes its own
         # count (a fifth of the profile's, say) from the profile of this run.
         item.stash[_HYPOTHESIS_RESTORE] = seed_with_run_settings(
-            function, pallas.key_seed(item.nodeid), getattr(function, SETTINGS_ATTRIBUTE, None))
+            function, None if own_draw else pallas.key_seed(item.nodeid),
+            getattr(function, SETTINGS_ATTRIBUTE, None))
 
 
 _HYPOTHESIS_RESTORE = pytest.StashKey[Callable[[], None]]()
