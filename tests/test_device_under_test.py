@@ -399,3 +399,34 @@ def test_a_suite_s_own_hypothesis_profile_stands(pytester, run_pytest):
     # Its profile, its derandomized examples: not the plugin's profile or seed.
     assert "PROFILE deterministic" in examples(on)
     assert examples(on).split("PROFILE")[1] == examples(off).split("PROFILE")[1]
+
+
+# JAX's test_disable_bounds_check: a kernel that turned the chip's bounds checks off reads past
+# its (8, 128) input; only the part in bounds is compared.
+BOUNDS_CHECKS_OFF = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(src, tgt):
+        tgt[:] = src[tuple(pl.ds(d) for d in tgt.shape)]
+
+    @pytest.mark.parametrize("checks_off", [True, False])
+    def test_reads_past_its_input(checks_off):
+        x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+        out = pl.pallas_call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32),
+                             compiler_params=pltpu.CompilerParams(
+                                 disable_bounds_checks=checks_off))(x)
+        np.testing.assert_array_equal(out[:8, :128], x)
+''')
+
+
+def test_a_kernel_with_bounds_checks_off_reads_out_of_bounds_as_on_the_chip(pytester,
+                                                                            run_pytest):
+    pytester.makepyfile(test_bounds=BOUNDS_CHECKS_OFF)
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-compile=none", "-p", "no:xdist",
+                        "-rf")
+    result.assert_outcomes(passed=1, failed=1)
+    # With the chip's checks on, the read past the input is the kernel's broken rule.
+    result.stdout.fnmatch_lines(["FAILED *test_reads_past_its_input?False? - *"])
+    assert "TPU rule [out-of-bounds-access]" in result.stdout.str()

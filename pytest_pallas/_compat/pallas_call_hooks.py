@@ -257,6 +257,8 @@ def forced_interpreter_when_called() -> Iterator[bool]:
         forced = context.value
         if forced is not None and params.get("interpret") is False:
             params = {**params, "interpret": forced}
+        if forced is not None and params.get("interpret") is forced:
+            params = {**params, "interpret": _reads_as_the_kernel_asks(forced, params)}
         return previous(*args, **params)
 
     primitive.bind = bind
@@ -267,6 +269,21 @@ def forced_interpreter_when_called() -> Iterator[bool]:
             primitive.bind = previous
         else:
             del primitive.bind
+
+
+def _reads_as_the_kernel_asks(forced: Any, params: dict[str, Any]) -> Any:
+    """The forced interpreter parameters for one kernel: one compiled with
+    ``pltpu.CompilerParams(disable_bounds_checks=True)`` reads out of bounds without an error,
+    as on the chip (JAX's ``test_disable_bounds_check``): what it reads there is
+    uninitialised (``out_of_bounds_reads="uninitialized"``), not a stop."""
+    import dataclasses
+
+    if not getattr(params.get("compiler_params"), "disable_bounds_checks", False):
+        return forced
+    if getattr(forced, "out_of_bounds_reads", None) != "raise" or not dataclasses.is_dataclass(
+            forced):
+        return forced
+    return dataclasses.replace(forced, out_of_bounds_reads="uninitialized")
 
 
 def exported_pallas_call(params: dict[str, Any], avals: Sequence[Any], tpu_info: Any) -> Any:
