@@ -693,3 +693,39 @@ def test_a_kernel_jax_cannot_print_still_has_a_fingerprint():
         (8, 256), jnp.float32)] * 2)[0][0]
     assert jaxpr_analysis.pallas_call_fingerprint(first) != jaxpr_analysis.pallas_call_fingerprint(
         other)
+
+
+def test_an_exception_of_the_test_s_own_during_a_compile_is_no_verdict(monkeypatch):
+    # A test's own time limit (an alarm's exception) fired while libtpu compiled: it was
+    # taken for the compiler's rejection, and cached.
+    class TestsOwnTimeLimit(Exception):
+        pass
+
+    x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    params, avals, _ = _kernel_params(lambda v: _whole_copy(v), x)[0]
+
+    def fires(*_):
+        raise TestsOwnTimeLimit("ran past 60 s")
+
+    monkeypatch.setattr(compile_check, "_compile", fires)
+    with pytest.raises(TestsOwnTimeLimit):
+        compile_check.compile_pallas_call(params, avals, "v5e")
+
+    def rejects(*_):
+        raise ValueError("Mosaic rejects it")
+
+    monkeypatch.setattr(compile_check, "_compile", rejects)
+    verdict = compile_check.compile_pallas_call(params, avals, "v5e")
+    assert not verdict.compiled and "Mosaic rejects it" in verdict.message
+
+
+def test_a_kernel_with_an_operand_of_a_hijax_type_is_not_compiled_alone():
+    # Lowered to several arrays, it is not the kernel its program compiles (JAX's
+    # test_emit_pipeline_hijax: "Cannot infer the memory space of main's argument 3").
+    class PairOfArrays:
+        is_high = True
+        shape, dtype = (8, 128), jnp.float32
+
+    x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    params, _, _ = _kernel_params(lambda v: _whole_copy(v), x)[0]
+    assert compile_check.verdict_if_judged(params, (PairOfArrays(),), "v5e") is None
