@@ -7,8 +7,11 @@ import textwrap
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-pytestmark = pytest.mark.skipif(not hasattr(pltpu, "matmul_push_rhs"),
-                                reason="this JAX has no explicit MXU (pltpu.matmul_push_rhs)")
+from pytest_pallas._compat.explicit_mxu import addressed_accumulators
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(pltpu, "matmul_push_rhs") or not addressed_accumulators(),
+    reason="this JAX's explicit MXU takes accumulator refs (jax 0.12), not supplied")
 
 EXPLICIT_MXU = textwrap.dedent('''
     import jax, jax.numpy as jnp, numpy as np

@@ -12,7 +12,9 @@ kernel dot (contract §10). Checked against JAX's own
 ``ExplicitMXUTest`` (tests/pallas/tpu_pallas_test.py), which holds the explicit MXU to a
 ``jnp.matmul`` in a kernel bit for bit; the chip's order within a pass: unchecked.
 
-The host calls are ordered ``io_callback``s, which XLA runs on threads of its own: the state
+The API is jax 0.10's and 0.11's (accumulators addressed by number); JAX 0.12's accumulator
+refs are not supplied, and its kernels skip as before. The host calls are ordered
+``io_callback``s, which XLA runs on threads of its own: the state
 is one for the process, so kernels on several simulated devices at once would share it (a
 limit: JAX's tests run the explicit MXU on one device).
 """
@@ -141,6 +143,24 @@ _IMPLEMENTATIONS = {
 }
 
 
+def addressed_accumulators(primitives: Any = None) -> bool:
+    """Whether this JAX's explicit MXU addresses its accumulators by number
+    (``matmul_acc_lhs(acc_addr=...)``, jax 0.10 and 0.11), the API supplied here. JAX 0.12
+    passes accumulator refs instead and adds FIFO primitives."""
+    import inspect
+
+    if primitives is None:
+        try:
+            primitives = private_attribute(_PRIMITIVES_MODULE)
+        except JaxInternalsChanged:
+            return False
+    function = getattr(primitives, "matmul_acc_lhs", None)
+    try:
+        return function is not None and "acc_addr" in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 @contextlib.contextmanager
 def explicit_mxu_interpreted() -> Iterator[bool]:
     """Inside the block, JAX's TPU interpreter runs the explicit-MXU primitives this JAX has
@@ -151,6 +171,9 @@ def explicit_mxu_interpreted() -> Iterator[bool]:
         table = private_attribute(_INTERPRETER_MODULE, "_interpret_impls")
     except JaxInternalsChanged:
         yield False
+        return
+    if not addressed_accumulators(primitives):
+        yield False  # JAX 0.12's accumulator refs (AccMemorySpace): not supplied
         return
     _MXUS.__init__()  # nothing a test before left behind (a kernel that failed midway)
     added = []

@@ -245,7 +245,9 @@ def _block_dim(dim: Any, pl: Any) -> tuple[str, int]:
 def _memory_space_name(memory_space: Any) -> str:
     if memory_space is None:
         return "vmem"  # Mosaic's choice for a pallas_call block on a TensorCore
-    value = str(getattr(memory_space, "value", memory_space))
+    value = getattr(memory_space, "value", memory_space)
+    if not isinstance(value, str):  # jax 0.12's pl.HOST: an enum member whose value is 2
+        value = str(getattr(memory_space, "name", value)).lower()
     return {"default": "vmem", "semaphore_mem": "semaphore"}.get(value, value)
 
 
