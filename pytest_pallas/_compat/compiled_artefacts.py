@@ -14,7 +14,7 @@ import functools
 from collections.abc import Iterator
 
 # (class of jax.stages, method): what reads the compiled program.
-READERS = (("Lowered", "as_text"), ("Lowered", "cost_analysis"),
+READERS = (("Lowered", "as_text"), ("Lowered", "compiler_ir"), ("Lowered", "cost_analysis"),
            ("Compiled", "as_text"), ("Compiled", "cost_analysis"),
            ("Compiled", "memory_analysis"))
 
