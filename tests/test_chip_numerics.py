@@ -126,6 +126,10 @@ def test_rounding_is_the_chips_bit_for_bit_and_undone_after():
         assert np.abs(np.asarray(dot(x, y)) - exact).max() > 1e-3
         highest = jnp.dot(x, y, precision=lax.Precision.HIGHEST)
         np.testing.assert_allclose(highest, exact, rtol=1e-5, atol=1e-5)
+        # A one-pass bfloat16 dot algorithm rounds as the default precision does.
+        one_pass = jnp.dot(x, y, precision=lax.DotAlgorithmPreset.BF16_BF16_F32,
+                           preferred_element_type=jnp.float32)
+        np.testing.assert_allclose(one_pass, chip, rtol=1e-6, atol=1e-5)
         with jax.default_matmul_precision("float32"):  # the user's own setting wins
             np.testing.assert_allclose(jax.jit(lambda a, b: a @ b)(x, y), exact,
                                        rtol=1e-5, atol=1e-5)
