@@ -31,6 +31,7 @@ a test past ``--timeout`` seconds. The installed jax is not modified. JAX's own 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pathlib
 import re
@@ -65,21 +66,29 @@ NO_SOURCE = ("no JAX source: give --jax-source PATH (or PEER_SUITES_JAX_SOURCE),
              "https://github.com/jax-ml/jax, e.g. git clone --bare https://github.com/jax-ml/jax")
 
 
+@functools.cache
+def _installed() -> tuple[str, str | None]:
+    """The versions of jax and libtpu (None without it) as the runs will import them
+    (``PYTHONPATH`` included): the libtpu decides the TPU compiler check's verdicts and
+    which tests a libtpu-date gate lets run. Asked once, of a fresh interpreter."""
+    probe = ("import importlib.metadata as m, jax\n"
+             "try: libtpu = m.version('libtpu')\n"
+             "except m.PackageNotFoundError: libtpu = ''\n"
+             "print(jax.__version__); print(libtpu)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True)
+    jax_version, libtpu = (out.stdout.splitlines() + [""])[:2]
+    return jax_version.strip(), libtpu.strip() or None
+
+
 def _installed_jax_version() -> str:
-    return _installed_versions().split(",")[0].removeprefix("jax ")
+    return _installed()[0]
 
 
 def _installed_versions() -> str:
-    """"jax 0.10.2, libtpu 0.0.43.2" as the runs will import them (``PYTHONPATH`` included):
-    the libtpu decides the TPU compiler check's verdicts and which tests a libtpu-date gate
-    lets run."""
-    probe = ("import importlib.metadata as m, jax\n"
-             "try: libtpu = 'libtpu ' + m.version('libtpu')\n"
-             "except m.PackageNotFoundError: libtpu = 'no libtpu'\n"
-             "print(f'jax {jax.__version__}, {libtpu}')")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True)
-    return out.stdout.strip()
+    """"jax 0.10.2, libtpu 0.0.43.2", for the report's header."""
+    jax_version, libtpu = _installed()
+    return f"jax {jax_version}, " + (f"libtpu {libtpu}" if libtpu else "no libtpu")
 
 
 def _git_dir(source: pathlib.Path) -> pathlib.Path | None:

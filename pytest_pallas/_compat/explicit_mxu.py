@@ -46,6 +46,10 @@ class _Mxus:
         self.weights: dict[int, Any] = {}  # mxu -> the loaded rhs
         self.accumulators: dict[tuple[int, int], Any] = {}  # (mxu, acc_addr) -> sum
 
+    def clear(self) -> None:
+        for held in (self.staged, self.weights, self.accumulators):
+            held.clear()
+
 
 _MXUS = _Mxus()
 
@@ -175,7 +179,7 @@ def explicit_mxu_interpreted() -> Iterator[bool]:
     if not addressed_accumulators(primitives):
         yield False  # JAX 0.12's accumulator refs (AccMemorySpace): not supplied
         return
-    _MXUS.__init__()  # nothing a test before left behind (a kernel that failed midway)
+    _MXUS.clear()  # nothing a test before left behind (a kernel that failed midway)
     added = []
     for name, implementation in _IMPLEMENTATIONS.items():
         primitive = getattr(primitives, name, None)

@@ -243,8 +243,7 @@ class KernelRun:
             raise KernelTimeout(watchdog.message)
         failure = self.kernel_exit_failure()
         if failure is not None:
-            fallback = (self.interpreter_fallback(failure)
-                        if self._tpu_interpreter_limit(failure) else None)
+            fallback = self.interpreter_fallback(failure)  # a limit of the TPU interpreter's
             if fallback is None:
                 raise failure
             self._run_in_other_interpreter(*fallback)  # the TPU interpreter miscounted
