@@ -170,6 +170,8 @@ class Backend:
             stack.enter_context(interpreter_fixes.empty_slices_in_bounds())
             stack.enter_context(interpreter_fixes.zero_byte_waits_return())
             stack.enter_context(interpreter_fixes.empty_accesses_race_with_nothing())
+            # Fresh integer memory reads the chip's poison under pl.enable_poison_buffers.
+            stack.enter_context(interpreter_fixes.buffers_poisoned_as_the_chip_poisons())
             # XLA's fast CPU compiles for the test's own jits, where its kernels are
             # interpreted: their compile time is most of an interpreted test's.
             stack.enter_context(xla_cpu_options.fast_cpu_compiles())

@@ -729,3 +729,31 @@ def test_a_kernel_with_an_operand_of_a_hijax_type_is_not_compiled_alone():
     x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
     params, _, _ = _kernel_params(lambda v: _whole_copy(v), x)[0]
     assert compile_check.verdict_if_judged(params, (PairOfArrays(),), "v5e") is None
+
+
+# JAX's test_automatic_single_buffering, cut down: a 10 MiB output window that moves needs
+# twice that, over v5e's 16 MiB of scoped VMEM; single-buffered (pl.Buffered(1)) it fits.
+SINGLE_BUFFERED_AFTER_DOUBLE = textwrap.dedent('''
+    import jax, jax.numpy as jnp, pytest
+    from jax.experimental import pallas as pl
+
+    def test_single_buffering_fits_where_double_did_not():
+        window = 10 * 2**20
+        def call(mode):
+            return pl.pallas_call(
+                lambda o_ref: None, grid=(4, 1),
+                out_shape=jax.ShapeDtypeStruct((4 * window,), jnp.int8),
+                out_specs=pl.BlockSpec((window,), lambda i, j: (j + i,), pipeline_mode=mode))
+        with pytest.raises(jax.errors.JaxRuntimeError, match="compiler-vmem"):
+            jax.jit(call(None)).lower().compile()
+        jax.jit(call(pl.Buffered(1))).lower().compile()
+''')
+
+
+def test_a_kernel_differing_in_its_pipeline_mode_alone_is_compiled_again(run_pytest, pytester):
+    # The compile check's cache took the single-buffered kernel for the double-buffered one
+    # it had judged (a block mapping's repr names its shape only) and rejected it.
+    pytester.makepyfile(test_single_buffering=SINGLE_BUFFERED_AFTER_DOUBLE)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+    assert "2 kernel compiles" in result.stdout.str()

@@ -487,3 +487,45 @@ STOCHASTIC_ROUND = textwrap.dedent('''
 def test_stochastic_rounding_runs_in_the_tpu_interpreter(pytester, run_pytest):
     pytester.makepyfile(test_stochastic_round=STOCHASTIC_ROUND)
     run_pytest("-p", "no:xdist", "--pallas-compile=none").assert_outcomes(passed=1)
+
+
+# With pl.enable_poison_buffers on, the chip poisons a pipeline's unwritten integer output
+# with only the top bit set (JAX's tpu_pallas_pipeline_test.py::test_poison_buffers, TPU
+# v5+); JAX's interpreter filled the maximum. Off, the interpreter's maximum stays.
+POISONED_INTEGERS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def unwritten_half(dtype, poison):
+        def body(x_ref, o_ref):
+            o_ref[:4, :] = x_ref[:4, :]
+
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((8, 128), dtype),
+                   mesh=pltpu.create_tensorcore_mesh("core"))
+        def kernel(x_hbm_ref, o_hbm_ref):
+            pltpu.emit_pipeline(body, grid=(1,),
+                                in_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+                                out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)))(
+                x_hbm_ref, o_hbm_ref)
+
+        with pl.enable_poison_buffers(poison):
+            out = np.asarray(jax.jit(kernel)(jnp.ones((8, 128), dtype)))
+        np.testing.assert_array_equal(out[:4], 1)
+        return np.unique(out[4:])
+
+    @pytest.mark.pallas
+    @pytest.mark.parametrize("dtype, chip_poison", [
+        (jnp.int32, -2**31), (jnp.int8, -128), (jnp.uint8, 128), (jnp.uint32, 2**31)])
+    def test_poisoned_buffers_read_the_chips_poison(dtype, chip_poison):
+        assert unwritten_half(dtype, True).tolist() == [chip_poison]
+
+    @pytest.mark.pallas
+    def test_without_the_option_fresh_integers_stay_far_from_zero():
+        assert unwritten_half(jnp.int32, False).tolist() == [2**31 - 1]
+''')
+
+
+def test_poisoned_integers_read_the_chips_poison(pytester, run_pytest):
+    pytester.makepyfile(test_poison=POISONED_INTEGERS)
+    run_pytest("-p", "no:xdist", "--pallas-compile=none").assert_outcomes(passed=5)

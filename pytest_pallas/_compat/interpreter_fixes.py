@@ -595,3 +595,57 @@ def core_threads_off_the_kernels_device() -> Iterator[bool]:
     with attributes_replaced(module, {name: on_the_last_device(original)
                                       for name, original in originals.items()}):
         yield True
+
+
+_INTERPRETER_UTILS = f"{_INTERPRETER_PACKAGE}.utils"
+
+
+def _chip_poison(dtype: Any) -> Any:
+    """The value Mosaic's lowering poisons an integer buffer with: only the top bit set
+    (``_poison_memref`` in jax/_src/pallas/mosaic/lowering.py, jax 0.10 to 0.12), which is
+    a signed type's minimum and 2**(bits - 1) for an unsigned one."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    info = jnp.iinfo(dtype)
+    return info.min if info.min < 0 else np.asarray(1 << (info.bits - 1)).astype(dtype)[()]
+
+
+@contextlib.contextmanager
+def buffers_poisoned_as_the_chip_poisons() -> Iterator[bool]:
+    """With ``pl.enable_poison_buffers`` on (``jax_pallas_poison_buffers``), fresh integer
+    memory in the TPU interpreter holds what the chip's poisoned buffers hold: the integer
+    with only its top bit set, not the type's maximum.
+
+    JAX's ``tpu_pallas_pipeline_test.py::test_poison_buffers`` (TPU v5 and later in JAX's
+    CI) turns the option on and expects an ``emit_pipeline`` output block's unwritten half
+    to read ``jnp.iinfo(dtype).min``; JAX's interpreter (``utils.get_uninitialized_value``)
+    fills integers with the maximum, and its eight integer cases failed on the CPU. Without
+    the option the chip leaves fresh memory as it was, any value is the chip's, and the
+    interpreter's maximum stays: an unsigned flag that a kernel assumes starts at 0 reads
+    non-zero under both. Floats (NaN) and booleans (True) are the chip's already. The option
+    is read where the interpreter asks, on the tracing thread for buffers it allocates; a
+    value asked from a callback (tile padding, an out-of-bounds read) sees the option as
+    set for the whole process. Yields False where the interpreter's fill moved.
+    """
+    try:
+        module = private_attribute(_INTERPRETER_UTILS)
+        original = module.get_uninitialized_value
+        from jax.experimental import pallas as pl
+
+        option = pl.enable_poison_buffers
+    except (JaxInternalsChanged, AttributeError, ImportError):
+        yield False
+        return
+
+    @functools.wraps(original)
+    def get_uninitialized_value(dtype: Any, uninitialized_memory: Any) -> Any:
+        import jax.numpy as jnp
+
+        if (uninitialized_memory == "nan" and jnp.issubdtype(dtype, jnp.integer)
+                and option.value):
+            return _chip_poison(dtype)
+        return original(dtype, uninitialized_memory)
+
+    with attributes_replaced(module, {"get_uninitialized_value": get_uninitialized_value}):
+        yield True

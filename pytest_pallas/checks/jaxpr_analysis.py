@@ -5,6 +5,7 @@ fingerprint that is equal for two traces of the same kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -68,26 +69,49 @@ def sub_jaxprs(value: Any) -> Iterator[Any]:
 def pallas_call_fingerprint(params: dict[str, Any]) -> str:
     """Text that is equal for two traces of the same kernel with the same grid and params.
 
-    The kernel jaxpr, grid mapping (block shapes, index maps) and compiler params
-    print without source locations, so a kernel traced again for another example
-    of the same shapes prints the same. The interpreter choice is left out.
+    The kernel jaxpr, grid mapping (every field of it and of its block mappings: block
+    shapes, index maps, pipeline modes, memory spaces) and compiler params print without
+    source locations, so a kernel traced again for another example of the same shapes
+    prints the same. The interpreter choice is left out.
     """
-    # A block mapping's repr leaves out its index map: two calls that differ only there (a
-    # block the grid never moves, and one it does) printed the same, and the compile check
-    # answered the second with the first's verdict.
-    index_maps = [f"index_map[{i}]={_printed(getattr(mapping, 'index_map_jaxpr', None), str)}"
-                  for i, mapping in enumerate(
-                      getattr(params.get("grid_mapping"), "block_mappings", ()))]
-    text = "\n".join([*(f"{name}={_printed(params[name], str if name == 'jaxpr' else repr)}"
-                         for name in sorted(params) if name not in ("interpret", "debug")),
-                       *index_maps])
+    text = "\n".join(f"{name}={_params_text(name, params[name])}"
+                     for name in sorted(params) if name not in ("interpret", "debug"))
     # JAX prints some variables by their object ids (a ref selection's index: "Var(id=...)"),
     # which differ between traces: they are numbered in order of appearance instead.
     numbers: dict[str, int] = {}
-    return _OBJECT_ID.sub(lambda m: f"id={numbers.setdefault(m.group(1), len(numbers))}", text)
+    text = _OBJECT_ID.sub(lambda m: f"id={numbers.setdefault(m.group(1), len(numbers))}", text)
+    return _ADDRESS.sub("", text)
+
+
+def _params_text(name: str, value: Any) -> str:
+    if name == "jaxpr":
+        return _printed(value, str)
+    if name == "grid_mapping":
+        return _fields_text(value)
+    return _printed(value, repr)
+
+
+def _fields_text(value: Any) -> str:
+    """A grid mapping with every field it has. Its repr (and a block mapping's) names the
+    grid and block shapes only: two kernels that differ in a block's index map, its
+    ``pipeline_mode`` (``pl.Buffered(1)``) or memory space printed the same, and the compile
+    check answered the second with the first's verdict."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = ", ".join(f"{field.name}={_fields_text(getattr(value, field.name, None))}"
+                           for field in dataclasses.fields(value) if field.name != "debug")
+        return f"{type(value).__name__}({fields})"
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_fields_text(item) for item in value) + ")"
+    if hasattr(value, "jaxpr") or hasattr(value, "eqns"):
+        return _printed(value, str)
+    if callable(value) and not isinstance(value, type):
+        return getattr(value, "__qualname__", type(value).__name__)
+    return _printed(value, repr)
 
 
 _OBJECT_ID = re.compile(r"\bid=(\d+)")
+# An object printed by its address (a function of the grid mapping): another every trace.
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
 def _printed(value: Any, printer: Callable[[Any], str]) -> str:
