@@ -123,12 +123,15 @@ class Backend:
 
     @contextlib.contextmanager
     def activate(self, on_gpu_kernel: Callable[[Any], None] | None = None,
+                 on_host_memory_shortage: Callable[[Any], None] | None = None,
                  ) -> Iterator[Backend]:
         """Run the body's kernels on this backend (see the module docstring).
 
         ``on_gpu_kernel`` hears each GPU kernel run on the CPU
         (a ``_compat.gpu_interpreter.RoutedKernel``), and may raise to stop it. With the
         TPU's numbers, the first GPU kernel turns the rest of the body to the GPU's (TF32).
+        ``on_host_memory_shortage`` hears the ``interpreter_fixes.HostMemoryShortage`` raised
+        where the TPU interpreter's copies of an operand would not fit in the host's memory.
         """
         if self.is_compiled:
             yield self
@@ -164,6 +167,9 @@ class Backend:
             # The interpreter's callbacks must not wait on XLA's thread pool (a hang on
             # 8 simulated devices): see _compat.interpreter_fixes.
             stack.enter_context(interpreter_fixes.interpreter_callbacks_on_host_arrays())
+            # Nor may a kernel's copies outgrow the host's memory (the process would be killed).
+            stack.enter_context(interpreter_fixes.kernels_weighed_against_host_memory(
+                hosts.available_memory_bytes, on_host_memory_shortage))
             # Nor may a two-core chip's per-core computations queue behind the test's own work.
             stack.enter_context(interpreter_fixes.core_threads_off_the_kernels_device())
             # An empty slice at a dimension's end is in bounds, as on the chip.

@@ -278,3 +278,19 @@ def installed_libtpu() -> str | None:
             if name.startswith("libtpu-") and name.endswith((".dist-info", ".egg-info")):
                 return name[len("libtpu-"):].rsplit(".", 1)[0]
     return None
+
+
+# --- this host's memory -----------------------------------------------------------------------
+
+
+def available_memory_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """The memory this host can still give a process without swapping (Linux's
+    ``MemAvailable``), or None where it cannot be read (another system)."""
+    try:
+        with open(meminfo) as lines:
+            for line in lines:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -438,3 +438,67 @@ def test_a_kernel_with_bounds_checks_off_reads_out_of_bounds_as_on_the_chip(pyte
     # With the chip's checks on, the read past the input is the kernel's broken rule.
     result.stdout.fnmatch_lines(["FAILED *test_reads_past_its_input?False? - *"])
     assert "TPU rule [out-of-bounds-access]" in result.stdout.str()
+
+
+# JAX's test_large_array_indexing, scaled down: a DMA from an operand too large for the
+# interpreter's copies in the host's memory (here a host said to have 100 MiB free). The
+# process was killed by the host's out-of-memory killer (pytest-xdist: "worker crashed").
+LARGER_THAN_THE_HOST = textwrap.dedent('''
+    import unittest
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(x, y, sem):
+        pltpu.async_copy(x.at[0], y, sem).wait()
+
+    def copy_first(x):
+        any_space = pl.BlockSpec(memory_space=pl.ANY)
+        return pl.pallas_call(kernel, in_specs=[any_space], out_specs=any_space,
+                              scratch_shapes=[pltpu.SemaphoreType.DMA],
+                              out_shape=jax.ShapeDtypeStruct(x.shape[1:], x.dtype))(x)
+
+    def test_large_operand():
+        x = jnp.ones((4, 2048, 2048), jnp.float32)  # 64 MiB
+        np.testing.assert_array_equal(copy_first(x), 1)
+
+    def test_small_operand():
+        x = jnp.ones((4, 8, 128), jnp.float32)
+        np.testing.assert_array_equal(copy_first(x), 1)
+
+    class LargeOperandTest(unittest.TestCase):
+        def test_large_operand_after_an_unraisable_exception(self):
+            # Under -W error, pytest raises the unraisable exception as the call's error after
+            # the test recorded its own: the recorded one is judged.
+            class RaisesWhenCollected:
+                def __del__(self):
+                    raise RuntimeError("raised while collected")
+            RaisesWhenCollected()
+            copy_first(jnp.ones((4, 2048, 2048), jnp.float32))
+''')
+SAYS_100_MIB_ARE_FREE = textwrap.dedent('''
+    import pytest_pallas.hosts
+    pytest_pallas.hosts.available_memory_bytes = lambda: 100 * 2**20
+''')
+
+
+def test_an_operand_past_the_hosts_memory_skips_with_one_line(pytester, run_pytest):
+    pytester.makepyfile(test_large=LARGER_THAN_THE_HOST)
+    pytester.makeconftest(SAYS_100_MIB_ARE_FREE)
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-devices=1", "-p", "no:xdist", "-rs",
+                        "--pallas-compile=none", "-W", "error::pytest.PytestUnraisableExceptionWarning")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["SKIPPED *pallas: interpreting this test's kernel needs about "
+                                 "0.2 GiB of host memory (*), and this host has 0.1 GiB "
+                                 "available*"])
+
+
+def test_the_hosts_available_memory_is_read_from_meminfo(tmp_path):
+    from pytest_pallas.hosts import available_memory_bytes
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    2048 kB\n")
+    assert available_memory_bytes(str(meminfo)) == 2048 * 1024
+    meminfo.write_text("MemTotal:       24000000 kB\n")
+    assert available_memory_bytes(str(meminfo)) is None
+    assert available_memory_bytes(str(tmp_path / "absent")) is None

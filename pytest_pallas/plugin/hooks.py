@@ -354,6 +354,10 @@ def pytest_runtest_call(item: pytest.Item):
             if recorded is not None:
                 raise recorded
         except BaseException as error:
+            if isinstance(error, Exception):
+                # A TestCase's recorded error is its failure, also where the call raised
+                # after it (JAX's suites turn an unraisable exception into an error).
+                error = take_unittest_error(item) or error
             restate_hypothesis_notes(item, error)
             return run.after_failure(error, watchdog)  # raises, skips or reruns
     run.after_success(watchdog)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from .._compat import gpu_interpreter, jax_internals
 from ..checks.runtime_rules import translate_interpreter_error
@@ -71,6 +72,17 @@ def host_memory_limit(kernel: str, error: BaseException) -> str:
             "interpreters do not run on the CPU (JAX's own interpret tests skip it), and the "
             f"test failed ({type(error).__name__}: {first}): a limit of JAX's, so its "
             "run-time behaviour is not checked on the CPU.")
+
+
+def host_memory_shortage(shortage: Any) -> str:
+    """The skip reason when an interpreter's copies of a kernel's operands and results would
+    not fit in the host's available memory (an ``interpreter_fixes.HostMemoryShortage``)."""
+    return (f"pallas: interpreting this test's kernel needs about {shortage.needed / 2**30:.1f} "
+            "GiB of host memory (JAX's interpreter copies its operands and results into its "
+            f"simulated memory), and this host has {shortage.available / 2**30:.1f} GiB "
+            "available: a limit of "
+            "running the kernel on the CPU, not a bug of the kernel; run the test on a host "
+            "with more memory, or with fewer pytest-xdist workers.")
 
 
 def fallback_paragraph(interpreter: str, crash: str, which: str, *, crashed: bool = True) -> str:

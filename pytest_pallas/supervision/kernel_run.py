@@ -103,6 +103,7 @@ class KernelRun:
         self._gpu_races: list = []  # True per GPU-interpreted kernel that ended with a race
         self._rounded_dots: list = []  # kernels with a float32 dot the chip rounds
         self._artefacts_read: list[str] = []  # compiled programs the test read (failure note)
+        self._host_memory_shortages: list = []  # operands the interpreter could not copy
         self._calling = False  # the test's call has begun (its setup is over)
 
     # --- open and close -----------------------------------------------------------------
@@ -159,7 +160,9 @@ class KernelRun:
                 ROUNDED_DOTS_NOTE, lambda: kernels_with_rounded_dots(rounding))))
         # assert_allclose in the test then allows for the backend's matmul rounding.
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
-        stack.enter_context(backend.activate(on_gpu_kernel=self._heard_gpu_kernel))
+        stack.enter_context(backend.activate(
+            on_gpu_kernel=self._heard_gpu_kernel,
+            on_host_memory_shortage=self._host_memory_shortages.append))
         if self.chip_under_test is not None:
             # Then the test's own "am I on a TPU?" gets the stand-in chip's answer (§9).
             stack.enter_context(optional(DEVICE_UNDER_TEST, lambda: stand_in_chip_under_test(
@@ -260,6 +263,8 @@ class KernelRun:
             return self._run_with_gpu_numbers(watchdog)
         if not isinstance(error, Exception):
             raise error
+        if self._host_memory_shortages:
+            skip_at_test(diagnoses.host_memory_shortage(self._host_memory_shortages[-1]))
         if self._tpu_interpreter_limit(error) is None:
             diagnoses.raise_as_tpu_rule(error)
             exit_failure = self.kernel_exit_failure()
