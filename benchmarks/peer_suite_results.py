@@ -109,6 +109,8 @@ CAUSES: list[tuple[str, str]] = [
      "JAX interpreter limit: a ref bitcast between packings returns the wrong shape"),
     (r"keeps an operand in host memory",
      "JAX interpreter limit: a kernel with an operand in host memory (pl.HOST)"),
+    (r"needs about [\d.]+ GiB of host memory",
+     "this host's memory: the interpreter's copies of the kernel's arrays would not fit"),
     (r"neither of JAX's interpreters can run",
      "JAX interpreter limit: neither interpreter runs the kernel (a primitive with no CPU rule)"),
     (r"Only interpret mode is supported on CPU backend",
