@@ -26,6 +26,7 @@ from ._compat import (
     explicit_mxu,
     gpu_interpreter,
     interpreter_fixes,
+    interpreter_memory,
     jax_internals,
     pallas_call_hooks,
     ref_views,
@@ -130,7 +131,7 @@ class Backend:
         ``on_gpu_kernel`` hears each GPU kernel run on the CPU
         (a ``_compat.gpu_interpreter.RoutedKernel``), and may raise to stop it. With the
         TPU's numbers, the first GPU kernel turns the rest of the body to the GPU's (TF32).
-        ``on_host_memory_shortage`` hears the ``interpreter_fixes.HostMemoryShortage`` raised
+        ``on_host_memory_shortage`` hears the ``interpreter_memory.HostMemoryShortage`` raised
         where the TPU interpreter's copies of an operand would not fit in the host's memory.
         """
         if self.is_compiled:
@@ -168,7 +169,7 @@ class Backend:
             # 8 simulated devices): see _compat.interpreter_fixes.
             stack.enter_context(interpreter_fixes.interpreter_callbacks_on_host_arrays())
             # Nor may a kernel's copies outgrow the host's memory (the process would be killed).
-            stack.enter_context(interpreter_fixes.kernels_weighed_against_host_memory(
+            stack.enter_context(interpreter_memory.kernels_weighed_against_host_memory(
                 hosts.available_memory_bytes, on_host_memory_shortage))
             # Nor may a two-core chip's per-core computations queue behind the test's own work.
             stack.enter_context(interpreter_fixes.core_threads_off_the_kernels_device())

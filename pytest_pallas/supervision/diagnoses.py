@@ -76,7 +76,7 @@ def host_memory_limit(kernel: str, error: BaseException) -> str:
 
 def host_memory_shortage(shortage: Any) -> str:
     """The skip reason when an interpreter's copies of a kernel's operands and results would
-    not fit in the host's available memory (an ``interpreter_fixes.HostMemoryShortage``)."""
+    not fit in the host's available memory (an ``interpreter_memory.HostMemoryShortage``)."""
     return (f"pallas: interpreting this test's kernel needs about {shortage.needed / 2**30:.1f} "
             "GiB of host memory (JAX's interpreter copies its operands and results into its "
             f"simulated memory), and this host has {shortage.available / 2**30:.1f} GiB "
