@@ -486,7 +486,8 @@ def test_an_operand_past_the_hosts_memory_skips_with_one_line(pytester, run_pyte
     pytester.makepyfile(test_large=LARGER_THAN_THE_HOST)
     pytester.makeconftest(SAYS_100_MIB_ARE_FREE)
     result = run_pytest("--pallas-interpret=tpu", "--pallas-devices=1", "-p", "no:xdist", "-rs",
-                        "--pallas-compile=none", "-W", "error::pytest.PytestUnraisableExceptionWarning")
+                        "--pallas-compile=none",
+                        "-W", "error::pytest.PytestUnraisableExceptionWarning")
     result.assert_outcomes(passed=1, skipped=2)
     result.stdout.fnmatch_lines(["SKIPPED *pallas: interpreting this test's kernel needs about "
                                  "0.2 GiB of host memory (*), and this host has 0.1 GiB "
