@@ -132,7 +132,8 @@ class Backend:
         (a ``_compat.gpu_interpreter.RoutedKernel``), and may raise to stop it. With the
         TPU's numbers, the first GPU kernel turns the rest of the body to the GPU's (TF32).
         ``on_host_memory_shortage`` hears the ``interpreter_memory.HostMemoryShortage`` raised
-        where the TPU interpreter's copies of an operand would not fit in the host's memory.
+        at the trace of a kernel whose copies in the interpreter would not fit in the host's
+        memory.
         """
         if self.is_compiled:
             yield self

@@ -5,7 +5,8 @@ An interpreted kernel's operands and results are copied several times into the i
 simulated memory; a kernel written for a chip's 16 GiB or more of HBM can outgrow a small
 host, whose out-of-memory killer then ends the test process mid-run (pytest-xdist: "worker
 crashed"). Weighed at its trace, such a kernel raises :class:`HostMemoryShortage` instead.
-Part of the compatibility layer: the copies counted are those of JAX's TPU interpreter.
+Part of the compatibility layer: the copies counted are those of JAX's TPU interpreter (the
+plain interpreter's and the GPU interpreter's are not measured; the same weight is used).
 """
 
 from __future__ import annotations

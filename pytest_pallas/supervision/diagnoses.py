@@ -80,9 +80,8 @@ def host_memory_shortage(shortage: Any) -> str:
     return (f"pallas: interpreting this test's kernel needs about {shortage.needed / 2**30:.1f} "
             "GiB of host memory (JAX's interpreter copies its operands and results into its "
             f"simulated memory), and this host has {shortage.available / 2**30:.1f} GiB "
-            "available: a limit of "
-            "running the kernel on the CPU, not a bug of the kernel; run the test on a host "
-            "with more memory, or with fewer pytest-xdist workers.")
+            "available: a limit of running the kernel on the CPU, not a bug of the kernel; "
+            "run the test on a host with more memory, or with fewer pytest-xdist workers.")
 
 
 def fallback_paragraph(interpreter: str, crash: str, which: str, *, crashed: bool = True) -> str:

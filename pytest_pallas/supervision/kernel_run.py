@@ -103,7 +103,7 @@ class KernelRun:
         self._gpu_races: list = []  # True per GPU-interpreted kernel that ended with a race
         self._rounded_dots: list = []  # kernels with a float32 dot the chip rounds
         self._artefacts_read: list[str] = []  # compiled programs the test read (failure note)
-        self._host_memory_shortages: list = []  # operands the interpreter could not copy
+        self._host_memory_shortages: list = []  # kernels too large for the host's memory
         self._calling = False  # the test's call has begun (its setup is over)
 
     # --- open and close -----------------------------------------------------------------
