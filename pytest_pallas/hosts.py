@@ -283,6 +283,16 @@ def installed_libtpu() -> str | None:
 # --- this host's memory -----------------------------------------------------------------------
 
 
+def free_memory_bytes() -> int | None:
+    """The memory no process and no cache holds now (free pages), or None where it cannot be
+    read. Less than :func:`available_memory_bytes`, which counts the page cache the kernel
+    would give back: the count of pytest-xdist workers is bounded by this one."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def available_memory_bytes(meminfo: str = "/proc/meminfo") -> int | None:
     """The memory this host can still give a process without swapping (Linux's
     ``MemAvailable``), or None where it cannot be read (another system)."""

@@ -16,6 +16,8 @@ import os
 
 import pytest
 
+from .. import hosts
+
 # How many workers the work pays for. Each worker is a process of its own, with its own JAX
 # import (2 to 3 s), 8 simulated devices and kernel compilations (about 1 GB at its peak in
 # the main job). The main job (18 ops, 46 tests) on a 16-core host: 19.8 s on 4 workers,
@@ -40,7 +42,8 @@ def set_default_workers(config: pytest.Config) -> int | None:
     # xdist's count for -n auto: the cores, or PYTEST_XDIST_AUTO_NUM_WORKERS (then uncapped).
     count = config.hook.pytest_xdist_auto_num_workers(config=config)
     if not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        count = workers_for_the_work(count, _ops_checked(config), _memory_bytes())
+        count = workers_for_the_work(count, _ops_checked(config),
+                                     hosts.free_memory_bytes())
     if count < 2:
         return None  # one worker is one process more for nothing
     config.option.numprocesses = count
@@ -55,14 +58,6 @@ def workers_for_the_work(cores: int, ops: int, memory_bytes: int | None) -> int:
     if memory_bytes is not None:
         count = min(count, max(1, memory_bytes // WORKER_PEAK_BYTES))
     return count
-
-
-def _memory_bytes() -> int | None:
-    """The memory available now (Linux), or None where it cannot be read."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def header_note(config: pytest.Config) -> str | None:
@@ -156,8 +151,6 @@ def one_device_per_worker(config: pytest.Config, host=None) -> int | None:
     requested = getattr(option, "numprocesses", None)
     if platform is None or hasattr(config, "workerinput") or not requested:
         return None
-    from .. import hosts
-
     host = host if host is not None else hosts.host_accelerators()
     if host.platform != platform:
         return None  # the backend's own check says JAX sees none, before collection
@@ -173,8 +166,6 @@ def one_device_per_worker(config: pytest.Config, host=None) -> int | None:
 def take_this_workers_device(config: pytest.Config, host=None, environ=os.environ) -> None:
     """On a pytest-xdist worker of an accelerator run, before JAX starts: see only the
     worker's own device (its number among the host's devices)."""
-    from .. import hosts
-
     index = hosts.worker_index(environ)
     if accelerator_platform(config) is None or index is None:
         return
