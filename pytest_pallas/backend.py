@@ -23,6 +23,7 @@ from . import hosts
 from ._compat import (
     chip_matmuls,
     device_kinds,
+    device_objects,
     explicit_mxu,
     gpu_interpreter,
     interpreter_fixes,
@@ -33,8 +34,10 @@ from ._compat import (
     tpu_interpreter,
     xla_cpu_options,
 )
+from ._compat.device_under_test import device_kind_of_chip
 from .checks import gpu_rules, running
 from .checks.running import active_backend  # noqa: F401  (the backend's public accessor)
+from .chip_topology import SliceTopology, slice_topology
 from .settings import PallasOptions, device_count_from_xla_flags
 
 
@@ -110,6 +113,19 @@ class Backend:
         from .numerics import run_rounding
 
         return run_rounding(self.platform, self.chip, self.numerics, gpu=self.gpu_numbers)
+
+    def chip_devices(self) -> device_objects.ChipDevices:
+        """What JAX's device objects report for this run's stand-in chip, opted in: its
+        device kind, TensorCores per device and HBM per device (JAX's chip table), and each
+        device's place in a slice of the chip with this run's device count
+        (``chip_topology``)."""
+        info = self.tpu_info
+        cores = int(info.num_cores)
+        topology = chip_slice(self.chip, info, self.device_count)
+        return device_objects.ChipDevices(
+            device_kind=device_kind_of_chip(self.chip), num_cores=cores,
+            coords=topology.coords, core_on_chip=topology.core_on_chip,
+            bytes_limit=int(info.hbm_capacity_bytes) * cores)
 
     def describe(self) -> str:
         if self.is_tpu:
@@ -293,6 +309,13 @@ def chip_info(chip: str) -> Any:
     from .checks.vmem_footprint import tpu_info_for
 
     return tpu_info_for(chip)
+
+
+def chip_slice(chip: str, tpu_info: Any, device_count: int) -> SliceTopology:
+    """The slice of ``chip`` that ``device_count`` devices of ``tpu_info``'s configuration make:
+    a chip holds its TensorCores over those one device drives (JAX's chip table)."""
+    per_chip = tpu_info.chip_version.num_physical_tensor_cores_per_chip // int(tpu_info.num_cores)
+    return slice_topology(chip, device_count, devices_per_chip=max(1, per_chip))
 
 
 def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:

@@ -70,9 +70,10 @@ def test_tpu_tests_run_on_the_cpu_as_the_stand_in_chip(pytester, run_pytest):
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines([
         "pallas: *device under test: TPU v5e for JAX's test utilities, "
-        "jax.default_backend() and devices' num_cores (device kind 'TPU v5 lite'*",
-        # The chip's answers where a test asks; JAX's devices stay CPU devices.
-        "*GENERATION 5 True False True tpu cpu 5 1 1",
+        "jax.default_backend() and device objects (device kind 'TPU v5 lite', a v5e 2x4 "
+        "slice; JAX's own machinery sees the CPU devices*",
+        # The chip's answers where a test asks, device objects included.
+        "*GENERATION 5 True False True tpu tpu 5 1 1",
         # An interpret class keeps seeing the CPU, but the generation it interprets for.
         "*INTERPRET SEES cpu cpu False False True 5",
     ])
@@ -82,11 +83,11 @@ def test_the_chip_flag_picks_the_generation_they_see(pytester, run_pytest):
     pytester.makepyfile(test_tpu_suite=JAX_STYLE_TPU_TESTS)
     result = run_pytest("--pallas-chip=7x", "-p", "no:xdist", "-s", "-k", "generation")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*GENERATION 7 False True False tpu cpu 7 1 1"])
+    result.stdout.fnmatch_lines(["*GENERATION 7 False True False tpu tpu 7 1 1"])
     # A two-core chip's devices report both TensorCores, as JAX's mesh of cores reads them.
     result = run_pytest("--pallas-chip=v5p", "-p", "no:xdist", "-s", "-k", "generation")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*GENERATION 5 False False False tpu cpu 5 2 2"])
+    result.stdout.fnmatch_lines(["*GENERATION 5 False False False tpu tpu 5 2 2"])
 
 
 @pytest.mark.parametrize("args", [(), ("-p", "no:pallas")], ids=["no flag", "plugin off"])
@@ -107,11 +108,10 @@ def test_the_answers_are_undone_after_the_test():
     with stand_in_chip_under_test("v6e"):
         assert jtu.is_device_tpu(6, "e") and jtu.get_tpu_version() == 6
         assert jax.default_backend() == "tpu"
-        # JAX's own modules still see the CPU, and so do its devices.
+        # JAX's own modules still see the CPU; without device facts, so do its devices.
         from jax._src import xla_bridge
         assert xla_bridge.default_backend() == "cpu"
         assert jax.devices()[0].platform == "cpu"
-        assert jax.devices()[0].num_cores == 1
     assert not hasattr(jax.devices()[0], "num_cores")
     assert (jax.default_backend(), jtu.device_under_test(),
             jtu.test_device_matches(["tpu"])) == before == ("cpu", "cpu", False)

@@ -16,12 +16,10 @@ special cases of device kinds stay JAX's), while JAX's internals keep seeing the
 - the public ``jax.default_backend`` answers ``"tpu"``; JAX's own modules call
   ``xla_bridge.default_backend``, which still answers ``"cpu"``.
 
-Device objects (``jax.devices()[0].platform``, ``.device_kind``,
-``jax.extend.backend.get_default_device()``) are JAX's own, handed to meshes, shardings and
-``device_put``: they stay CPU devices, and a test that asks them skips as before. One
-attribute a CPU device lacks altogether is added: ``num_cores``, the chip's TensorCores per
-device. Only TPU code reads it (``pltpu.create_tensorcore_mesh``, ``tpu_info``; on a CPU
-device the read raises ``AttributeError``), so no CPU path changes.
+Device objects (``jax.devices()[0].platform``, ``.device_kind``, ``.coords``,
+``jax.extend.backend.get_default_device()``, an array's devices) answer for the chip too, to
+everyone but JAX's machinery, which keeps treating them as the CPU devices they are
+(``device_objects``).
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .device_objects import ChipDevices, devices_answering_for
 from .jax_internals import JaxInternalsChanged
 
 TEST_UTIL_MODULE = "jax._src.test_util"
@@ -66,7 +65,7 @@ def device_kind_of_chip(chip: str) -> str:
 @contextlib.contextmanager
 def stand_in_chip_under_test(
         chip: str, libtpu_platform_version: Callable[[], str | None] = lambda: None,
-        *, num_cores: int = 1, generation_only: bool = False,
+        *, devices: ChipDevices | None = None, generation_only: bool = False,
 ) -> Iterator[None]:
     """Inside the block, JAX's test utilities and ``jax.default_backend()`` answer for
     ``chip`` (see the module docstring); everything is restored on exit.
@@ -75,8 +74,8 @@ def stand_in_chip_under_test(
     (its build date), or None: ``jtu.is_cloud_tpu_at_least(year, month, day)``, which a
     test asks for "a libtpu new enough for this", then answers for that libtpu, the one
     the TPU compiler check compiles with; without libtpu it keeps JAX's answer off a
-    Cloud TPU (True). ``num_cores``: the chip's TensorCores per device, which JAX's devices
-    then report.
+    Cloud TPU (True). ``devices``: what JAX's device objects then report (none: they stay
+    the CPU's).
     """
     import jax
 
@@ -89,7 +88,8 @@ def stand_in_chip_under_test(
             yield
             return
         _replace(stack, jax, "default_backend", lambda: "tpu")
-        _add_num_cores(stack, jax.devices()[0], num_cores)
+        if devices is not None:
+            stack.enter_context(devices_answering_for(devices))
         if test_util is not None:  # a suite that never imported them asks nothing of them
             _answer_test_utilities(stack, test_util, device_kind, libtpu_platform_version)
         yield
@@ -144,18 +144,6 @@ def _answer_test_utilities(stack: contextlib.ExitStack, test_util: Any, device_k
     if hasattr(test_util, "is_cloud_tpu_at_least"):  # gone by jax 0.12
         _replace(stack, test_util, "is_cloud_tpu_at_least", _with_module_globals(
             test_util.is_cloud_tpu_at_least, test_util, built_by_the_installed_libtpu))
-
-
-def _add_num_cores(stack: contextlib.ExitStack, device: Any, num_cores: int) -> None:
-    """JAX's device class reports ``num_cores`` where its devices have none (a CPU's)."""
-    if hasattr(device, "num_cores"):
-        return
-    device_class = type(device)
-    try:
-        device_class.num_cores = property(lambda _device: num_cores)
-    except (AttributeError, TypeError):  # a device class that takes no attribute: as before
-        return
-    stack.callback(delattr, device_class, "num_cores")
 
 
 def _replace(stack: contextlib.ExitStack, owner: Any, name: str, value: Any) -> None:

@@ -333,10 +333,15 @@ class PallasSession:
         declared = ""
         if not options.compiled and (options.session_opted_in or self.scope_all):
             from .._compat.device_under_test import device_kind_of_chip
+            from ..backend import chip_info, chip_slice
 
+            self.ensure_devices()
+            chip_slice_text = chip_slice(options.chip, chip_info(options.chip),
+                                         self.devices_requested_count).describe()
             declared = (f"; device under test: TPU {options.chip} for JAX's test utilities, "
-                        f"jax.default_backend() and devices' num_cores (device kind "
-                        f"{device_kind_of_chip(options.chip)!r}; INTERPRET = True test "
+                        f"jax.default_backend() and device objects (device kind "
+                        f"{device_kind_of_chip(options.chip)!r}, a {chip_slice_text} slice; "
+                        "JAX's own machinery sees the CPU devices; INTERPRET = True test "
                         "classes see the CPU, interpreting for that generation)")
         compile_text = self.compile_header()
         from ..numerics import header_text

@@ -167,7 +167,7 @@ class KernelRun:
             # Then the test's own "am I on a TPU?" gets the stand-in chip's answer (§9).
             stack.enter_context(optional(DEVICE_UNDER_TEST, lambda: stand_in_chip_under_test(
                 backend.chip, lambda: libtpu_platform_version(backend.chip),
-                num_cores=int(backend.tpu_info.num_cores),
+                devices=backend.chip_devices(),
                 generation_only=self.chip_under_test == "generation")))
         self._stack = stack
 
