@@ -176,7 +176,7 @@ LAYERS = (
                          "pytest_pallas.strategies", "pytest_pallas.tpu", "pytest_pallas.gpu",
                          "pytest_pallas.numerics")),
     ("settings and compatibility", ("pytest_pallas.settings", "pytest_pallas.hosts",
-                                    "pytest_pallas.slice_hosts",
+                                    "pytest_pallas.slice_hosts", "pytest_pallas.chip_topology",
                                     "pytest_pallas.dtypes", "pytest_pallas.tiling",
                                     "pytest_pallas._compat")),
 )
