@@ -176,3 +176,44 @@ def test_without_opting_in_the_library_sees_the_cpu(pytester, run_pytest):
     result = run_pytest("-p", "no:xdist", "-rs")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*Unsupported tpu_version=-1*"])
+
+
+# A test of the chip's info API as JAX's own are written: asked in setUp, before any kernel.
+INFO_TESTS = textwrap.dedent('''
+    import jax
+    from absl.testing import absltest
+    from jax._src import test_util as jtu
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas import tpu_sc as plsc
+
+    class InfoTest(jtu.JaxTestCase):
+        def setUp(self):
+            super().setUp()
+            if not jtu.is_device_tpu():
+                self.skipTest("not a TPU")
+            self.assertTrue(pltpu.is_tpu_device())
+            self.info = pltpu.get_tpu_info()
+
+        def test_the_info_is_the_chip_s(self):
+            info = self.info
+            version = info.chip_version
+            self.assertEqual(info, pltpu.get_tpu_info_for_chip(version, info.num_cores))
+            self.assertEqual(jax.devices()[0].num_cores, info.num_cores)
+            sparse = plsc.get_sparse_core_info() if info.sparse_core else None
+            print("INFO", version, info.generation, info.num_cores, info.is_lite,
+                  info.is_megacore, info.is_split_chip, info.vmem_capacity_bytes // 2**20,
+                  info.mxu_column_size, sparse and sparse.num_subcores,
+                  info.is_matmul_supported("bfloat16", "bfloat16"))
+''')
+
+
+@pytest.mark.parametrize("chip, line", [
+    ("v5e", "*INFO v5e 5 1 True False False 128 128 None True"),
+    ("v5p", "*INFO v5p 5 2 False True False 64 128 16 True"),
+    ("7x", "*INFO 7x 7 1 False False True 64 256 16 True"),
+])
+def test_the_chip_s_info_answers_for_the_whole_test(pytester, run_pytest, chip, line):
+    pytester.makepyfile(test_info=INFO_TESTS)
+    result = run_pytest(f"--pallas-chip={chip}", "-p", "no:xdist", "-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([line])

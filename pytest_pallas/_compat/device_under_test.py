@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .device_objects import ChipDevices, devices_answering_for
+from .interpreter_fixes import chip_as_abstract_device
 from .jax_internals import JaxInternalsChanged
 
 TEST_UTIL_MODULE = "jax._src.test_util"
@@ -90,6 +91,10 @@ def stand_in_chip_under_test(
         _replace(stack, jax, "default_backend", lambda: "tpu")
         if devices is not None:
             stack.enter_context(devices_answering_for(devices))
+            # Then the abstract device Pallas reads while tracing (pltpu.is_tpu_device(),
+            # get_tpu_info()) is the chip's too, where it stood in under the CPU's kind.
+            stack.enter_context(chip_as_abstract_device(
+                devices.device_kind, devices.num_cores, replace_stand_in=True))
         if test_util is not None:  # a suite that never imported them asks nothing of them
             _answer_test_utilities(stack, test_util, device_kind, libtpu_platform_version)
         yield
