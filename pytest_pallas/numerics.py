@@ -134,17 +134,20 @@ def run_rounding(platform: str, chip: str, numerics: str, *, gpu: bool = False) 
     return "tensorfloat32" if gpu else chip_matmuls(chip).default_rounding
 
 
-def header_text(platform: str, chip: str, numerics: str, *, conformance: bool = False) -> str:
-    """The header's words on which numbers the run computes (``conformance``: the run has
-    the packaged suite, which judges with float32 products)."""
+def header_text(platform: str, chips: str | tuple[str, ...], numerics: str, *,
+                conformance: bool = False) -> str:
+    """The header's words on which numbers the run computes, for its chip or chips
+    (``conformance``: the run has the packaged suite, which judges with float32 products)."""
     if platform != "cpu":
         return "numbers: the device's own"
     if numerics == "exact":
         return ("numbers: float32 matmul products (--pallas-numerics=exact); "
                 "--pallas-numerics=chip rounds as the chip")
-    rounding = run_rounding(platform, chip, numerics)
+    chips = (chips,) if isinstance(chips, str) else tuple(chips)
+    rounding = " or ".join(sorted({run_rounding(platform, chip, numerics) for chip in chips}))
+    whose = f"TPU {chips[0]}'s" if len(chips) == 1 else f"each chip's ({', '.join(chips)})"
     suite = "; the conformance suite's with float32 products" if conformance else ""
-    return (f"numbers: TPU {chip}'s, default-precision float32 matmuls with {rounding} "
+    return (f"numbers: {whose}, default-precision float32 matmuls with {rounding} "
             "operands in kernels and in the test's XLA dots; a test of GPU kernels (Mosaic "
             f"GPU, Triton) a Hopper GPU's, with {_TF32} operands (--pallas-numerics=exact for "
             f"float32){suite}")

@@ -43,7 +43,9 @@ class PallasOptions:
     tpu: bool = False
     gpu: bool = False  # --pallas-gpu: compiled for the GPU JAX sees
     interpreter: str = DEFAULT_INTERPRETER
-    chip: str = DEFAULT_CHIP
+    chip: str = DEFAULT_CHIP  # the run's first chip (its only one, but for --pallas-chip=A,B)
+    # --pallas-chip: every chip the run stands in for; each test runs once per chip.
+    chips: tuple[str, ...] = (DEFAULT_CHIP,)
     chip_given: bool = False
     interpreter_given: bool = False
     interpreter_in_ini: bool = False  # pallas_interpret set in the ini file
@@ -84,6 +86,11 @@ class PallasOptions:
             or self.detect_races
             or self.conformance
         )
+
+    @property
+    def several_chips(self) -> bool:
+        """Whether each test runs once per chip (``--pallas-chip=v5e,v6e``)."""
+        return len(self.chips) > 1
 
     @property
     def compiled(self) -> bool:

@@ -354,9 +354,9 @@ def test_the_default_is_the_runs_chip_and_none_turns_it_off(run_pytest, pytester
 
 
 def test_all_means_every_chip_the_compiler_knows():
-    assert options.parse_compile_flag("all", chip="v5e", tpu=False, libtpu="x") == (
+    assert options.parse_compile_flag("all", chips=("v5e",), tpu=False, libtpu="x") == (
         options.COMPILER_CHIPS)
-    assert options.parse_compile_flag("tpu7x,v5e", chip="v5e", tpu=False, libtpu="x") == (
+    assert options.parse_compile_flag("tpu7x,v5e", chips=("v5e",), tpu=False, libtpu="x") == (
         "7x", "v5e")
     assert set(options.COMPILER_CHIPS) == set(compile_check.COMPILER_CHIPS)
 

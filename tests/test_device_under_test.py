@@ -342,31 +342,6 @@ def test_a_dma_signalling_a_regular_semaphore_runs_in_the_plain_interpreter(pyte
                                  "does (it adds a DMA's bytes to the regular semaphore*"])
 
 
-# JAX's test_metadata_is_preserved, cut down: it reads the compiled program for the chip's
-# custom call, which a CPU run compiles as JAX's interpreter.
-READS_THE_COMPILED_PROGRAM = textwrap.dedent('''
-    import jax, jax.numpy as jnp
-    from jax.experimental import pallas as pl
-
-    def add_one(x):
-        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + 1),
-                              out_shape=jax.typeof(x))(x)
-
-    def test_the_custom_call_is_in_the_program():
-        x = jnp.zeros((8, 128), jnp.float32)
-        assert "tpu_custom_call" in jax.jit(add_one).lower(x).compile().as_text()
-''')
-
-
-def test_a_failure_after_reading_the_compiled_program_says_why(pytester, run_pytest):
-    pytester.makepyfile(test_compiled=READS_THE_COMPILED_PROGRAM)
-    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*pallas: this test read the compiled program (Compiled.as_text);"
-                                 " on the CPU its Pallas kernels are compiled as JAX's "
-                                 "interpreter, not as the chip's Mosaic kernel*"])
-
-
 # A suite that loads its own Hypothesis profile as its module is imported, as JAX's Pallas
 # tests do (derandomized: the same examples on every machine).
 OWN_HYPOTHESIS_PROFILE = textwrap.dedent('''

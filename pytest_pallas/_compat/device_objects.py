@@ -10,10 +10,11 @@ Kernel libraries gate and dispatch on device objects: ``jax.devices()[0].device_
 jaxlib has one ``Device`` type for every platform; inside :func:`devices_answering_for` its
 ``platform``, ``device_kind``, ``num_cores``, ``coords``, ``core_on_chip``, ``slice_index``
 and ``memory_stats()`` (and a client's ``platform``) answer by who asks: the code of JAX
-and jaxlib gets the CPU device's own answer (or, for what a CPU device lacks, the
-``AttributeError`` it raises); Pallas's own modules, which ask the device for the chip they
-interpret for (``pltpu.get_tpu_info()``, ``create_tensorcore_mesh``), and everything else (the
-test, its libraries, JAX's Pallas kernel library under ``jax.experimental.pallas.ops``) get
+and jaxlib, and this package's own, gets the CPU device's own answer (or, for what a CPU
+device lacks, the ``AttributeError`` it raises); Pallas's own modules, which ask the device
+for the chip they interpret for (``pltpu.get_tpu_info()``, ``create_tensorcore_mesh``), and
+everything else (the test, its libraries, JAX's Pallas kernel library under
+``jax.experimental.pallas.ops``, this package's reference kernels) get
 the chip's. Who asks is the module of the calling frame. The public ``jax.devices``,
 ``jax.local_devices``, ``jax.device_count`` and ``jax.local_device_count`` then also take
 ``"tpu"`` from outside JAX, for the CPU devices standing in for the chip.
@@ -34,6 +35,10 @@ from .jax_internals import JaxInternalsChanged
 # The modules of JAX and jaxlib that see the chip: Pallas's own (the interpreter asks the
 # device for the chip's facts) and JAX's library of Pallas kernels (a library like another).
 _JAX_MODULES_SEEING_THE_CHIP = ("jax._src.pallas", "jax.experimental.pallas")
+# This package's own machinery sees the CPU too (it stands the chip in; it does not run on
+# it); its reference kernels are kernels like a user's.
+_OWN_PACKAGE = __name__.rpartition("._compat")[0]
+_OWN_KERNELS = f"{_OWN_PACKAGE}.reference_kernels"
 _PUBLIC_DEVICE_QUERIES = ("devices", "local_devices", "device_count", "local_device_count")
 
 
@@ -56,10 +61,11 @@ class ChipDevices:
 @functools.cache
 def sees_the_cpu(module_name: str) -> bool:
     """Whether code of ``module_name`` gets a CPU device's own answers: JAX's and jaxlib's
-    machinery, not Pallas's modules and not anyone else's."""
-    if module_name.startswith(_JAX_MODULES_SEEING_THE_CHIP):
+    machinery and this package's, not Pallas's modules nor kernels nor anyone else's."""
+    if module_name.startswith((*_JAX_MODULES_SEEING_THE_CHIP, _OWN_KERNELS)):
         return False
-    return module_name in ("jax", "jaxlib") or module_name.startswith(("jax.", "jaxlib."))
+    return module_name in ("jax", "jaxlib", _OWN_PACKAGE) or module_name.startswith(
+        ("jax.", "jaxlib.", f"{_OWN_PACKAGE}."))
 
 
 def _asked_by_jax(depth: int) -> bool:

@@ -12,6 +12,8 @@ installed pytest.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import NoReturn
 
 import pytest
@@ -55,3 +57,48 @@ def run_test_again(item: pytest.Item) -> None:
     error = take_unittest_error(item)
     if error is not None:
         raise error
+
+
+def item_per_parameter(item: pytest.Item, labels: tuple[str, ...]) -> list[pytest.Item] | None:
+    """``item`` once per label, each id suffixed as pytest parametrizes (``test_x[v6e]``,
+    ``test_x[3-v6e]``), or None for an item that cannot be copied (not a test function).
+
+    pytest makes a parametrized function's items from a ``CallSpec`` (private) whose id list
+    names them; a copy with one id more is what ``pytest.mark.parametrize`` would have made
+    (``-k v6e`` selects it). A ``unittest.TestCase`` item makes its instance from its name,
+    so its copies make theirs from the method's own name (``originalname``).
+    """
+    from _pytest.python import CallSpec
+    from _pytest.unittest import TestCaseFunction
+
+    if not isinstance(item, pytest.Function) or type(item) not in (pytest.Function,
+                                                                   TestCaseFunction):
+        return None
+    item_class = type(item)
+    if item_class is TestCaseFunction:
+        if not hasattr(TestCaseFunction, "_getinstance"):  # an older pytest: run it once
+            return None
+        item_class = _parametrized_test_case_function()
+    callspec = getattr(item, "callspec", None) or CallSpec()
+    copies = []
+    for label in labels:
+        spec = dataclasses.replace(callspec, _idlist=(*callspec._idlist, label))
+        copies.append(item_class.from_parent(
+            item.parent, name=f"{item.originalname}[{spec.id}]", callspec=spec,
+            fixtureinfo=item._fixtureinfo, originalname=item.originalname,
+            keywords={label: True}))
+    return copies
+
+
+@functools.cache
+def _parametrized_test_case_function() -> type:
+    from _pytest.unittest import TestCaseFunction
+
+    class ParametrizedTestCaseFunction(TestCaseFunction):
+        """A ``TestCaseFunction`` whose name carries a parameter: its ``TestCase`` is made
+        for the method it names without it."""
+
+        def _getinstance(self):
+            return self.parent.obj(self.originalname)
+
+    return ParametrizedTestCaseFunction

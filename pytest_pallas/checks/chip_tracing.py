@@ -4,10 +4,17 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
-from .._compat import device_kinds, interpreter_fixes, jax_internals, pallas_call_hooks
+from .._compat import (
+    compiled_artefacts,
+    device_kinds,
+    interpreter_fixes,
+    jax_internals,
+    pallas_call_hooks,
+)
 
 STAND_IN_AS_ABSTRACT_DEVICE = "the stand-in chip as JAX's abstract device"
 
@@ -33,3 +40,19 @@ def tracing_for_chip(device_kind: str, info: Any, *,
         pallas_call_hooks.suspend_pallas_call_observers(),
     ):
         yield
+
+
+def chip_compiler(chip: str, device_kind: str) -> compiled_artefacts.ChipCompiler:
+    """How a test's compiled artefacts are made for ``chip`` (``_compat.compiled_artefacts``):
+    traced as the TPU compiler sees the chip, over libtpu's devices of it where libtpu is
+    installed."""
+    from .compile_check import libtpu_version, topology_devices
+    from .vmem_footprint import tpu_info_for
+
+    info = tpu_info_for(chip)
+    devices = None
+    if libtpu_version() is not None:
+        devices = functools.partial(topology_devices, chip)
+    return compiled_artefacts.ChipCompiler(
+        chip=chip, devices=devices,
+        lowering=lambda: tracing_for_chip(device_kind, info, replace_stand_in=True))

@@ -95,4 +95,5 @@ def conformance(request: pytest.FixtureRequest):
     return Conformance(implementation, pallas.item_backend(request.node), pallas.recorder,
                        interpreter_chosen=pallas.options.interpreter_chosen,
                        sweep_first=pallas.options.sweep_first, judge=pallas.options.judge,
+                       row_per_chip=pallas.options.several_chips,
                        most_drawn_devices=PROFILE_MOST_DEVICES[pallas.options.profile])

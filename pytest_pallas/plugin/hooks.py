@@ -20,6 +20,7 @@ from ..suite.membership import (
 )
 from . import options as options_module
 from . import run_records, versions
+from .chips import ChipTally, each_test_per_chip
 from .fixtures import (  # noqa: F401  (pytest finds the plugin's fixtures here)
     conformance,
     device_mesh,
@@ -27,6 +28,7 @@ from .fixtures import (  # noqa: F401  (pytest finds the plugin's fixtures here)
     pallas_benchmark,
     pallas_key,
 )
+from .header import header_line
 from .hypothesis_settings import (
     load_hypothesis_profile,
     restate_hypothesis_notes,
@@ -111,6 +113,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if run_records.is_controller(config):
         config.pluginmanager.register(run_records.WorkerRecordsMerger(session),
                                       "pallas-worker-records")
+        if parsed.several_chips:
+            config.pluginmanager.register(ChipTally(parsed.chips), "pallas-chips")
     if not parsed.session_opted_in:
         # No Pallas flag: the plugin stays out of the way until a test asks for it (a
         # marker, a fixture, a conformance class), as Hypothesis's plugin does.
@@ -218,7 +222,9 @@ def _inside_suite(arg: str, invocation_dir: Any) -> bool:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector):
-    """A malformed Operation or @supports in a test module is a usage error, in one line."""
+    """A malformed Operation or @supports in a test module is a usage error, in one line; in a
+    run of several chips, each Pallas test a collector yields comes once per chip (collected
+    so: pytest counts and selects the copies, ``file.py::test_x[v6e]`` included)."""
     report = yield
     if report.failed:
         import re
@@ -226,6 +232,10 @@ def pytest_make_collect_report(collector: pytest.Collector):
         match = re.search(r"\b(?:OperationError|SupportsError): (.*)", str(report.longrepr))
         if match:
             raise pytest.UsageError(f"{collector.nodeid}: {match.group(1)}")
+    pallas = _session(collector.config)
+    if pallas.options.several_chips and report.passed:
+        report.result[:] = each_test_per_chip(report.result, pallas.options.chips,
+                                              pallas.uses_pallas)
     return report
 
 
@@ -237,7 +247,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         device_split = imported_attribute("plugin.workers", "device_split_note")
         workers_line = ((workers(config) if workers is not None else None)
                         or (device_split(config) if device_split is not None else None))
-        return ([session.header()] + session.platform_lines()
+        return ([header_line(session)] + session.platform_lines()
                 + ([workers_line] if workers_line else []) + ([untested] if untested else []))
     return None
 

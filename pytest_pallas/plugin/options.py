@@ -177,18 +177,8 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         )
 
     chip_value = _option(config, "--pallas-chip", "pallas_chip")
-    chip = chip_value or DEFAULT_CHIP
-    if chip.lower().startswith("tpu"):
-        chip = chip[3:].lstrip(" _-")
-    if chip not in KNOWN_CHIPS:
-        raise pytest.UsageError(
-            f"--pallas-chip={chip_value!r} is not a TPU generation JAX knows; use one of "
-            f"{', '.join(KNOWN_CHIPS)}."
-        )
-    if (too_old := versions.chip_needs_newer_jax(chip)) is not None:
-        raise pytest.UsageError(
-            f"--pallas-chip={chip_value!r}: {too_old}; upgrade jax or pick another chip."
-        )
+    chips = parse_chip_flag(chip_value, tpu=tpu)
+    chip = chips[0]
 
     devices_value = _option(config, "--pallas-devices", "pallas_devices")
     devices = DEFAULT_DEVICES
@@ -233,7 +223,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
 
     compile_value = config.getoption("--pallas-compile")
     libtpu = hosts.installed_libtpu()
-    compile_chips = () if gpu else parse_compile_flag(compile_value, chip=chip, tpu=tpu,
+    compile_chips = () if gpu else parse_compile_flag(compile_value, chips=chips, tpu=tpu,
                                                       libtpu=libtpu)
 
     impls = implementations.parse_impl_flags(config.getoption("--pallas-impl"))
@@ -256,6 +246,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         gpu=gpu,
         interpreter=interpreter,
         chip=chip,
+        chips=chips,
         chip_given=config.getoption("--pallas-chip") is not None,
         interpreter_given=config.getoption("--pallas-interpret") is not None,
         interpreter_in_ini=bool(config.getini("pallas_interpret")),
@@ -333,13 +324,46 @@ def report_directory_to_create(path: str) -> str | None:
 
 
 
-def parse_compile_flag(value: str | None, *, chip: str, tpu: bool,
-                       libtpu: str | None) -> tuple[str, ...]:
-    """The chips of ``--pallas-compile`` (none when off); the default when ``value`` is None."""
+def parse_chip_flag(value: str | None, *, tpu: bool = False) -> tuple[str, ...]:
+    """The chips of ``--pallas-chip``: one (``v5e``), several (``v5e,v6e,7x``: each test runs
+    once per chip) or ``all`` (every generation the TPU compiler check compiles for that this
+    JAX knows); the default chip when ``value`` is None."""
     if value is None:
-        if tpu or libtpu is None or chip not in COMPILER_CHIPS:
+        return (DEFAULT_CHIP,)
+    words = [word.strip() for word in value.split(",") if word.strip()]
+    if words == ["all"]:
+        words = [chip for chip in COMPILER_CHIPS if versions.chip_needs_newer_jax(chip) is None]
+    if not words:
+        raise pytest.UsageError(
+            f"--pallas-chip={value!r} names no chip; give e.g. --pallas-chip=v5e, "
+            "--pallas-chip=v5e,v6e,7x or --pallas-chip=all.")
+    chips = []
+    for word in words:
+        chip = word[3:].lstrip(" _-") if word.lower().startswith("tpu") else word
+        if chip not in KNOWN_CHIPS:
+            raise pytest.UsageError(
+                f"--pallas-chip={value!r}: {word!r} is not a TPU generation JAX knows; use "
+                f"{', '.join(KNOWN_CHIPS)}, a comma-separated list of them, or all.")
+        if (too_old := versions.chip_needs_newer_jax(chip)) is not None:
+            raise pytest.UsageError(
+                f"--pallas-chip={value!r}: {too_old}; upgrade jax or pick another chip.")
+        if chip not in chips:
+            chips.append(chip)
+    if tpu and len(chips) > 1:
+        raise pytest.UsageError(
+            f"--pallas-chip={value} names several chips, but --pallas-tpu runs on the one TPU "
+            "JAX sees; drop --pallas-chip on a TPU.")
+    return tuple(chips)
+
+
+def parse_compile_flag(value: str | None, *, chips: tuple[str, ...], tpu: bool,
+                       libtpu: str | None) -> tuple[str, ...]:
+    """The chips of ``--pallas-compile`` (none when off); the default when ``value`` is None:
+    the run's chips the check compiles for (each test's kernels for the chip it runs as)."""
+    if value is None:
+        if tpu or libtpu is None:
             return ()
-        return (chip,)
+        return tuple(chip for chip in chips if chip in COMPILER_CHIPS)
     words = [w.strip() for w in value.split(",") if w.strip()]
     if words == ["none"]:
         return ()

@@ -95,6 +95,7 @@ def write_terminal_summary(session: PallasSession, terminal: Any,
     if not session.recording or not session.recorder.ops:
         return
     from ..suite.summary import write_conformance_summary
+    from .header import header_line
 
     options = session.options
     report_line = None
@@ -105,7 +106,7 @@ def write_terminal_summary(session: PallasSession, terminal: Any,
     write_conformance_summary(
         terminal, session.recorder,
         # Not in pytest's header (a conformance_tests class in a run without Pallas flags).
-        header=None if (options.session_opted_in or session.scope_all) else session.header(),
+        header=None if (options.session_opted_in or session.scope_all) else header_line(session),
         judge=options.judge, incomplete_reasons=session.incomplete_reasons,
         report_line=report_line)
 
@@ -195,6 +196,8 @@ def write_report(config: pytest.Config, *, complete: bool) -> None:
     document = pallas.recorder.document(complete=complete, incomplete_reasons=reasons,
                                         environment=environment_facts(backend))
     document["seed"] = pallas.options.seed
+    if pallas.options.several_chips:
+        document["environment"]["chips"] = list(pallas.options.chips)  # a row per op and chip
     document["ops_selected"] = list(pallas.conformance_ops) + [
         op_name for op_name in pallas.recorder.ops if op_name not in pallas.conformance_ops]
     write_json_atomically(pallas.options.report_path, document)

@@ -20,6 +20,7 @@ import pytest
 
 from ..settings import PallasOptions
 from ..suite.membership import conformance_op_name, is_conformance_item
+from .chips import chip_of, test_id_without_chip
 
 if TYPE_CHECKING:  # imported where used: a run without Pallas tests loads none of them
     from ..backend import Backend
@@ -176,25 +177,32 @@ class PallasSession:
         return self._backend
 
     def backend_for(self, item: pytest.Item) -> Backend:
-        """The session's backend, or a variant standing in for the chip a marker asks for."""
+        """The session's backend, standing in for the test's own chip (a run of several
+        chips), or for the chip a ``tpu_generation`` marker asks for."""
         backend = self.backend
         if backend.numerics == "chip" and is_conformance_item(item):
             # The suite judges with its own error model, fitted to float32 products on the
             # CPU: rounding there would hide the seeded bugs it catches (docs/tpu-fidelity.md).
             backend = dataclasses.replace(backend, numerics="exact")
-        marker = item.get_closest_marker("tpu_generation")
-        if backend.is_tpu or marker is None or not marker.args:
+        if backend.is_tpu:
             return backend
-        chips = [str(chip) for chip in marker.args]
-        if backend.chip in chips:
+        chip = chip_of(item) or backend.chip
+        marker = item.get_closest_marker("tpu_generation")
+        if marker is not None and marker.args:
+            chips = [str(name) for name in marker.args]
+            if chip not in chips and not (self.options.several_chips
+                                          and set(chips) & set(self.options.chips)):
+                chip = chips[0]
+        return self._standing_in_for(backend, chip)
+
+    def _standing_in_for(self, backend: Backend, chip: str) -> Backend:
+        if chip == backend.chip:
             return backend
         from ..backend import chip_info, make_interpret_params
 
-        info = chip_info(chips[0])
-        return dataclasses.replace(
-            backend, chip=chips[0], tpu_info=info,
-            interpret_params=make_interpret_params(self.options, info),
-        )
+        info = chip_info(chip)
+        return dataclasses.replace(backend, chip=chip, tpu_info=info,
+                                   interpret_params=make_interpret_params(self.options, info))
 
     # --- per test ---------------------------------------------------------------
 
@@ -221,6 +229,8 @@ class PallasSession:
 
         conformance = is_conformance_item(item)
         op_name = conformance_op_name(item) if conformance else None
+        if op_name is not None and self.options.several_chips:
+            op_name = f"{op_name} [{backend.chip}]"  # the report's row of this chip's copy
         # A conformance test's report records whether its op's kernels compiled.
         return KernelRun(item, backend, self.options, conformance=conformance,
                          chip_under_test=self.declares_chip_under_test(item, backend),
@@ -252,7 +262,7 @@ class PallasSession:
                         report: pytest.TestReport) -> str:
         """The report section of a Pallas test whose call failed: the NaN note, the
         interpret parameters its kernels changed, the seed and the command that reruns it."""
-        command = self.reproduce_command(_rerunnable_nodeid(item),
+        command = self.reproduce_command(_rerunnable_nodeid(item), chip=chip_of(item),
                                          sweep_case=_failed_sweep_case(item, report))
         text = f"seed {self.options.seed}; reproduce with:\n  {command}"
         note, kept = self.kernel_run(item).failure_notes(
@@ -271,6 +281,12 @@ class PallasSession:
             if backend.chip not in [str(chip) for chip in marker.args]:
                 return (f"tpu_generation: for {', '.join(map(str, marker.args))}, "
                         f"this TPU is {backend.chip}")
+        chip = chip_of(item)
+        if marker is not None and marker.args and chip is not None:
+            chips = [str(name) for name in marker.args]
+            if chip not in chips and set(chips) & set(self.options.chips):
+                return (f"tpu_generation: for {', '.join(chips)}; this copy stands in for "
+                        f"{chip}")
         marker = item.get_closest_marker("devices")
         if marker is not None:
             needed = int(marker.args[0]) if marker.args else int(marker.kwargs.get("n", 1))
@@ -283,10 +299,16 @@ class PallasSession:
         """A per-test seed: stable across processes and workers for the same --pallas-seed."""
         return (self.options.seed * 1_000_003 + zlib.crc32(nodeid.encode())) % 2**31
 
-    def reproduce_command(self, nodeid: str, *, sweep_case: int | None = None) -> str:
+    def reproduce_command(self, nodeid: str, *, chip: str | None = None,
+                          sweep_case: int | None = None) -> str:
         """The command that reruns test ``nodeid`` alone with this run's seed and Pallas flags;
-        ``sweep_case`` (1-based): the failed sweep case, which the rerun tries first."""
+        ``chip``: the chip the test's copy ran as, in a run of several (the rerun stands in for
+        it alone); ``sweep_case`` (1-based): the failed sweep case, which the rerun tries first."""
+        if chip is not None:
+            nodeid = test_id_without_chip(nodeid, chip)
         words = ["pytest", nodeid, f"--pallas-seed={self.options.seed}"]
+        if chip is not None:
+            words.append(f"--pallas-chip={chip}")
         args = list(self.invocation)
         while args:
             arg = args.pop(0)
@@ -296,81 +318,12 @@ class PallasSession:
             option = [arg]
             if "=" not in arg and name not in _SWITCHES and args:
                 option.append(args.pop(0))  # "--pallas-impl add=m:f": the value is the next word
-            if name not in ("--pallas-seed", "--pallas-report", "--pallas-sweep-first"):
+            if name not in ("--pallas-seed", "--pallas-report", "--pallas-sweep-first") and not (
+                    chip is not None and name == "--pallas-chip"):
                 words += option
         if sweep_case is not None:
             words.append(f"--pallas-sweep-first={sweep_case}")
         return " ".join(shlex.quote(word) for word in words)
-
-    def header(self) -> str:
-        options = self.options
-        if options.tpu:
-            backend = "TPU (compiled)"
-        elif options.gpu:
-            backend = "GPU (compiled: Mosaic GPU, Triton where a kernel asks for it)"
-        else:
-            from ..backend import chip_info
-
-            cores = (self._backend.tpu_info if self._backend is not None
-                     else chip_info(options.chip)).num_cores
-            chip_text = f"TPU {options.chip} ({cores} TensorCore{'s' if cores > 1 else ''})"
-            backend = f"CPU, {options.interpreter} interpreter, standing in for {chip_text}"
-            if options.conformance and not options.interpreter_chosen:
-                backend = (f"CPU, {options.interpreter} interpreter (the conformance suite runs "
-                           "its value, deterministic and vmap examples in the plain one, for "
-                           f"speed), standing in for {chip_text}")
-        seed = f"seed {options.seed}"
-        if not options.seed_given and options.profile == "ci":
-            seed += ", the ci profile's fixed seed"
-        devices = ""
-        if not (options.tpu or options.gpu):
-            # A suite written for one device skips itself under more ("requires 1 device,
-            # found 8") and the run looks green: say how many there are and why.
-            self.ensure_devices()
-            devices = (f"; {self.devices_note} simulated, for multi-device kernels "
-                       "(--pallas-devices=N to change; tests that need an exact count skip "
-                       "under another)")
-        declared = ""
-        if not options.compiled and (options.session_opted_in or self.scope_all):
-            from .._compat.device_under_test import device_kind_of_chip
-            from ..backend import chip_info, chip_slice
-
-            self.ensure_devices()
-            chip_slice_text = chip_slice(options.chip, chip_info(options.chip),
-                                         self.devices_requested_count).describe()
-            declared = (f"; device under test: TPU {options.chip} for JAX's test utilities, "
-                        f"jax.default_backend() and device objects (device kind "
-                        f"{device_kind_of_chip(options.chip)!r}, a {chip_slice_text} slice; "
-                        "JAX's own machinery sees the CPU devices; INTERPRET = True test "
-                        "classes see the CPU, interpreting for that generation)")
-        compile_text = self.compile_header()
-        from ..numerics import header_text
-
-        numbers = header_text("tpu" if options.compiled else "cpu", options.chip,
-                              options.numerics, conformance=options.conformance)
-        return (
-            f"pallas: {backend}{devices}; {seed} (reproduce with "
-            f"--pallas-seed={options.seed}); hypothesis profile pallas-{options.profile}"
-            + declared
-            + (f"; {compile_text}" if compile_text else "") + f"; {numbers}"
-        )
-
-    def compile_header(self) -> str | None:
-        """The chips the TPU compiler check compiles for, or why it is off and how to turn it on."""
-        options = self.options
-        if options.tpu or options.gpu:
-            return None
-        if options.compile_chips:
-            return (f"TPU compiler check for {', '.join(options.compile_chips)} "
-                    f"(libtpu {options.libtpu}); --pallas-compile=none turns it off")
-        if options.libtpu is None:
-            return ("TPU compiler check off: libtpu is not installed; "
-                    "pip install 'pytest-pallas[tpu]' to compile every kernel for the chip")
-        if options.compile_given:
-            return (f"TPU compiler check off (--pallas-compile=none); "
-                    f"--pallas-compile={options.chip} turns it on")
-        return (f"TPU compiler check off: it does not compile for {options.chip}; "
-                "--pallas-compile=CHIP turns it on for another chip")
 
 
 def written_for_the_interpreter(item: pytest.Item) -> bool:

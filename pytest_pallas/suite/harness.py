@@ -73,14 +73,14 @@ class Conformance:
     def __init__(self, implementation: Implementation, backend: Backend,
                  recorder: ConformanceRecorder, *, interpreter_chosen: bool = False,
                  sweep_first: int | None = None, most_drawn_devices: int | None = None,
-                 judge: bool = False) -> None:
+                 judge: bool = False, row_per_chip: bool = False) -> None:
         self.implementation = implementation
         self.operation = implementation.operation
         self.backend = backend
         self.recorder = recorder
         # The report's row of this implementation: registered once, when the recorder first
         # meets it, not at every example.
-        self._row = recorder.row(implementation)
+        self._row = recorder.row(implementation, backend.chip if row_per_chip else None)
         # Breadth and depth: unless the user chose an interpreter, the many
         # examples of the value and vmap properties run in the plain
         # interpreter (about 4x faster), and the written property runs in

@@ -168,19 +168,23 @@ class ConformanceRecorder:
                  restrictions_text: str) -> None:
         self.ops.setdefault(op_name, OpRecord(implementation, restrictions, restrictions_text))
 
-    def row(self, implementation: Any) -> str:
+    def row(self, implementation: Any, chip: str | None = None) -> str:
         """The row of ``implementation`` (a ``suite.implementation.Implementation``): the op's name,
         or ``"op (label)"`` for a second implementation of the same op in one run (two
-        ``conformance_tests`` classes). Registered when the recorder first meets it, and
-        again only after a ``take`` emptied the recorder (a pytest-xdist worker's, per test).
+        ``conformance_tests`` classes); ``chip``: in a run of several chips, the chip its
+        test stands in for, a row each (``"op [v6e]"``). Registered when the recorder first
+        meets it, and again only after a ``take`` emptied the recorder (a pytest-xdist
+        worker's, per test).
         """
-        key = self._rows.get(implementation)
+        key = self._rows.get((implementation, chip))
         if key is None:
             key = implementation.operation.name
             known = self.ops.get(key)
             if known is not None and known.implementation != implementation.label:
                 key = f"{key} ({implementation.label})"
-            self._rows[implementation] = key
+            if chip is not None:
+                key = f"{key} [{chip}]"
+            self._rows[(implementation, chip)] = key
         if key not in self.ops:
             domain = implementation.domain
             self.register(key, implementation.label, domain.as_dict(), domain.describe())

@@ -23,10 +23,11 @@ from collections.abc import Callable
 import pytest
 
 from .._compat import gpu_interpreter, jax_internals, tpu_interpreter
-from .._compat.compiled_artefacts import compiled_artefacts_read
+from .._compat.compiled_artefacts import ChipArtefactUnavailable, chip_artefacts_read
 from .._compat.device_under_test import stand_in_chip_under_test
 from .._compat.pytest_internals import run_test_again, skip_at_test
 from ..backend import Backend, make_interpret_params
+from ..checks.chip_tracing import chip_compiler
 from ..checks.compile_check import compiling_pallas_calls, libtpu_platform_version
 from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
 from ..checks.mismatch import TracedOutput, traced_output_blocks
@@ -103,6 +104,7 @@ class KernelRun:
         self._gpu_races: list = []  # True per GPU-interpreted kernel that ended with a race
         self._rounded_dots: list = []  # kernels with a float32 dot the chip rounds
         self._artefacts_read: list[str] = []  # compiled programs the test read (failure note)
+        self._chip_artefacts = False  # whether what it read was the chip's (§12)
         self._host_memory_shortages: list = []  # kernels too large for the host's memory
         self._calling = False  # the test's call has begun (its setup is over)
 
@@ -127,25 +129,29 @@ class KernelRun:
                 GPU_RACE_CHECK, gpu_interpreter.gpu_races_recorded)))
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
-        compiling = bool(not backend.is_tpu and self.options.compile_chips and self.compile_check)
+        compile_chips = self._compile_chips()
+        compiling = bool(not backend.is_tpu and compile_chips and self.compile_check)
         if not backend.is_gpu:
             # Where the compile check compiles for the stand-in chip, tiling and VMEM are the
             # compiler's to judge, in its words, as on the chip.
-            compiler_chip = (backend.chip if compiling and backend.chip in
-                             self.options.compile_chips else None)
+            compiler_chip = backend.chip if compiling and backend.chip in compile_chips else None
             self._reports = _list_or_empty(stack.enter_context(optional(
                 STATIC_CHECKS, lambda: checking_pallas_calls(chip=backend.chip,
                                                              compiler_chip=compiler_chip))))
         if compiling:
             # Then the TPU compiler's verdict on each kernel, for each chip asked for.
             stack.enter_context(optional(TPU_COMPILER_CHECK, lambda: compiling_pallas_calls(
-                self.options.compile_chips, on_verdict=self._on_compile_verdict)))
+                compile_chips, on_verdict=self._on_compile_verdict)))
         if not backend.is_tpu:
             # A NaN where the reference is finite then names the rule and these kernels.
             stack.enter_context(interpreted_kernels(self._interpreted_kernel_names))
         if not backend.is_compiled:
-            # A failure then says the test read a compiled program of an interpreted kernel.
-            self._artefacts_read = stack.enter_context(compiled_artefacts_read([]))
+            # What a test reads of a lowering or a compile is then the chip's (§12), where it
+            # stands in for the chip; elsewhere a failure says it read an interpreted kernel's.
+            self._chip_artefacts = self.chip_under_test == "device"
+            self._artefacts_read = stack.enter_context(chip_artefacts_read(
+                [], chip_compiler(backend.chip, backend.device_kind)
+                if self._chip_artefacts else None))
         # A bare comparison's failure then names the error model of a traced paged or
         # ragged attention kernel.
         stack.enter_context(traced_kernels(self._traced_kernel_names))
@@ -170,6 +176,14 @@ class KernelRun:
                 devices=backend.chip_devices(),
                 generation_only=self.chip_under_test == "generation")))
         self._stack = stack
+
+    def _compile_chips(self) -> tuple[str, ...]:
+        """The chips the compile check compiles this test's kernels for: those the user named
+        (--pallas-compile), else, in a run of several chips, the test's own."""
+        chips = self.options.compile_chips
+        if self.options.several_chips and not self.options.compile_given:
+            return tuple(chip for chip in chips if chip == self.backend.chip)
+        return chips
 
     def close(self) -> None:
         stack, self._stack = self._stack, None
@@ -265,6 +279,8 @@ class KernelRun:
             raise error
         if self._host_memory_shortages:
             skip_at_test(diagnoses.host_memory_shortage(self._host_memory_shortages[-1]))
+        if isinstance(error, ChipArtefactUnavailable):
+            skip_at_test(str(error))  # the chip's compiled program needs libtpu
         if self._tpu_interpreter_limit(error) is None:
             diagnoses.raise_as_tpu_rule(error)
             exit_failure = self.kernel_exit_failure()
@@ -422,7 +438,7 @@ class KernelRun:
                                   self.backend.float32_dot_rounding or "bfloat16")
                     if self._rounded_dots else None)
         artefacts = (diagnoses.compiled_artefact_note(self._artefacts_read)
-                     if error is not None and self._artefacts_read
+                     if error is not None and self._artefacts_read and not self._chip_artefacts
                      and self._traced_kernel_names() else None)
         note = "\n".join(filter(None, (note, rounding, artefacts))) or None
         return note, "\n".join(self.backend.own_params_changed)
