@@ -65,7 +65,8 @@ def test_a_chip_s_copies_are_selected_by_its_name(pytester, run_pytest):
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["collected 8 items / 6 deselected / 2 selected"])
     result = run_pytest("--pallas-chip=v5e,v6e", "-p", "no:xdist",
-                        "test_suite.py::test_rows[16-v6e]", "test_suite.py::GatedTest::test_newer[v6e]")
+                        "test_suite.py::test_rows[16-v6e]",
+                        "test_suite.py::GatedTest::test_newer[v6e]")
     result.assert_outcomes(passed=2)
 
 
