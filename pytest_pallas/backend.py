@@ -30,6 +30,7 @@ from ._compat import (
     interpreter_memory,
     jax_internals,
     pallas_call_hooks,
+    partitioned_kernels,
     ref_views,
     tpu_interpreter,
     xla_cpu_options,
@@ -214,6 +215,9 @@ class Backend:
             # pltpu.emit_pipeline under jax_use_emit_pipeline_primitive, before JAX 0.12.
             stack.enter_context(interpreter_fixes.emit_pipeline_traced_for_the_interpreter())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
+            # A kernel in a custom_partitioning body too: XLA's partitioner traces it on a
+            # thread of its own, and lowers it with no token for the interpreter's effect.
+            stack.enter_context(partitioned_kernels.partitioned_kernels_interpreted())
             # A pallas_call built before (at import time) is interpreted too.
             stack.enter_context(pallas_call_hooks.forced_interpreter_when_called())
             stack.enter_context(pallas_call_hooks.own_interpret_params_kept(

@@ -74,6 +74,15 @@ def host_memory_limit(kernel: str, error: BaseException) -> str:
             "run-time behaviour is not checked on the CPU.")
 
 
+def pinned_buffer_limit(kernels: Sequence[str]) -> str:
+    """The skip reason when a kernel of the test takes a pinned buffer (``pin``)."""
+    which = f"kernel {kernels[-1]}" if kernels else "a kernel of this test"
+    return (f"pallas: {which} takes a pinned buffer (jax._src.state.primitives.pin), which "
+            "neither of JAX's interpreters runs on the CPU (JAX's callbacks have no shape for "
+            "one, nor does the CPU have the Pin custom call): a limit of JAX's, not a bug of "
+            "the kernel, so its run-time behaviour is not checked on the CPU.")
+
+
 def host_memory_shortage(shortage: Any) -> str:
     """The skip reason when an interpreter's copies of a kernel's operands and results would
     not fit in the host's available memory (an ``interpreter_memory.HostMemoryShortage``)."""

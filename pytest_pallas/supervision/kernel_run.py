@@ -293,6 +293,8 @@ class KernelRun:
             host_memory = [report.kernel for report in self._reports if report.uses_host_memory]
             if host_memory:
                 skip_at_test(diagnoses.host_memory_limit(host_memory[-1], error))
+            if jax_internals.pinned_buffer_refused(error):
+                skip_at_test(diagnoses.pinned_buffer_limit(self._traced_kernel_names()))
         fallback = self.interpreter_fallback(error)
         if fallback is None:
             raise error
