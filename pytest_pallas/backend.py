@@ -26,6 +26,7 @@ from ._compat import (
     device_objects,
     explicit_mxu,
     gpu_interpreter,
+    indexed_dmas,
     interpreter_fixes,
     interpreter_memory,
     jax_internals,
@@ -209,6 +210,8 @@ class Backend:
             stack.enter_context(interpreter_fixes.memory_space_constraints_accepted())
             # Loads, stores and DMAs from and to ref.reshape(...) and ref.bitcast(...) views.
             stack.enter_context(ref_views.reshaped_and_bitcast_refs())
+            # A DMA indexed by a vector of indices stops at its trace with one line.
+            stack.enter_context(indexed_dmas.indexed_dmas_named())
             # A load through pl.ds(i, n, stride=0) reads element i n times, as on the chip
             # (after the views: it rewrites the load before they see it).
             stack.enter_context(interpreter_fixes.zero_stride_reads_broadcast())

@@ -74,6 +74,18 @@ def host_memory_limit(kernel: str, error: BaseException) -> str:
             "run-time behaviour is not checked on the CPU.")
 
 
+def kernel_on_some_devices(stopped: Any, seconds: float) -> str:
+    """The skip reason when a kernel that talks to no other device waited at JAX's TPU
+    interpreter's start barrier for devices of its mesh that never ran it
+    (an ``interpreter_barriers.StoppedShort``), until --pallas-timeout broke the wait."""
+    return (f"pallas: kernel '{stopped.kernel}' was run by {stopped.arrived} of the "
+            f"{stopped.devices} devices of its mesh (the others skipped it: a lax.cond on "
+            "lax.axis_index, a loop whose trip count differs by device), and JAX's TPU "
+            "interpreter waits at its start for every device of the mesh, until "
+            f"--pallas-timeout={seconds:g}s stopped it: a limit of JAX's interpreter, not a bug "
+            "of the kernel (it talks to no other device, so the chip runs it on any of them).")
+
+
 def pinned_buffer_limit(kernels: Sequence[str]) -> str:
     """The skip reason when a kernel of the test takes a pinned buffer (``pin``)."""
     which = f"kernel {kernels[-1]}" if kernels else "a kernel of this test"
