@@ -26,15 +26,17 @@ from .jax_internals import (
     JaxInternalsChanged,
     attributes_replaced,
     private_attribute,
+    short_source,
 )
 
 SPARSE_CORE_LIMIT = (
     "JAX's TPU interpreter cannot run a DMA indexed by a vector of indices ({where}), a "
     "SparseCore gather or scatter: it reads a DMA's indices as integers")
 TENSOR_CORE_REFUSAL = (
-    "kernel {kernel}: a DMA indexed by a vector of indices ({where}) in a TensorCore kernel, "
-    "which the TPU compiler rejects (libtpu 0.0.42.1 for v5e: 'tpu.memref_slice' takes 32-bit "
-    "integers, not a vector); copy a contiguous pl.ds(start, size), or row by row")
+    "pallas: kernel {kernel}: a DMA indexed by a vector of indices ({where}) in a TensorCore "
+    "kernel, which the TPU compiler rejects (libtpu 0.0.42.1 for v5e: 'tpu.memref_slice' "
+    "takes 32-bit integers, not a vector); copy a contiguous pl.ds(start, size), or row by "
+    "row")
 
 
 @contextlib.contextmanager
@@ -105,5 +107,5 @@ def _line(equation: Any) -> str:
 
 def _kernel_name(jaxpr: Any) -> str:
     info = getattr(jaxpr, "debug_info", None)
-    return repr(getattr(info, "func_src_info", None) or getattr(info, "func_name", None)
-                or "<kernel>")
+    return repr(short_source(str(getattr(info, "func_src_info", None)
+                                 or getattr(info, "func_name", None) or "<kernel>")))

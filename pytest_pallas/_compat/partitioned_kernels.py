@@ -94,6 +94,7 @@ def partitioned_kernels_interpreted() -> Iterator[bool]:
         original_init(*bound.args, **bound.kwargs)
 
     def get(self: Any, effect: Any) -> Any:
+        __tracebackhide__ = True
         if (effect is ordered_effect and getattr(_fresh_tokens, "depth", 0)
                 and effect not in self.effects()):
             return mlir.create_token()
