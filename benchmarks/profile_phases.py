@@ -45,8 +45,22 @@ PHASES = (
 SPLIT = ("XLA compile", "lowering", "tracing", "running: XLA execution")
 
 
-def classify(frames: list[str]) -> str:
-    """The phase of one sample, its frames outermost first."""
+IDLE = ("wait (threading.py", "Event.wait (threading.py", "Condition.wait (threading.py",
+        "_wait_for_tstate_lock (threading.py", "sleep (")
+
+
+def classify(frames: list[str]) -> str | None:
+    """The phase of one sample, its frames outermost first (the first names its thread);
+    None for a thread that only waits."""
+    thread, frames = frames[0], frames[1:]
+    if frames and frames[-1].startswith(IDLE):
+        return None
+    if not frames:
+        return "native threads (XLA's, libtpu's)" if "MainThread" not in thread else (
+            "start-up, collection and exit")
+    in_test = any("runtestprotocol" in frame for frame in frames)
+    if "MainThread" in thread and not in_test:
+        return "start-up, collection and exit"
     for phase, matches in PHASES:
         if any(matches(frame) for frame in frames):
             if phase in SPLIT:
@@ -66,7 +80,11 @@ def read_samples(path: pathlib.Path, rate: int) -> dict[str, float]:
         if not stack or not count.isdigit():
             continue
         frames = [frame.strip() for frame in stack.split(";")]
-        seconds[classify(frames)] += int(count) / rate
+        if frames and frames[0].startswith("process "):
+            frames = frames[1:]
+        phase = classify(frames)
+        if phase is not None:
+            seconds[phase] += int(count) / rate
     return dict(seconds)
 
 

@@ -10,8 +10,9 @@ came from, and ``Lowered.compile`` which ``Lowered`` each ``Compiled`` came from
 own objects still run on the CPU (``jit(f).lower(x).compile()(x)`` computes as before), and
 their readers answer from the chip's twin, made when first read:
 
-- the traced program's jaxpr, every ``pallas_call`` and ``core_map`` in it lowered as Mosaic
-  instead of interpreted, lowered for the TPU (``lowering_platforms=("tpu",)``);
+- the traced program's jaxpr, every ``pallas_call`` in it lowered as Mosaic instead of
+  interpreted (``jax_internals.as_compiled_for_the_chip``), lowered for the TPU
+  (``lowering_platforms=("tpu",)``);
 - with libtpu, that program over libtpu's devices of the chip (each CPU device of its
   shardings and meshes standing for the TPU device of the same index), lowered and compiled
   by libtpu: what ``Compiled`` readers answer, and ``Lowered``'s cost analysis;
@@ -31,7 +32,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .jax_internals import JaxInternalsChanged
+from .jax_internals import JaxInternalsChanged, as_compiled_for_the_chip
 
 # (class of jax.stages, method): what reads the compiled program.
 READERS = (("Lowered", "as_text"), ("Lowered", "compiler_ir"), ("Lowered", "cost_analysis"),
@@ -40,8 +41,6 @@ READERS = (("Lowered", "as_text"), ("Lowered", "compiler_ir"), ("Lowered", "cost
 # The readers whose answer needs libtpu's compile, beyond a lowering for the TPU.
 _COMPILED = ("Compiled.as_text", "Compiled.cost_analysis", "Compiled.memory_analysis",
              "Lowered.cost_analysis")
-# The equations whose kernels the twin lowers as Mosaic rather than interprets.
-_KERNEL_PRIMITIVES = ("pallas_call", "core_map")
 
 _MAKING_TWIN: contextvars.ContextVar[bool] = contextvars.ContextVar("pallas_making_twin",
                                                                    default=False)
@@ -152,10 +151,9 @@ def _lowered_for_the_chip(traced: Any, devices: Callable[[int], Sequence[Any]] |
     """``traced``'s program lowered for the TPU, its kernels as Mosaic: over libtpu's
     ``devices`` (then compilable), or, without them, over the traced program's own devices."""
     import jax
-    from jax._src import core
 
     params = _lowering_parameters(traced)
-    closed = _kernels_compiled(params["jaxpr"])
+    closed = params["jaxpr"]
     in_shardings, out_shardings = params["in_shardings"], params["out_shardings"]
     mapped: Callable[[Any], Any] = lambda value: value
     default = None
@@ -167,7 +165,7 @@ def _lowered_for_the_chip(traced: Any, devices: Callable[[int], Sequence[Any]] |
         in_shardings, out_shardings = mapped(in_shardings), mapped(out_shardings)
         if not needed:  # placed nowhere: on the chip's first device, not JAX's default CPU
             default = jax.sharding.SingleDeviceSharding(chip_devices[0])
-    run = core.jaxpr_as_fun(closed)
+    run = as_compiled_for_the_chip(closed)
 
     def program(*args: Any) -> Any:
         return tuple(run(*args))
@@ -195,13 +193,6 @@ def _lowering_parameters(traced: Any) -> dict[str, Any]:
             "jax.stages.Traced keeps its lowering parameters elsewhere on this JAX: a test's "
             "compiled artefacts cannot be made for the chip")
     return params
-
-
-def _kernels_compiled(closed: Any) -> Any:
-    """``closed`` (a ClosedJaxpr) with every kernel's ``interpret`` turned off, at any depth."""
-    return _rewritten(closed, lambda eqn, params: (
-        {**params, "interpret": False}
-        if eqn.primitive.name in _KERNEL_PRIMITIVES and "interpret" in params else params))
 
 
 def _with_params_mapped(closed: Any, mapped: Callable[[Any], Any]) -> Any:
