@@ -131,11 +131,12 @@ def _install(flag: str) -> Any:
         dimension_numbers = params.get("dimension_numbers")
         if rounding is not None and goes_through_the_matrix_unit(
                 rounding, *ctx.avals_in, dimension_numbers):
-            bits = MANTISSA_BITS[rounding]
             per_operand = rounded_operands(rounding, precision)
             lhs, rhs = (
-                _round(hlo, mlir, value, bits) if _is_float32(aval) and each else value
-                for value, aval, each in zip((lhs, rhs), ctx.avals_in, per_operand))
+                _round(hlo, mlir, value, bits) if bits is not None else value
+                for value, bits in zip((lhs, rhs), (
+                    operand_mantissa_bits(rounding, aval, each)
+                    for aval, each in zip(ctx.avals_in, per_operand))))
             if rounding == "bfloat16" and any(per_operand):
                 return _accumulated_in_passes(
                     ctx, lhs, rhs, dimension_numbers,
@@ -219,6 +220,27 @@ def goes_through_the_matrix_unit(rounding: str, lhs: Any, rhs: Any,
     return min(free) > 0
 
 
+def operand_mantissa_bits(rounding: str, aval: Any, rounded: bool) -> int | None:
+    """The mantissa bits a matrix-unit dot's operand of type ``aval`` is rounded to on the
+    CPU (None: taken as it is). A float32 operand that the hardware rounds (``rounded``, by
+    the dot's precision): ``rounding``'s bits. A bfloat16 operand on a TPU: bfloat16's 7,
+    whatever the precision.
+
+    Why a bfloat16 operand: the MXU takes it as bfloat16 values, but XLA's CPU, which
+    allows excess precision, may compute a bfloat16 expression that feeds a dot in float32
+    and drop the rounding between (``jnp.dot(x, y.T + 1.0)`` of bfloat16 arrays: the
+    transpose and the add fused into the dot's operand; not ``y + 1.0``), in a kernel's dot
+    and in the test's alike, but not in every shape. On the chip the operand is rounded on
+    both sides (Mosaic: ``llo.vpack`` to bfloat16 before ``llo.vmatmul``; XLA: a ``convert``
+    to bf16 before the convolution: :data:`pytest_pallas.numerics.DOT_FORMS`).
+    """
+    if rounded and _is_float32(aval):
+        return MANTISSA_BITS[rounding]
+    if rounding == "bfloat16" and _is_bfloat16(aval):
+        return MANTISSA_BITS["bfloat16"]
+    return None
+
+
 def rounded_operands(rounding: str, precision: Any) -> tuple[bool, bool]:
     """Which operands of a dot at ``precision`` (a ``dot_general``'s parameter) the hardware
     takes rounded: on a TPU each operand at None or ``DEFAULT``; on a GPU both, when either
@@ -258,12 +280,20 @@ def _round(hlo: Any, mlir: Any, value: Any, mantissa_bits: int) -> Any:
 
 
 def _is_float32(aval: Any) -> bool:
+    return _dtype_name(aval) == "float32"
+
+
+def _is_bfloat16(aval: Any) -> bool:
+    return _dtype_name(aval) == "bfloat16"
+
+
+def _dtype_name(aval: Any) -> str | None:
     import numpy as np
 
     try:
-        return np.dtype(aval.dtype) == np.float32
+        return np.dtype(aval.dtype).name
     except TypeError:  # an extended dtype (a key, a semaphore)
-        return False
+        return None
 
 
 def round_mantissa(values: Any, rounding: str) -> Any:
