@@ -56,7 +56,9 @@ def float32_dots_rounded(rounding: str = "bfloat16") -> Iterator[None]:
     """Inside the block, a float32 ``dot_general`` at the default precision, lowered for the
     CPU, rounds its float32 operands to ``rounding`` (``"bfloat16"`` or ``"tensorfloat32"``)
     first. ``precision=HIGHEST`` (under ``"bfloat16"`` ``HIGH`` too), other operand dtypes and
-    the accumulation type (``preferred_element_type``) are left as they are.
+    the accumulation type (``preferred_element_type``) are left as they are, but for a
+    bfloat16 operand of an MXU dot under ``"bfloat16"``, held to bfloat16 values
+    (:func:`operand_mantissa_bits`).
 
         with float32_dots_rounded():
             jnp.dot(x, y)  # x and y rounded to bfloat16, products summed in float32
@@ -210,7 +212,10 @@ def goes_through_the_matrix_unit(rounding: str, lhs: Any, rhs: Any,
     On a TPU a dot with an operand that has no free dimension (a matrix-vector product:
     ``jnp.dot`` of an (8, 8) and an (8,) float32 block) is not an MXU pass: Mosaic lowers it
     to ``llo.vmul.f32`` and ``llo.vadd.xlane.f32`` (libtpu 0.0.42.1's post-lower-to-llo dump,
-    v5e), float32 products. XLA's own matrix-vector dots on a TPU: unchecked, taken alike.
+    v5e), float32 products; XLA's own matrix-vector and vector dots too (``vmul.f32``, v4 to
+    v6e; 7x puts XLA's on the MXU: ``numerics.NOT_EMULATED``). Every other form, transposed,
+    batched, in ``vmap`` or ``shard_map``, is an MXU pass on both sides
+    (``numerics.DOT_FORMS``, each read from libtpu's dump).
     """
     if rounding != "bfloat16" or dimension_numbers is None:
         return True
