@@ -4,6 +4,7 @@ chip's rounding and to libtpu's own dump of each form (tests/dot_battery.py)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 BATTERY = os.path.join(os.path.dirname(__file__), "dot_battery.py")
+DUMP = os.path.join(os.path.dirname(__file__), "data", "libtpu_dump_dots_v5e")
 
 
 def test_the_table_and_the_battery_hold_the_same_forms():
@@ -44,6 +46,22 @@ def test_each_form_rounds_on_the_cpu_where_the_chip_does(name):
                        else (float32, rounded))
     np.testing.assert_allclose(out, expected, rtol=0, atol=5e-5)
     assert np.abs(out - other).max() > 1e-3
+
+
+def test_the_dump_reader_tells_a_kernels_matmuls_from_xlas(tmp_path):
+    # Lines of libtpu 0.0.42.1's dumps (v5e): a Pallas kernel's jnp.dot (its LLO, call.1, and
+    # Mosaic's own post-lower-to-llo), XLA's jnp.dot of two float32 (128, 128) arrays, and
+    # XLA's lax.dot of two vectors. The kernel's vmatmul.f32 is no XLA dot.
+    from pytest_pallas._compat.libtpu_dump import DotInstructions, dot_instructions
+
+    assert dot_instructions(DUMP) == DotInstructions(
+        kernel_modes={"round": 16}, xla_formats={"bf16": 8}, float32_multiplies=1)
+    # Without the program's HLO, the kernel's LLO unit would pass for one of XLA's fusions.
+    for name in os.listdir(DUMP):
+        if not name.endswith("TLP-hlo.txt"):
+            shutil.copy(os.path.join(DUMP, name), tmp_path)
+    assert dot_instructions(str(tmp_path)).xla_formats == {"bf16": 8, "f32": 16}
+    assert dot_instructions(str(DUMP) + "-missing") == DotInstructions({}, {}, 0)
 
 
 @pytest.fixture(scope="module")
