@@ -98,7 +98,8 @@ DOT_FORMS_SOURCE = (
     "llo.vmatmul by matmul_mode in Mosaic's post-lower-to-llo dump, XLA's own vmatmul by data "
     "format in each fusion's first LLO (*-original.txt), vmul.f32 in either "
     "(_compat.libtpu_dump.dot_instructions; tests/test_dot_forms.py reads them again where "
-    "libtpu is installed). Operands (128, 128) float32 unless named; 2 x (128, 128) batched")
+    "libtpu is installed; with libtpu 0.0.50.1 and jax 0.12 it finds the same). Operands "
+    "(128, 128) float32 unless named; 2 x (128, 128) batched")
 
 _ROUND = "llo.vmatmul in matmul_mode<round> (HIGHEST: six times as many, in its six modes)"
 _BF16 = "vmatmul.bf16, its float32 operands packed to bfloat16 (vpack.c.bf16); HIGHEST: " \
