@@ -290,6 +290,7 @@ PLUGIN_GLUE = {
     "pytest_pallas.plugin.process_worker": "session wiring: one process's order and reports",
     "pytest_pallas.plugin.process_verdicts": "session wiring: one verdict from every process",
     "pytest_pallas.plugin.tpu_slice": "session wiring: the hosts of a TPU slice joined",
+    "pytest_pallas.plugin.stuck_tests": "session wiring: a stuck test's process replaced",
 }
 # What runs, checks or judges kernels: the plugin hands a test to these through
 # supervision.KernelRun and the suite, never enters them itself.
