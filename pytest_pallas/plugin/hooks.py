@@ -458,6 +458,11 @@ def pytest_handlecrashitem(crashitem, report, sched) -> None:
 
         handed = take_stuck_test(config, node.gateway.id, crashitem, report)
         if handed is not None:  # the report is now the test's failure
+            terminal = config.pluginmanager.get_plugin("terminalreporter")
+            if terminal is not None:  # beside xdist's "replacing crashed worker"
+                terminal.write_line(
+                    f"pallas: pytest-xdist's worker {node.gateway.id} was ended: {crashitem} ran "
+                    "past --pallas-timeout and could not be stopped in it", yellow=True)
             if pallas.recording and handed["unrecorded"]:
                 pallas.incomplete_reasons.append(stuck_conformance_reason(crashitem))
             return

@@ -51,6 +51,11 @@ def end_stuck_test(item: pytest.Item, text: str, seconds: float) -> None:
     replacement = config.stash.get(_REPLACEMENT, None)
     if replacement is not None:
         replacement.replace_process(item, text, seconds)
+    sys.stderr.write(
+        f"\npallas: {item.nodeid} ran past --pallas-timeout and cannot be "
+        "stopped in its process; it runs to its end, since this pytest runs inside another "
+        "program (pytest.main), whose process the plugin does not replace. Run pytest from a "
+        "shell, or with -n, to have the run go on without it.\n")
 
 
 def _failed_report(item: pytest.Item, text: str, seconds: float) -> pytest.TestReport:

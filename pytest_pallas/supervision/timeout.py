@@ -248,12 +248,12 @@ class Watchdog:
             head = (f"pallas: {self._test_name} ran longer than --pallas-timeout="
                     f"{self.seconds:g}s outside its kernels, {self._place_text(place)}")
         head += f". It could not be stopped in its process ({blocked})"
-        if self._on_stuck is not None:
-            # Ends the process, unless this run has no way to go on in another.
-            self._on_stuck(
-                f"{head}: the process was ended and the run went on with the next test. "
-                "Raise --pallas-timeout if the test is only slow (0 disables it).\n\n"
-                f"where the test's thread was (innermost last):\n{place.stack}",
-                time.monotonic() - self._started)
-        sys.stderr.write(f"\n{head}; it runs to its end (this pytest runs inside another "
-                         "program, whose process the plugin does not end).\n")
+        if self._on_stuck is None:
+            sys.stderr.write(f"\n{head}; it runs to its end.\n")
+            return
+        # Ends the process, unless this run has no way to go on in another (it says so).
+        self._on_stuck(
+            f"{head}: the process was ended and the run went on with the next test. "
+            "Raise --pallas-timeout if the test is only slow (0 disables it).\n\n"
+            f"where the test's thread was (innermost last):\n{place.stack}",
+            time.monotonic() - self._started)
