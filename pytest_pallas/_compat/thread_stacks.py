@@ -36,8 +36,9 @@ PYTHON = "python"  # in the test's own code (or a library's), outside JAX
 class ThreadPlace:
     """Where a thread is: ``kind`` (one of the constants above), ``line`` (``file:line`` of
     its innermost frame in the test's own file, else its innermost frame outside JAX),
-    ``moving`` (whether its innermost frame changed while it was watched: it runs Python
-    code) and ``stack`` (its frames from the test's function inward, formatted)."""
+    ``moving`` (whether its innermost frame or instruction changed while it was watched: it
+    runs Python code; a one-instruction loop looks still) and ``stack`` (its frames from
+    the test's function inward, formatted)."""
 
     kind: str
     line: str

@@ -46,6 +46,12 @@ class TimeoutInterrupt(BaseException):
     ``except Exception`` nor Hypothesis (which re-runs a failing example while it shrinks)
     takes it; the plugin turns it into the test's ``PallasTimeout``."""
 
+    raised = 0  # how many were raised (made when a thread raises one), for the watchdog
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        TimeoutInterrupt.raised += 1
+
     def __str__(self) -> str:
         return "the test was here when --pallas-timeout stopped it"
 
@@ -104,6 +110,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._test_thread = 0
         self._started = 0.0
+        self._raised_before = 0
 
     @property
     def message(self) -> str:
@@ -227,6 +234,7 @@ class Watchdog:
                 return
             from .._compat.thread_stacks import raise_in_thread
 
+            self._raised_before = TimeoutInterrupt.raised
             self._interrupted = raise_in_thread(self._test_thread, TimeoutInterrupt)
 
     def _stuck(self) -> None:
@@ -238,10 +246,10 @@ class Watchdog:
             return  # it has just returned
         if place.kind in (thread_stacks.XLA, thread_stacks.COMPILE):
             blocked = "inside XLA, which does not return to Python"
-        elif not place.moving:
-            blocked = "in a call that does not return to Python"
+        elif TimeoutInterrupt.raised > self._raised_before:
+            blocked = "its code went on after the interrupt"
         else:
-            blocked = "in code that went on after the interrupt"
+            blocked = "in a call that does not return to Python"
         if self.in_kernel:
             head = f"pallas: {self.what} ran longer than --pallas-timeout={self.seconds:g}s"
         else:
