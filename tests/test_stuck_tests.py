@@ -9,8 +9,6 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from pytest_pallas._compat import xdist_internals
-
 HANGS = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, pytest
@@ -168,6 +166,8 @@ def test_the_report_keeps_every_property_after_a_hang_inside_xla(pytester, mode)
 def test_a_worker_ended_for_a_stuck_test_does_not_count_as_a_crash():
     # pytest-xdist's controller keeps its limit on restarts where the plugin raises it.
     from xdist.dsession import DSession
+
+    from pytest_pallas._compat import xdist_internals
 
     class Plugins:
         def get_plugin(self, name):
