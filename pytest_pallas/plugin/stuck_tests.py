@@ -49,13 +49,18 @@ def end_stuck_test(item: pytest.Item, text: str, seconds: float) -> None:
             _hand_to_controller(item, text, seconds, folder, workerinput["workerid"])
         return  # a --pallas-processes worker: its controller ends it
     replacement = config.stash.get(_REPLACEMENT, None)
-    if replacement is not None:
-        replacement.replace_process(item, text, seconds)
-    sys.stderr.write(
-        f"\npallas: {item.nodeid} ran past --pallas-timeout and cannot be "
-        "stopped in its process; it runs to its end, since this pytest runs inside another "
-        "program (pytest.main), whose process the plugin does not replace. Run pytest from a "
-        "shell, or with -n, to have the run go on without it.\n")
+    if replacement is None:
+        why = ("this pytest runs inside another program (pytest.main), whose process the "
+               "plugin does not replace; run pytest from a shell, or with -n, to have the run "
+               "go on without it")
+    else:
+        why = "its process could not be replaced"
+        try:
+            replacement.replace_process(item, text, seconds)  # does not return
+        except Exception as error:  # noqa: BLE001 (said below; the test runs on)
+            why = f"replacing its process failed ({error!r})"
+    sys.stderr.write(f"\npallas: {item.nodeid} ran past --pallas-timeout and cannot be stopped "
+                     f"in its process; it runs to its end: {why}.\n")
 
 
 def _failed_report(item: pytest.Item, text: str, seconds: float) -> pytest.TestReport:
@@ -189,7 +194,7 @@ class Replacement:
         self.reports: list[pytest.TestReport] = []
         # The process's stdin, stdout and stderr as pytest found them: while a test runs,
         # pytest's capture has put files in their place.
-        self.descriptors = [os.dup(descriptor) for descriptor in (0, 1, 2)]
+        self.descriptors = [_duplicate(descriptor) for descriptor in (0, 1, 2)]
         self.environment = dict(os.environ)  # before any test changed it
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -197,7 +202,8 @@ class Replacement:
 
     def pytest_unconfigure(self) -> None:
         for descriptor in self.descriptors:
-            os.close(descriptor)
+            if descriptor is not None:
+                os.close(descriptor)
 
     def replace_process(self, item: pytest.Item, text: str, seconds: float) -> None:
         config = self.config
@@ -222,7 +228,8 @@ class Replacement:
         os.close(descriptor)
         _write_json(path, state)
         for saved, descriptor in zip(self.descriptors, (0, 1, 2)):
-            os.dup2(saved, descriptor)
+            if saved is not None:
+                os.dup2(saved, descriptor)
         for stream in (sys.__stdout__, sys.__stderr__):
             try:
                 stream.flush()
@@ -238,6 +245,14 @@ class Replacement:
 
 
 # --- the fresh pytest that replaced a stuck one ---------------------------------------------
+
+
+def _duplicate(descriptor: int) -> int | None:
+    """A copy of ``descriptor``, None when it is not open (a closed stdin, say)."""
+    try:
+        return os.dup(descriptor)
+    except OSError:
+        return None
 
 
 def _benchmarks_run(config: pytest.Config) -> list:

@@ -195,7 +195,7 @@ class Watchdog:
         self._in_checks = clock == "checks"
         self.what = self._describe() if self.in_kernel else self._place_text()
         self.fired = True
-        error = KernelTimeout(self.message)
+        error = self.failure()
         fired_at = time.monotonic()
         grace = grace_seconds(self.seconds)
         aborted = stuck = False
