@@ -454,18 +454,10 @@ def pytest_handlecrashitem(crashitem, report, sched) -> None:
     if pallas is None:
         return
     if _ended_for_a_stuck_test(config, node.gateway.id):
-        from .stuck_tests import stuck_conformance_reason, take_stuck_test
+        from .stuck_tests import take_stuck_test
 
-        handed = take_stuck_test(config, node.gateway.id, crashitem, report)
-        if handed is not None:  # the report is now the test's failure
-            terminal = config.pluginmanager.get_plugin("terminalreporter")
-            if terminal is not None:  # beside xdist's "replacing crashed worker"
-                terminal.write_line(
-                    f"pallas: pytest-xdist's worker {node.gateway.id} was ended: {crashitem} ran "
-                    "past --pallas-timeout and could not be stopped in it", yellow=True)
-            if pallas.recording and handed["unrecorded"]:
-                pallas.incomplete_reasons.append(stuck_conformance_reason(crashitem))
-            return
+        if take_stuck_test(config, node.gateway.id, crashitem, report):
+            return  # not a crash: the report is now the test's failure
     if pallas.recording:
         pallas.incomplete_reasons.append(f"{crashitem} crashed its worker and has no verdict")
 

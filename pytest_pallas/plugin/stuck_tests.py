@@ -146,19 +146,19 @@ def ended_for_a_stuck_test(config: pytest.Config, worker: str) -> bool:
 
 
 def take_stuck_test(config: pytest.Config, worker: str, crashitem: str,
-                    report: pytest.TestReport) -> dict | None:
+                    report: pytest.TestReport) -> bool:
     """On pytest-xdist's controller, for the test a worker died in: if the worker ended
     itself because that test was stuck, turn xdist's "worker crashed" ``report`` into the
-    test's failure and return what the worker wrote; else None."""
+    test's failure, say so, and return True."""
     folder = config.stash.get(_FOLDER, None)
     path = os.path.join(folder, f"{worker}.json") if folder is not None else ""
     if not path or not os.path.exists(path):
-        return None
+        return False
     with open(path) as file:
         handed = json.load(file)
     os.remove(path)
     if handed["nodeid"] != crashitem:
-        return None
+        return False
     failed = config.hook.pytest_report_from_serializable(config=config, data=handed["report"])
     for name, value in vars(failed).items():
         setattr(report, name, value)  # xdist's report keeps its worker (report.node)
@@ -166,7 +166,15 @@ def take_stuck_test(config: pytest.Config, worker: str, crashitem: str,
         from .._compat.xdist_internals import allow_one_more_worker_restart
 
         allow_one_more_worker_restart(config)
-    return handed
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None:  # beside xdist's "replacing crashed worker"
+        terminal.write_line(f"pallas: pytest-xdist's worker {worker} was ended: {crashitem} "
+                            "ran past --pallas-timeout and could not be stopped in it",
+                            yellow=True)
+    session = session_of(config)
+    if session.recording and handed["unrecorded"]:
+        session.incomplete_reasons.append(stuck_conformance_reason(crashitem))
+    return True
 
 
 # --- in one process -----------------------------------------------------------------------
