@@ -292,6 +292,7 @@ PLUGIN_GLUE = {
     "pytest_pallas.plugin.tpu_slice": "session wiring: the hosts of a TPU slice joined",
     "pytest_pallas.plugin.chips": "session wiring: each test once per chip, the chip's tally",
     "pytest_pallas.plugin.header": "reports: the header's line",
+    "pytest_pallas.plugin.stuck_tests": "session wiring: a stuck test's process replaced",
 }
 # What runs, checks or judges kernels: the plugin hands a test to these through
 # supervision.KernelRun and the suite, never enters them itself.

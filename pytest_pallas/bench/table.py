@@ -88,32 +88,37 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-# Set at the end of a run whose Pallas benchmarks were cut short (Ctrl-C).
+# Set at the end of a run whose Pallas benchmarks were cut short (Ctrl-C, a stuck test whose
+# process was replaced): why.
 INTERRUPTED = pytest.StashKey[str]()
 
 
 def withhold_interrupted_run(config: pytest.Config, exitstatus: int) -> None:
-    """Keep an interrupted run's benchmarks out of pytest-benchmark's storage.
+    """Keep an interrupted run's benchmarks out of pytest-benchmark's storage
+    (``withhold_partial_run``); only runs that used ``pallas_benchmark`` are touched."""
+    if exitstatus == pytest.ExitCode.INTERRUPTED and config.stash.get(RESULTS, None):
+        withhold_partial_run(config, "the run was interrupted")
+
+
+def withhold_partial_run(config: pytest.Config, why: str) -> None:
+    """Keep a run that has only part of its benchmarks out of pytest-benchmark's storage.
 
     ``--benchmark-autosave``/``--benchmark-save`` would store the partial run as
     the newest one, and ``--benchmark-compare`` (with no run id) then takes it
     as the baseline. An explicit ``--benchmark-json`` file is still written,
     marked ``"pallas": {"complete": false}``, which the gate refuses. Runs before
-    pytest-benchmark saves (the plugin's sessionfinish wrapper is tryfirst);
-    only runs that used ``pallas_benchmark`` are touched.
+    pytest-benchmark saves (the plugin's sessionfinish wrapper is tryfirst).
     """
-    if exitstatus != pytest.ExitCode.INTERRUPTED or not config.stash.get(RESULTS, None):
-        return
     # pytest-benchmark's session object: its save/autosave options, read when it saves.
     session = benchmark_session(config)
     saving = session is not None and (
         getattr(session, "save", None) or getattr(session, "autosave", None))
     if not saving:
-        config.stash[INTERRUPTED] = "the run was interrupted"
+        config.stash[INTERRUPTED] = why
         return
     session.save, session.autosave = None, False
     config.stash[INTERRUPTED] = (
-        "the run was interrupted: its benchmarks were NOT saved to the benchmark storage, where "
+        f"{why}: its benchmarks were NOT saved to the benchmark storage, where "
         "--benchmark-compare would take a partial run for the newest baseline; rerun to save")
 
 

@@ -6,6 +6,8 @@ so it imports nothing heavy: JAX is imported only when a test uses Pallas.
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from typing import Any
 
@@ -35,7 +37,7 @@ from .hypothesis_settings import (
     restore_hypothesis_attributes,
     seed_hypothesis,
 )
-from .options import WORKER_SEED_KEY
+from .options import RESUME_ENV, WORKER_SEED_KEY
 from .processes import worker_process as processes_worker
 from .run_records import imported_attribute
 from .session import MARKERS, SESSION_KEY, PallasSession, session_of
@@ -90,6 +92,10 @@ def pytest_cmdline_main(config: pytest.Config):
 def pytest_configure(config: pytest.Config) -> None:
     for spec, description in MARKERS.items():
         config.addinivalue_line("markers", f"{spec}: {description}")
+    if RESUME_ENV in os.environ:  # this pytest replaces one whose test was stuck
+        from .stuck_tests import resume
+
+        resume(config)
     # The ops of conftests first: --pallas-impl and --pallas-ops may name them.
     _register_operations(config)
     parsed = options_module.parse_options(config)
@@ -280,6 +286,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     ours = [item for item in items if pallas.uses_pallas(item)]
     if not ours:
         return
+    if pallas.options.timeout_seconds and not pallas.options.compiled and not (
+            hasattr(config, "workerinput") or config.option.pallas_processes):
+        from .stuck_tests import arm
+
+        arm(config)  # a test stuck inside XLA then ends its process, and the run goes on
     if not pallas.options.tpu:
         from ..checks.libtpu_environment import quiet_libtpu_environment_for
 
@@ -306,6 +317,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     forget_judged = imported_attribute("suite.harness", "forget_session_state")
     if forget_judged is not None:
         forget_judged()
+    remove_stuck_tests_folder = imported_attribute("plugin.stuck_tests", "remove_folder")
+    if remove_stuck_tests_folder is not None:
+        remove_stuck_tests_folder(config)
     pallas = config.stash.get(SESSION_KEY, None)
     if pallas is not None:
         pallas.undo_keep_jax_on_cpu()
@@ -356,7 +370,7 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
     run = pallas.kernel_run(item)
     run.begin_call()
-    with run.watchdog() as watchdog:
+    with run.watchdog(on_stuck=functools.partial(_end_stuck_test, item)) as watchdog:
         try:
             result = yield
             # A unittest.TestCase test records its error instead of raising it.
@@ -372,6 +386,12 @@ def pytest_runtest_call(item: pytest.Item):
             return run.after_failure(error, watchdog)  # raises, skips or reruns
     run.after_success(watchdog)
     return result
+
+
+def _end_stuck_test(item: pytest.Item, text: str, seconds: float) -> None:
+    from .stuck_tests import end_stuck_test
+
+    end_stuck_test(item, text, seconds)
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)
@@ -412,6 +432,8 @@ def pytest_sessionstart(session: pytest.Session):
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     pallas = _session(node.config)
+    if error is not None and _ended_for_a_stuck_test(node.config, node.gateway.id):
+        return  # not a crash: the test's failure comes in its place (pytest_handlecrashitem)
     if pallas.recording and error is not None:
         pallas.incomplete_reasons.append(
             f"pytest-xdist worker {node.gateway.id} crashed ({str(error).strip()})")
@@ -427,15 +449,32 @@ def pytest_configure_node(node) -> None:
     pallas = _session(node.config)
     node.workerinput[WORKER_SEED_KEY] = pallas.options.seed
     node.workerinput.update(worker_input(node.config))
+    if pallas.options.timeout_seconds and not pallas.options.compiled:
+        from .stuck_tests import FOLDER_KEY, folder_for_workers
+
+        node.workerinput[FOLDER_KEY] = folder_for_workers(node.config)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem, report, sched) -> None:
     # The report pytest-xdist makes for the crashed test carries its worker, hence the config.
-    config = getattr(getattr(report, "node", None), "config", None)
+    node = getattr(report, "node", None)
+    config = getattr(node, "config", None)
     pallas = _session(config) if config is not None else None
-    if pallas is not None and pallas.recording:
+    if pallas is None:
+        return
+    if _ended_for_a_stuck_test(config, node.gateway.id):
+        from .stuck_tests import take_stuck_test
+
+        if take_stuck_test(config, node.gateway.id, crashitem, report):
+            return  # not a crash: the report is now the test's failure
+    if pallas.recording:
         pallas.incomplete_reasons.append(f"{crashitem} crashed its worker and has no verdict")
+
+
+def _ended_for_a_stuck_test(config: pytest.Config, worker: str) -> bool:
+    ended = imported_attribute("plugin.stuck_tests", "ended_for_a_stuck_test")
+    return ended is not None and ended(config, worker)
 
 
 # A wrapper, tryfirst: before pytest-benchmark's own wrapper saves its results, and before the

@@ -32,6 +32,9 @@ from . import versions
 
 # Where a pytest-xdist worker finds its controller's seed (config.workerinput).
 WORKER_SEED_KEY = "pallas_seed"
+# Set for the pytest that replaces one whose test was stuck past --pallas-timeout: the file
+# of what it was handed (plugin.stuck_tests).
+RESUME_ENV = "PYTEST_PALLAS_RESUME"
 
 
 def add_options(parser: pytest.Parser) -> None:
