@@ -9,6 +9,7 @@ so nothing is imported and the test costs no JAX.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -376,6 +377,22 @@ def test_the_design_page_maps_every_module_of_the_package():
              for folder, names in tree.items() if names - actual.get(folder, set())}
     assert not missing and not stale, (
         f"docs/design.md's tree: modules it does not name {missing}, names of no module {stale}")
+
+
+def design_layers(text: str) -> list[tuple[str, set[str]]]:
+    """docs/design.md's table of layers: each row's layer and the modules it names."""
+    rows = text.split("| layer | modules | may import |", 1)[1].split("\n\n", 1)[0]
+    layers = []
+    for row in rows.splitlines()[2:]:
+        name, modules = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        layers.append((name, {"pytest_pallas." + module.rstrip("/")
+                              for module in re.findall(r"`([\w/]+)`", modules)}))
+    return layers
+
+
+def test_the_design_page_places_every_module_in_the_layers_this_test_enforces():
+    assert design_layers((ROOT / "docs" / "design.md").read_text()) == [
+        (name, set(prefixes)) for name, prefixes in LAYERS]
 
 
 def test_every_package_of_the_source_is_installed():

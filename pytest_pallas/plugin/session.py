@@ -373,14 +373,3 @@ def device_shortfall(needed: int, backend: Backend, *, one_device_worker: bool =
         f"needs {needed} devices, JAX sees {backend.device_count} CPU devices; run with "
         f"--pallas-devices={needed} (JAX must not be initialised before pytest starts)"
     )
-
-
-def backend_facts(backend: Backend) -> dict[str, Any]:
-    return {
-        "platform": backend.platform,
-        "interpreter": backend.interpreter,
-        "chip": backend.chip,
-        "device_kind": backend.device_kind,
-        "device_count": backend.device_count,
-        "vmem_bytes": backend.tpu_info.vmem_capacity_bytes,
-    }

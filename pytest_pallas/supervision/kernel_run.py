@@ -33,7 +33,8 @@ from ..checks.compile_check import compiling_pallas_calls, libtpu_platform_versi
 from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
 from ..checks.mismatch import TracedOutput, traced_output_blocks
 from ..checks.runtime_rules import kernel_exit_violations, translate_interpreter_error
-from ..checks.violations import REVISIT, TpuRuleViolation
+from ..checks.static_rules import REVISIT
+from ..checks.violations import TpuRuleViolation
 from ..compare import (
     GpuKernelName,
     backend_matmul_precision,
