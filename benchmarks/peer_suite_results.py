@@ -296,6 +296,25 @@ def merge_configurations(on: list[Result], *others: list[Result]) -> list[Result
     return merged
 
 
+def split_by_chip(results: list[Result]) -> list[list[Result]]:
+    """A run of several chips (``--pallas-chip=v5e,v6e``, each id suffixed ``[v6e]``) as one
+    list of results per chip, the suffix taken off, for :func:`merge_configurations`; a run
+    of one chip as it is."""
+    from pytest_pallas.settings import KNOWN_CHIPS
+
+    per_chip: dict[str, list[Result]] = {}
+    for result in results:
+        head, _, params = result.test_id[:-1].rpartition("[") if result.test_id.endswith(
+            "]") else ("", "", "")
+        rest, _, chip = params.rpartition("-")
+        if chip not in KNOWN_CHIPS:
+            per_chip.setdefault("", []).append(result)
+            continue
+        test_id = f"{head}[{rest}]" if rest else head
+        per_chip.setdefault(chip, []).append(dataclasses.replace(result, test_id=test_id))
+    return list(per_chip.values()) or [results]
+
+
 def _class_of(result: Result) -> tuple[str, str, str]:
     words = cause(result.outcome, result.reason, result.detail)
     test_class = result.test_id.split("::")[-2] if result.test_id.count("::") >= 2 else ""
@@ -364,8 +383,10 @@ def report(off_path, on_path=None, *more_runs, also_on=()) -> str:
     for more_off, more_on in zip(more_runs[::2], more_runs[1::2]):
         off += read_junit(more_off)
         on = (on or []) + read_junit(more_on)
-    if on is not None and also_on:
-        on = merge_configurations(on, *map(read_junit, also_on))
+    if on is not None and (also_on or len(split_by_chip(on)) > 1):
+        on = merge_configurations(*split_by_chip(on),
+                                  *(runs for path in also_on
+                                    for runs in split_by_chip(read_junit(path))))
     rows, classes = compare(off, on)
     parts = [table(rows, opted_in=on is not None), "", cause_table(classes), "",
              class_table(classes)]
