@@ -297,21 +297,30 @@ def merge_configurations(on: list[Result], *others: list[Result]) -> list[Result
 
 
 def split_by_chip(results: list[Result]) -> list[list[Result]]:
-    """A run of several chips (``--pallas-chip=v5e,v6e``, each id suffixed ``[v6e]``) as one
-    list of results per chip, the suffix taken off, for :func:`merge_configurations`; a run
-    of one chip as it is."""
+    """A run of several chips (``--pallas-chip=v5e,v6e``: each test once per chip, its id
+    suffixed ``[v6e]`` or ``[3-v6e]``) as one list of results per chip, the suffix taken off,
+    for :func:`merge_configurations`; a test is one chip's copy when its id with another
+    chip's suffix is in the run too (a parameter that merely reads as a chip stays)."""
     from pytest_pallas.settings import KNOWN_CHIPS
 
+    def parts(test_id: str) -> tuple[str, str] | None:
+        if not test_id.endswith("]"):
+            return None
+        head, _, params = test_id[:-1].rpartition("[")
+        rest, _, chip = params.rpartition("-")
+        return (f"{head}[{rest}]" if rest else head, chip) if chip in KNOWN_CHIPS else None
+
+    chips_of: dict[str, set[str]] = collections.defaultdict(set)
+    for result in results:
+        if (split := parts(result.test_id)) is not None:
+            chips_of[split[0]].add(split[1])
     per_chip: dict[str, list[Result]] = {}
     for result in results:
-        head, _, params = result.test_id[:-1].rpartition("[") if result.test_id.endswith(
-            "]") else ("", "", "")
-        rest, _, chip = params.rpartition("-")
-        if chip not in KNOWN_CHIPS:
+        split = parts(result.test_id)
+        if split is None or len(chips_of[split[0]]) < 2:
             per_chip.setdefault("", []).append(result)
             continue
-        test_id = f"{head}[{rest}]" if rest else head
-        per_chip.setdefault(chip, []).append(dataclasses.replace(result, test_id=test_id))
+        per_chip.setdefault(split[1], []).append(dataclasses.replace(result, test_id=split[0]))
     return list(per_chip.values()) or [results]
 
 
