@@ -131,7 +131,7 @@ class KernelRun:
                 GPU_RACE_CHECK, gpu_interpreter.gpu_races_recorded)))
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
-        compile_chips = self._compile_chips()
+        compile_chips = self.compile_chips()
         compiling = bool(not backend.is_tpu and compile_chips and self.compile_check)
         if not backend.is_gpu:
             # Where the compile check compiles for the stand-in chip, tiling and VMEM are the
@@ -179,7 +179,7 @@ class KernelRun:
                 generation_only=self.chip_under_test == "generation")))
         self._stack = stack
 
-    def _compile_chips(self) -> tuple[str, ...]:
+    def compile_chips(self) -> tuple[str, ...]:
         """The chips the compile check compiles this test's kernels for: those the user named
         (--pallas-compile), else, in a run of several chips, the test's own."""
         chips = self.options.compile_chips
