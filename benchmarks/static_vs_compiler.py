@@ -43,9 +43,8 @@ from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 
 from pytest_pallas._compat import device_kinds  # noqa: E402
 from pytest_pallas.checks import jaxpr_analysis, kernel_model  # noqa: E402
-from pytest_pallas.checks.static_rules import check_pallas_call_info  # noqa: E402
-from pytest_pallas.checks.violations import TILING, VMEM  # noqa: E402
-from pytest_pallas.checks.vmem_footprint import tpu_info_for  # noqa: E402
+from pytest_pallas.checks.static_rules import TILING, check_pallas_call_info  # noqa: E402
+from pytest_pallas.checks.vmem_footprint import VMEM, tpu_info_for  # noqa: E402
 from pytest_pallas.ops.domains import declared_domain  # noqa: E402
 from pytest_pallas.ops.inputs import sweep_case  # noqa: E402
 from pytest_pallas.ops.registry import OP_NAMES, get_operation  # noqa: E402

@@ -13,8 +13,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
-
 _PUBLIC = {
     "assert_allclose": "pytest_pallas.compare",
     "default_tolerance": "pytest_pallas.compare",
@@ -39,6 +37,9 @@ __all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = _installed_version()
+        return globals()[name]
     if name not in _PUBLIC:
         raise AttributeError(f"module 'pytest_pallas' has no attribute {name!r}")
     module = importlib.import_module(_PUBLIC[name])
@@ -49,4 +50,16 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_PUBLIC))
+    return sorted({*globals(), *_PUBLIC, "__version__"})
+
+
+def _installed_version() -> str:
+    """The version pyproject.toml gives, as the installed distribution records it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("pytest-pallas")
+    except metadata.PackageNotFoundError:
+        raise AttributeError("pytest_pallas.__version__: the pytest-pallas distribution is not "
+                             "installed, so no version is recorded; pip install it (pip "
+                             "install -e . in a clone)") from None

@@ -29,6 +29,7 @@ from ._compat import (
     indexed_dmas,
     interpreter_fixes,
     interpreter_memory,
+    interpreter_speed,
     jax_internals,
     pallas_call_hooks,
     partitioned_kernels,
@@ -198,6 +199,10 @@ class Backend:
             stack.enter_context(interpreter_fixes.empty_accesses_race_with_nothing())
             # Fresh integer memory reads the chip's poison under pl.enable_poison_buffers.
             stack.enter_context(interpreter_fixes.buffers_poisoned_as_the_chip_poisons())
+            # JAX's checks of its own invariants (jax_enable_checks, on in JAX's test cases)
+            # off inside kernels: they check JAX, not the kernel, at a sixth of a test's CPU.
+            stack.enter_context(optional(
+                "JAX's own checks off inside kernels", interpreter_speed.jax_checks_off_in_kernels))
             # XLA's fast CPU compiles for the test's own jits, where its kernels are
             # interpreted: their compile time is most of an interpreted test's.
             stack.enter_context(xla_cpu_options.fast_cpu_compiles())

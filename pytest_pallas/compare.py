@@ -464,9 +464,10 @@ def assert_allclose(
     tolerance (<= 1.0), which the conformance report prints.
     ``matmul_precision`` (which widens the allowance of a reduction) defaults to
     the precision of the backend the test runs on (``dtypes.MATMUL_PRECISIONS``).
-    ``op``, ``inputs`` and ``op_params`` add the error model the conformance suite
-    applies to that op (``ops.error_models``, ``ops.registry.op_allowance``); which ops
-    have one and the arguments each takes: docs/comparator.md. A failure ends with the
+    ``op``, ``inputs`` and ``op_params`` judge by the error model the conformance suite
+    judges that op by (``ops.registry.op_error_model``): its allowance, the precision of its
+    inner matmul, and its reduction length and exactness where the call does not give them;
+    which ops have one and the arguments each takes: docs/comparator.md. A failure ends with the
     pattern of its mismatches, located in blocks of ``block_shape`` (else the output
     BlockSpec of the kernel the test traced, else (8, 128) tiles); ``without_step`` maps a
     step of a reduction to the expected result without it (docs/comparator.md, "Where
@@ -481,23 +482,21 @@ def assert_allclose(
         matmul_precision = _BACKEND_MATMUL_PRECISION.get()
     extra, reason = 0.0, ""
     if op is not None:
-        from .ops.error_models import COMPARATOR_MODELS
-        from .ops.registry import op_allowance
+        from .ops.registry import op_error_model
 
         if inputs is None:
             raise ValueError(f"assert_allclose(op={op!r}) needs inputs=(...), the op's "
                              "arguments, to size its error model")
-        if isinstance(op, str) and op in COMPARATOR_MODELS:
-            # Paged and ragged attention: the model reads the kernel's own arguments and
-            # sizes the reduction by the sequences' kv lengths, unless the caller gave one.
-            model = COMPARATOR_MODELS[op](inputs, matmul_precision=matmul_precision,
-                                          params=op_params)
-            extra, reason = model.atol, model.why
-            if reduction_length is None:
-                reduction_length = model.reduction_length
-        else:
-            extra, reason = op_allowance(op, inputs, matmul_precision=matmul_precision,
-                                         params=op_params)
+        # The model the conformance suite judges the op by. A reduction length or exactness
+        # the call gives wins; the inner matmul's precision is the op's (bfloat16 operands
+        # of attention's probabilities times v, with bfloat16 inputs) on any backend.
+        model = op_error_model(op, inputs, matmul_precision=matmul_precision, params=op_params)
+        extra, reason = model.atol, model.why
+        if reduction_length is None:
+            reduction_length = model.reduction_length
+        if exact is None:
+            exact = model.exact
+        matmul_precision = model.matmul_precision or matmul_precision
     actual_leaves, actual_tree = _leaves(actual)
     expected_leaves, expected_tree = _leaves(expected)
     if actual_tree != expected_tree:

@@ -65,7 +65,3 @@ def gpu_facts(device_kind: str) -> GpuFacts | None:
         if needle.lower() in device_kind.lower():
             return facts
     return None
-
-
-def known_gpus() -> tuple[str, ...]:
-    return tuple(facts.name for _, facts in _GPUS)

@@ -73,6 +73,70 @@ NOT_EMULATED = {
                                   "approximation's error is unpublished: exact on the CPU",
     "precision=HIGH": "three bfloat16 passes on the chip: float32 products on the CPU",
     "convolutions": "lax.conv_general_dilated at the default precision: float32 on the CPU",
+    "XLA's matrix-vector dots on 7x": "7x runs them on the MXU, the matrix packed to bfloat16 "
+                                      "(vpack.c.bf16, vmatmul; v4 to v6e: vmul.f32, as a "
+                                      "kernel's on every chip; read once, libtpu 0.0.42.1): "
+                                      "float32 on the CPU for every chip",
+}
+
+
+# --- Each form a dot takes, on the kernel's side and on the test's (TPU) -------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DotForm:
+    """What the chip does with the operands of one form of default-precision dot."""
+
+    side: str  # "kernel": a Pallas kernel's dot (Mosaic); "xla": the test's own XLA dot
+    operands: str  # "bfloat16": rounded, one MXU pass; "float32": float32 products, no MXU
+    emitted: str  # what libtpu emits for it (DOT_FORMS_SOURCE)
+
+
+DOT_FORMS_SOURCE = (
+    "libtpu 0.0.42.1, v5e, jax 0.10.2: each form of tests/dot_battery.py compiled for the "
+    "chip with libtpu's dumps on (--xla_mosaic_dump_to, --xla_jf_dump_to); a kernel's "
+    "llo.vmatmul by matmul_mode in Mosaic's post-lower-to-llo dump, XLA's own vmatmul by data "
+    "format in each fusion's first LLO (*-original.txt), vmul.f32 in either "
+    "(_compat.libtpu_dump.dot_instructions; tests/test_dot_forms.py reads them again where "
+    "libtpu is installed; with libtpu 0.0.50.1 and jax 0.12 it finds the same). Operands "
+    "(128, 128) float32 unless named; 2 x (128, 128) batched")
+
+_ROUND = "llo.vmatmul in matmul_mode<round> (HIGHEST: six times as many, in its six modes)"
+_BF16 = "vmatmul.bf16, its float32 operands packed to bfloat16 (vpack.c.bf16); HIGHEST: " \
+        "96 vmatmul.f32"
+_ONE_F32_PASS = ("32 vmatmul.f32, one pass where HIGHEST takes 192 (six): float32 data that the "
+                 "MXU rounds (the LLO text prints no mode; Mosaic's one-pass float32 "
+                 "vmatmul is matmul_mode<round>)")
+
+DOT_FORMS: dict[str, DotForm] = {
+    "kernel: jnp.dot": DotForm("kernel", "bfloat16", "16 " + _ROUND),
+    "kernel: dot_general, rhs transposed": DotForm("kernel", "bfloat16", "16 " + _ROUND),
+    "kernel: x @ y.T": DotForm("kernel", "bfloat16", "16 " + _ROUND),
+    "kernel: dot_general, lhs transposed": DotForm("kernel", "bfloat16", "16 " + _ROUND),
+    "kernel: einsum, batched, rhs transposed": DotForm("kernel", "bfloat16", "32 " + _ROUND),
+    "kernel: preferred_element_type=float32": DotForm("kernel", "bfloat16", "16 " + _ROUND),
+    "kernel: bfloat16, y.T + 1 fused into the dot": DotForm(
+        "kernel", "bfloat16", "the sum packed to bfloat16 (llo.vpack), then 8 llo.vmatmul on "
+                              "bfloat16 data"),
+    "kernel: matrix-vector": DotForm("kernel", "float32", "no vmatmul: 16 vmul.f32"),
+    "kernel: in vmap": DotForm("kernel", "bfloat16", "16 " + _ROUND),
+    "kernel: in shard_map": DotForm("kernel", "bfloat16", "16 " + _ROUND + ", on each device"),
+    "xla: jnp.dot": DotForm("xla", "bfloat16", "8 " + _BF16),
+    "xla: x @ y.T, the transpose fused into the dot": DotForm(
+        "xla", "bfloat16", "the transpose folded into the convolution (dim_labels bf_oi->bf), "
+                           "8 " + _BF16),
+    "xla: dot_general, rhs transposed": DotForm("xla", "bfloat16", "8 " + _BF16),
+    "xla: dot_general, lhs transposed": DotForm("xla", "bfloat16", "8 " + _BF16),
+    "xla: einsum, batched, rhs transposed": DotForm("xla", "bfloat16", _ONE_F32_PASS),
+    "xla: preferred_element_type=float32": DotForm("xla", "bfloat16", "8 " + _BF16),
+    "xla: bfloat16, y.T + 1 fused into the dot": DotForm(
+        "xla", "bfloat16", "the sum converted to bf16 in the optimized HLO, then 8 "
+                           "vmatmul.bf16"),
+    "xla: in vmap": DotForm("xla", "bfloat16", _ONE_F32_PASS),
+    "xla: in shard_map": DotForm("xla", "bfloat16", "8 " + _BF16 + ", on each device"),
+    "xla: lax.dot of two vectors": DotForm("xla", "float32", "no vmatmul: a vmul.f32 and a "
+                                                             "vadd.xlane.f32"),
+    "xla: matrix-vector": DotForm("xla", "float32", "no vmatmul: 16 vmul.f32"),
 }
 
 

@@ -104,13 +104,6 @@ class PallasOptions:
         runs every example in it, instead of its breadth examples in the plain one."""
         return self.interpreter_given or self.interpreter_in_ini or self.detect_races
 
-    @property
-    def backend_name(self) -> str:
-        if self.gpu:
-            return "gpu"
-        return "tpu" if self.tpu else f"cpu-interpret-{self.interpreter}"
-
-
 
 def device_count_from_xla_flags(environ=os.environ) -> int | None:
     """The simulated CPU device count the user's XLA_FLAGS already set, if any."""

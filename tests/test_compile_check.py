@@ -529,7 +529,9 @@ def test_a_kernel_over_its_vmem_is_rejected_as_on_the_chip_whatever_else_it_brea
     # JAX's test_vmem_oom_error_message_basics: blocks over the chip's VMEM and an index map
     # returning element offsets. The chip's compiler stops it first (JaxRuntimeError); the
     # out-of-bounds blocks it would have read are named too.
-    from pytest_pallas.checks.violations import OUT_OF_BOUNDS, VMEM, Violation, rule_violation
+    from pytest_pallas.checks.static_rules import OUT_OF_BOUNDS
+    from pytest_pallas.checks.violations import Violation, rule_violation
+    from pytest_pallas.checks.vmem_footprint import VMEM
 
     over = Violation(VMEM, "kernel", "input 0", "needs 256 MiB of VMEM", "shrink the blocks")
     outside = Violation(OUT_OF_BOUNDS, "kernel", "input 0", "block (0, 8192) is outside",

@@ -19,6 +19,7 @@ from pytest_pallas.ops import registry
 from pytest_pallas.ops.domains import Domain
 from pytest_pallas.ops.error_models import error_model_hint
 from pytest_pallas.ops.inputs import sweep, sweep_case
+from pytest_pallas.strategies import as_dtype
 from pytest_pallas.suite.properties import expected_output, judge_value
 
 LOG2_E = 1.4426950408889634
@@ -76,6 +77,51 @@ def test_suite_and_public_function_give_the_same_allowance():
     public, _ = error_models.attention_allowance(*case.args)
     suite, _ = registry.op_allowance("attention", case.args)
     assert public == suite > 0
+
+
+def _one_ulp_up(array):
+    """``array`` with its largest element moved one ulp (one, for integers) away from 0."""
+    moved = np.array(array, copy=True)
+    at = np.unravel_index(np.argmax(np.abs(moved.astype(np.float64))), moved.shape)
+    if moved.dtype.kind in "iu":
+        moved[at] += 1
+    else:
+        bits = moved.view(np.uint16 if moved.dtype.itemsize == 2 else np.uint32)
+        bits[at] += 1
+    return moved
+
+
+@pytest.mark.parametrize("matmul_precision", ["float32", "bfloat16"])
+@pytest.mark.parametrize("op", operations.BUILT_IN, ids=lambda op: op.name)
+def test_the_suite_and_assert_allclose_judge_every_built_in_op_alike(op, matmul_precision):
+    # One model per op: on every sweep case, a result the oracle's rounded to the output
+    # dtype and one an ulp off get the same verdict and the same worst error from the suite
+    # and from assert_allclose(op=..., inputs=the case's arguments, op_params=its keywords;
+    # a collective's device count too, which its global arrays do not show).
+    for index in range(len(sweep(op))):
+        case = sweep_case(op, Domain(), index)
+        expected = expected_output(case)
+        params = dict(case.kwargs, **({"devices": case.dims["devices"]} if op.collective
+                                      else {}))
+        rounded = np.asarray(expected).astype(as_dtype(case.dtype))
+        for actual in (rounded, _one_ulp_up(rounded)):
+            verdicts, suite_worst, _ = judge_value(case, actual, expected,
+                                                   matmul_precision=matmul_precision)
+            try:
+                worst = assert_allclose(actual, expected, op=op.name, inputs=case.args,
+                                        op_params=params, matmul_precision=matmul_precision)
+            except AssertionError:
+                worst = None
+            where = f"{op.name} sweep case {index} ({case.dtype}, {case.profile})"
+            assert (worst is not None) == verdicts["value"], where
+            assert worst is None or worst == suite_worst, where
+
+
+def test_a_collective_sum_without_its_device_count_is_a_usage_error():
+    case = sweep_case(operations.reduce_scatter, Domain(), 0)
+    with pytest.raises(ValueError, match=r"pass the device count, op_params=\{'devices': n\}"):
+        assert_allclose(expected_output(case), expected_output(case), op="reduce_scatter",
+                        inputs=case.args)
 
 
 ATTENTION_SWEEP = range(len(sweep(operations.attention)))

@@ -224,6 +224,28 @@ def test_forced_interpreter_when_called_is_off_when_the_primitive_moved(monkeypa
         assert hooked is False
 
 
+def test_eager_evaluation_computes_concrete_values_inside_a_trace():
+    # The static checks evaluate index maps while a kernel is being traced.
+    seen = {}
+
+    def traced(x):
+        with jax_internals.eager_evaluation(), jax.ensure_compile_time_eval():
+            seen["eager"] = jnp.arange(3) * 2
+        seen["staged"] = jnp.arange(3) * 2
+        return x
+
+    jax.make_jaxpr(traced)(1.0)
+    assert not isinstance(seen["eager"], jax.core.Tracer)
+    assert np.asarray(seen["eager"]).tolist() == [0, 2, 4]
+    assert isinstance(seen["staged"], jax.core.Tracer)
+
+
+def test_eager_evaluation_on_a_jax_without_eval_context_is_a_null_context(monkeypatch):
+    monkeypatch.delattr(importlib.import_module("jax._src.core"), "eval_context")
+    with jax_internals.eager_evaluation():
+        pass
+
+
 # --- a JAX release that moved an internal ------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ so nothing is imported and the test costs no JAX.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -291,7 +292,15 @@ PLUGIN_GLUE = {
     "pytest_pallas.plugin.process_verdicts": "session wiring: one verdict from every process",
     "pytest_pallas.plugin.tpu_slice": "session wiring: the hosts of a TPU slice joined",
     "pytest_pallas.plugin.chips": "session wiring: each test once per chip, the chip's tally",
-    "pytest_pallas.plugin.header": "reports: the header's line",
+    "pytest_pallas.plugin.header": "reports: the header's lines",
+    "pytest_pallas.plugin.startup": "session wiring: start-up and end, in JAX's order",
+    "pytest_pallas.plugin.collection": "session wiring: what the plugin does to collection",
+    "pytest_pallas.plugin.test_protocol": "session wiring: one test from setup to report",
+    "pytest_pallas.plugin.worker_events": "session wiring: pytest-xdist's events",
+    "pytest_pallas.plugin.run_state": "session wiring: what the run has done, one place",
+    "pytest_pallas.plugin.skips": "session wiring: the skips the plugin's markers decide",
+    "pytest_pallas.plugin.failure_section": "reports: a failure's pallas section",
+    "pytest_pallas.plugin.stuck_tests": "session wiring: a stuck test's process replaced",
 }
 # What runs, checks or judges kernels: the plugin hands a test to these through
 # supervision.KernelRun and the suite, never enters them itself.
@@ -375,6 +384,22 @@ def test_the_design_page_maps_every_module_of_the_package():
              for folder, names in tree.items() if names - actual.get(folder, set())}
     assert not missing and not stale, (
         f"docs/design.md's tree: modules it does not name {missing}, names of no module {stale}")
+
+
+def design_layers(text: str) -> list[tuple[str, set[str]]]:
+    """docs/design.md's table of layers: each row's layer and the modules it names."""
+    rows = text.split("| layer | modules | may import |", 1)[1].split("\n\n", 1)[0]
+    layers = []
+    for row in rows.splitlines()[2:]:
+        name, modules = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        layers.append((name, {"pytest_pallas." + module.rstrip("/")
+                              for module in re.findall(r"`([\w/]+)`", modules)}))
+    return layers
+
+
+def test_the_design_page_places_every_module_in_the_layers_this_test_enforces():
+    assert design_layers((ROOT / "docs" / "design.md").read_text()) == [
+        (name, set(prefixes)) for name, prefixes in LAYERS]
 
 
 def test_every_package_of_the_source_is_installed():

@@ -1,4 +1,6 @@
-"""--pallas-timeout's watchdog: it times each TPU-interpreted kernel, not the whole test."""
+"""--pallas-timeout's watchdog: it times each TPU-interpreted kernel, and the test's work
+outside its kernels from the last kernel's start or end, not the whole test; it stops the
+test in its thread, or hands it on when it cannot."""
 
 import threading
 import time
@@ -6,7 +8,12 @@ import time
 import pytest
 
 from pytest_pallas._compat import tpu_interpreter
-from pytest_pallas.supervision.timeout import Watchdog
+from pytest_pallas.supervision.timeout import (
+    KernelTimeout,
+    PallasTimeout,
+    TimeoutInterrupt,
+    Watchdog,
+)
 
 
 class FakeKernels:
@@ -29,13 +36,63 @@ def no_abort(monkeypatch):
     return aborted
 
 
-def test_a_long_test_of_quick_kernels_is_not_stopped(no_abort, capsys):
+def test_a_long_test_of_quick_kernels_is_not_stopped(no_abort):
     kernels = FakeKernels({"quick": 0.01})
     with Watchdog(0.2, lambda: "kernel 'quick'", kernel_ages=kernels) as watchdog:
         time.sleep(2.0)  # the test outlives the timeout ten times over; no kernel does
     assert kernels.asked.is_set()
     assert not watchdog.fired and not no_abort
-    assert "no TPU-interpreted kernel has run that long" in capsys.readouterr().err
+
+
+def test_the_work_between_quick_kernels_is_timed_from_the_last_one(no_abort):
+    # No kernel runs at any poll, but one ended a moment ago each time: the test's own work
+    # between kernels never runs as long as the timeout, though the test does ten times.
+    with Watchdog(0.2, lambda: "x", kernel_ages=dict,
+                  last_kernel_event=time.monotonic) as watchdog:
+        time.sleep(2.0)
+    assert not watchdog.fired and not no_abort
+
+
+def test_the_plugins_checks_of_a_kernel_stop_the_clocks(no_abort):
+    # The TPU compiler's verdict, say, taking longer than the timeout: not the test's work.
+    with Watchdog(0.2, lambda: "x", kernel_ages=dict, last_kernel_event=time.monotonic,
+                  checks_age=lambda: 1.0) as watchdog:
+        time.sleep(1.0)
+    assert not watchdog.fired
+
+
+def test_a_python_loop_past_the_timeout_is_stopped_where_it_is(no_abort):
+    started = time.monotonic()
+    with pytest.raises(PallasTimeout) as raised:  # noqa: PT012 (the loop is what is stopped)
+        with Watchdog(0.3, lambda: "x", kernel_ages=dict, last_kernel_event=lambda: None,
+                      test_name="test_x.py::test_loop", test_file=__file__):
+            while True:
+                pass
+    assert time.monotonic() - started < 5
+    assert not isinstance(raised.value, KernelTimeout)
+    assert isinstance(raised.value.__cause__, TimeoutInterrupt)
+    assert str(raised.value).startswith(
+        "pallas: test_x.py::test_loop ran longer than --pallas-timeout=0.3s outside its "
+        "kernels, in its own code at tests/test_timeout.py:")
+
+
+def test_a_test_caught_past_the_timeout_is_handed_on_with_where_it_was(no_abort):
+    # A call that does not return to Python (time.sleep here; inside XLA in a real hang) is
+    # not reached by the exception: a grace period later, on_stuck gets the failure's text.
+    handed = []
+    with pytest.raises(PallasTimeout):  # noqa: PT012
+        with Watchdog(0.2, lambda: "x", kernel_ages=dict, last_kernel_event=lambda: None,
+                      test_name="test_x.py::test_sleeps", test_file=__file__,
+                      on_stuck=lambda text, seconds: handed.append((text, seconds))):
+            time.sleep(4)  # the grace period is 2 s
+    [(text, seconds)] = handed
+    assert text.startswith("pallas: test_x.py::test_sleeps ran longer than "
+                           "--pallas-timeout=0.2s outside its kernels, in its own code at "
+                           "tests/test_timeout.py:")
+    assert ("It could not be stopped in its process (in a call that does not return to "
+            "Python): the process was ended" in text)
+    assert "time.sleep(4)" in text  # the stack of the test's thread
+    assert 2 <= seconds < 4
 
 
 def test_a_kernel_past_the_timeout_is_stopped_and_named(no_abort):

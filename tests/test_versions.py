@@ -61,3 +61,24 @@ def test_the_declared_range_starts_at_the_oldest_tested_jax():
     constraints = (pyproject.parent / "constraints")
     assert f"jax=={versions.OLDEST_TESTED_JAX}" in (constraints / "ci.txt").read_text()
     assert f"jax=={versions.NEWEST_TESTED_JAX}" in (constraints / "newest.txt").read_text()
+
+
+def test_the_package_has_one_version_which_import_reads_without_jax():
+    import pathlib
+    import subprocess
+    import sys
+    import tomllib
+    from importlib import metadata
+
+    script = ("import sys, pytest_pallas\n"
+              "print(pytest_pallas.__version__, sorted({'jax', 'numpy'} & set(sys.modules)))")
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                               timeout=120, check=True)
+    assert completed.stdout.split() == [metadata.version("pytest-pallas"), "[]"]
+    pyproject = pathlib.Path(__file__).parent.parent / "pyproject.toml"
+    if pyproject.exists():  # a checkout: the installed metadata is pyproject's version,
+        version = tomllib.loads(pyproject.read_text())["project"]["version"]
+        assert version == metadata.version("pytest-pallas")
+        # the release CHANGELOG.md's top section describes
+        changelog = (pyproject.parent / "CHANGELOG.md").read_text()
+        assert changelog.split("\n## ", 1)[1].startswith(f"{version} ")

@@ -56,7 +56,9 @@ def float32_dots_rounded(rounding: str = "bfloat16") -> Iterator[None]:
     """Inside the block, a float32 ``dot_general`` at the default precision, lowered for the
     CPU, rounds its float32 operands to ``rounding`` (``"bfloat16"`` or ``"tensorfloat32"``)
     first. ``precision=HIGHEST`` (under ``"bfloat16"`` ``HIGH`` too), other operand dtypes and
-    the accumulation type (``preferred_element_type``) are left as they are.
+    the accumulation type (``preferred_element_type``) are left as they are, but for a
+    bfloat16 operand of an MXU dot under ``"bfloat16"``, held to bfloat16 values
+    (:func:`operand_mantissa_bits`).
 
         with float32_dots_rounded():
             jnp.dot(x, y)  # x and y rounded to bfloat16, products summed in float32
@@ -131,11 +133,12 @@ def _install(flag: str) -> Any:
         dimension_numbers = params.get("dimension_numbers")
         if rounding is not None and goes_through_the_matrix_unit(
                 rounding, *ctx.avals_in, dimension_numbers):
-            bits = MANTISSA_BITS[rounding]
             per_operand = rounded_operands(rounding, precision)
             lhs, rhs = (
-                _round(hlo, mlir, value, bits) if _is_float32(aval) and each else value
-                for value, aval, each in zip((lhs, rhs), ctx.avals_in, per_operand))
+                _round(hlo, mlir, value, bits) if bits is not None else value
+                for value, bits in zip((lhs, rhs), (
+                    operand_mantissa_bits(rounding, aval, each)
+                    for aval, each in zip(ctx.avals_in, per_operand))))
             if rounding == "bfloat16" and any(per_operand):
                 return _accumulated_in_passes(
                     ctx, lhs, rhs, dimension_numbers,
@@ -209,7 +212,10 @@ def goes_through_the_matrix_unit(rounding: str, lhs: Any, rhs: Any,
     On a TPU a dot with an operand that has no free dimension (a matrix-vector product:
     ``jnp.dot`` of an (8, 8) and an (8,) float32 block) is not an MXU pass: Mosaic lowers it
     to ``llo.vmul.f32`` and ``llo.vadd.xlane.f32`` (libtpu 0.0.42.1's post-lower-to-llo dump,
-    v5e), float32 products. XLA's own matrix-vector dots on a TPU: unchecked, taken alike.
+    v5e), float32 products; XLA's own matrix-vector and vector dots too (``vmul.f32``, v4 to
+    v6e; 7x puts XLA's on the MXU: ``numerics.NOT_EMULATED``). Every other form, transposed,
+    batched, in ``vmap`` or ``shard_map``, is an MXU pass on both sides
+    (``numerics.DOT_FORMS``, each read from libtpu's dump).
     """
     if rounding != "bfloat16" or dimension_numbers is None:
         return True
@@ -217,6 +223,27 @@ def goes_through_the_matrix_unit(rounding: str, lhs: Any, rhs: Any,
     free = (len(lhs.shape) - len(lhs_contracting) - len(lhs_batch),
             len(rhs.shape) - len(rhs_contracting) - len(rhs_batch))
     return min(free) > 0
+
+
+def operand_mantissa_bits(rounding: str, aval: Any, rounded: bool) -> int | None:
+    """The mantissa bits a matrix-unit dot's operand of type ``aval`` is rounded to on the
+    CPU (None: taken as it is). A float32 operand that the hardware rounds (``rounded``, by
+    the dot's precision): ``rounding``'s bits. A bfloat16 operand on a TPU: bfloat16's 7,
+    whatever the precision.
+
+    Why a bfloat16 operand: the MXU takes it as bfloat16 values, but XLA's CPU, which
+    allows excess precision, may compute a bfloat16 expression that feeds a dot in float32
+    and drop the rounding between (``jnp.dot(x, y.T + 1.0)`` of bfloat16 arrays: the
+    transpose and the add fused into the dot's operand; not ``y + 1.0``), in a kernel's dot
+    and in the test's alike, but not in every shape. On the chip the operand is rounded on
+    both sides (Mosaic: ``llo.vpack`` to bfloat16 before ``llo.vmatmul``; XLA: a ``convert``
+    to bf16 before the convolution: :data:`pytest_pallas.numerics.DOT_FORMS`).
+    """
+    if rounded and _is_float32(aval):
+        return MANTISSA_BITS[rounding]
+    if rounding == "bfloat16" and _is_bfloat16(aval):
+        return MANTISSA_BITS["bfloat16"]
+    return None
 
 
 def rounded_operands(rounding: str, precision: Any) -> tuple[bool, bool]:
@@ -258,12 +285,20 @@ def _round(hlo: Any, mlir: Any, value: Any, mantissa_bits: int) -> Any:
 
 
 def _is_float32(aval: Any) -> bool:
+    return _dtype_name(aval) == "float32"
+
+
+def _is_bfloat16(aval: Any) -> bool:
+    return _dtype_name(aval) == "bfloat16"
+
+
+def _dtype_name(aval: Any) -> str | None:
     import numpy as np
 
     try:
-        return np.dtype(aval.dtype) == np.float32
+        return np.dtype(aval.dtype).name
     except TypeError:  # an extended dtype (a key, a semaphore)
-        return False
+        return None
 
 
 def round_mantissa(values: Any, rounding: str) -> Any:

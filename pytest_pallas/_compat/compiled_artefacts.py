@@ -10,8 +10,9 @@ came from, and ``Lowered.compile`` which ``Lowered`` each ``Compiled`` came from
 own objects still run on the CPU (``jit(f).lower(x).compile()(x)`` computes as before), and
 their readers answer from the chip's twin, made when first read:
 
-- the traced program's jaxpr, every ``pallas_call`` and ``core_map`` in it lowered as Mosaic
-  instead of interpreted, lowered for the TPU (``lowering_platforms=("tpu",)``);
+- the traced program's jaxpr, every ``pallas_call`` in it lowered as Mosaic instead of
+  interpreted (``jax_internals.as_compiled_for_the_chip``), lowered for the TPU
+  (``lowering_platforms=("tpu",)``);
 - with libtpu, that program over libtpu's devices of the chip (each CPU device of its
   shardings and meshes standing for the TPU device of the same index), lowered and compiled
   by libtpu: what ``Compiled`` readers answer, and ``Lowered``'s cost analysis;
@@ -31,7 +32,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .jax_internals import JaxInternalsChanged
+from .jax_internals import JaxInternalsChanged, as_compiled_for_the_chip
 
 # (class of jax.stages, method): what reads the compiled program.
 READERS = (("Lowered", "as_text"), ("Lowered", "compiler_ir"), ("Lowered", "cost_analysis"),
@@ -40,8 +41,6 @@ READERS = (("Lowered", "as_text"), ("Lowered", "compiler_ir"), ("Lowered", "cost
 # The readers whose answer needs libtpu's compile, beyond a lowering for the TPU.
 _COMPILED = ("Compiled.as_text", "Compiled.cost_analysis", "Compiled.memory_analysis",
              "Lowered.cost_analysis")
-# The equations whose kernels the twin lowers as Mosaic rather than interprets.
-_KERNEL_PRIMITIVES = ("pallas_call", "core_map")
 
 _MAKING_TWIN: contextvars.ContextVar[bool] = contextvars.ContextVar("pallas_making_twin",
                                                                    default=False)
@@ -152,10 +151,9 @@ def _lowered_for_the_chip(traced: Any, devices: Callable[[int], Sequence[Any]] |
     """``traced``'s program lowered for the TPU, its kernels as Mosaic: over libtpu's
     ``devices`` (then compilable), or, without them, over the traced program's own devices."""
     import jax
-    from jax._src import core
 
     params = _lowering_parameters(traced)
-    closed = _kernels_compiled(params["jaxpr"])
+    closed = params["jaxpr"]
     in_shardings, out_shardings = params["in_shardings"], params["out_shardings"]
     mapped: Callable[[Any], Any] = lambda value: value
     default = None
@@ -167,7 +165,7 @@ def _lowered_for_the_chip(traced: Any, devices: Callable[[int], Sequence[Any]] |
         in_shardings, out_shardings = mapped(in_shardings), mapped(out_shardings)
         if not needed:  # placed nowhere: on the chip's first device, not JAX's default CPU
             default = jax.sharding.SingleDeviceSharding(chip_devices[0])
-    run = core.jaxpr_as_fun(closed)
+    run = as_compiled_for_the_chip(closed)
 
     def program(*args: Any) -> Any:
         return tuple(run(*args))
@@ -197,13 +195,6 @@ def _lowering_parameters(traced: Any) -> dict[str, Any]:
     return params
 
 
-def _kernels_compiled(closed: Any) -> Any:
-    """``closed`` (a ClosedJaxpr) with every kernel's ``interpret`` turned off, at any depth."""
-    return _rewritten(closed, lambda eqn, params: (
-        {**params, "interpret": False}
-        if eqn.primitive.name in _KERNEL_PRIMITIVES and "interpret" in params else params))
-
-
 def _with_params_mapped(closed: Any, mapped: Callable[[Any], Any]) -> Any:
     """``closed`` with every equation parameter passed through ``mapped`` (meshes and
     shardings onto the chip's devices), at any depth."""
@@ -211,19 +202,23 @@ def _with_params_mapped(closed: Any, mapped: Callable[[Any], Any]) -> Any:
                                                    for name, value in params.items()})
 
 
-def _rewritten(value: Any, rewrite: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> Any:
-    from jax._src import core
+def _is_closed_jaxpr(value: Any) -> bool:
+    # jax 0.10 and 0.11 wrap a Jaxpr and its consts in a ClosedJaxpr; jax 0.12's Jaxpr holds
+    # its consts and answers .jaxpr with itself.
+    inner = getattr(value, "jaxpr", None)
+    return inner is not None and inner is not value and hasattr(inner, "eqns")
 
-    if isinstance(value, core.ClosedJaxpr):
-        return core.ClosedJaxpr(_rewritten(value.jaxpr, rewrite), value.consts)
-    if isinstance(value, core.Jaxpr):
+
+def _rewritten(value: Any, rewrite: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> Any:
+    if _is_closed_jaxpr(value):
+        return value.replace(jaxpr=_rewritten(value.jaxpr, rewrite))
+    if hasattr(value, "eqns"):
         eqns = []
         for eqn in value.eqns:
             params = {name: _rewritten(inner, rewrite) for name, inner in eqn.params.items()}
             eqns.append(eqn.replace(params=rewrite(eqn, params)))
         return value.replace(eqns=eqns)
-    if isinstance(value, tuple) and any(isinstance(item, (core.Jaxpr, core.ClosedJaxpr))
-                                        for item in value):
+    if isinstance(value, tuple) and any(hasattr(item, "eqns") for item in value):
         return tuple(_rewritten(item, rewrite) for item in value)
     return value
 
@@ -232,7 +227,6 @@ def _devices_needed(value: Any) -> int:
     """One more than the highest device index a sharding or mesh in ``value`` names; 0 where
     none names a device."""
     import jax
-    from jax._src import core
 
     highest = -1
 
@@ -249,9 +243,9 @@ def _devices_needed(value: Any) -> int:
         elif isinstance(item, (tuple, list)):
             for inner in item:
                 visit(inner)
-        elif isinstance(item, core.ClosedJaxpr):
+        elif _is_closed_jaxpr(item):
             visit(item.jaxpr)
-        elif isinstance(item, core.Jaxpr):
+        elif hasattr(item, "eqns"):
             for eqn in item.eqns:
                 visit(tuple(eqn.params.values()))
 

@@ -241,6 +241,15 @@ def pallas_call_primitive() -> Any:
 CORE_MODULE = "jax._src.core"
 
 
+def eager_evaluation() -> contextlib.AbstractContextManager[Any]:
+    """JAX's eager context (``core.eval_context``): code running inside a trace (an observer
+    of a pallas_call being traced) computes concrete values there, where jax >= 0.11 stages
+    even ``jnp.asarray`` under ``jax.ensure_compile_time_eval``. A null context on a JAX
+    without it, where ``ensure_compile_time_eval`` alone is eager."""
+    eager = getattr(private_attribute(CORE_MODULE), "eval_context", None)
+    return eager() if eager is not None else contextlib.nullcontext()
+
+
 def mesh_kernel_primitive_names() -> tuple[str, ...]:
     """Names of the primitives ``pl.kernel`` and ``pl.core_map`` bind.
 

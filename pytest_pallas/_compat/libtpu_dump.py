@@ -414,3 +414,60 @@ def matmul_modes(directory: str) -> dict[str, int]:
                 for mode in _VMATMUL_MODE.findall(file.read()):
                     counts[mode] = counts.get(mode, 0) + 1
     return counts
+
+
+# XLA's own fusions: the first LLO of each (``<id>-<unit>-NN-original.txt``), whose unit is
+# the HLO instruction's name. A Pallas kernel is a unit too (its ``tpu_custom_call``), told
+# apart by the program's HLO (``TLP-hlo.txt``).
+_LLO_ORIGINAL = re.compile(r"^\d+-(.+)-\d+-original\.txt$")
+_LLO_VMATMUL = re.compile(r"= vmatmul\.([a-z0-9]+)")
+_LLO_FLOAT32_MULTIPLY = re.compile(r"= vmul\.f32\b")
+_TPU_CUSTOM_CALL = re.compile(r"%([\w.\-]+) = [^\n]*custom-call\([^\n]*"
+                              r"custom_call_target=\"tpu_custom_call\"")
+
+
+@dataclasses.dataclass(frozen=True)
+class DotInstructions:
+    """What the dots of one compiled program became, from its dump (see
+    :func:`dot_instructions`)."""
+
+    kernel_modes: dict[str, int]  # Mosaic's llo.vmatmul per matmul_mode (``round``: 1 pass)
+    xla_formats: dict[str, int]  # XLA's own vmatmul per data format (``bf16``, ``f32``, ...)
+    float32_multiplies: int  # vmul.f32 in any unit: products computed in float32, off the MXU
+
+
+def dot_instructions(directory: str) -> DotInstructions:
+    """The matrix-unit and vector instructions of every unit under ``directory``: a Pallas
+    kernel's ``llo.vmatmul`` by ``matmul_mode`` (:func:`matmul_modes`); XLA's own fusions'
+    ``vmatmul`` by the data format their LLO names (``vmatmul.bf16``: operands taken as
+    bfloat16; ``vmatmul.f32``: float32 data, whose mode that text does not print; v4 names
+    its passes ``hi`` and ``low``); ``vmul.f32`` anywhere. Empty counts where the format
+    moved."""
+    kernels: set[str] = set()
+    originals: list[tuple[str, str]] = []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            if name.endswith("TLP-hlo.txt"):
+                kernels.update(_TPU_CUSTOM_CALL.findall(_read(path)))
+            match = _LLO_ORIGINAL.match(name)
+            if match and not match.group(1).startswith(_NOT_KERNELS):
+                originals.append((match.group(1), path))
+    formats: dict[str, int] = {}
+    multiplies = 0
+    for unit, path in originals:
+        text = _read(path)
+        multiplies += len(_LLO_FLOAT32_MULTIPLY.findall(text))
+        if unit in kernels:
+            continue  # a kernel's modes are read from Mosaic's own dump
+        for data_format in _LLO_VMATMUL.findall(text):
+            formats[data_format] = formats.get(data_format, 0) + 1
+    return DotInstructions(matmul_modes(directory), formats, multiplies)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as file:
+            return file.read()
+    except OSError:
+        return ""

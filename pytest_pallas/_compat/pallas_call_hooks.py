@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -72,12 +73,37 @@ def observe_pallas_calls(observer: Callable[..., None], *,
                 _unobserve = None
 
 
+# When the observers of the pallas_call being traced now started (time.monotonic()), and
+# when the last ones ended: the plugin's checks of a kernel (the TPU compiler's verdict takes
+# seconds), which --pallas-timeout times as a kernel's, not as the test's own work.
+_observing_since: float | None = None
+_observed_last: float | None = None
+
+
+def observers_running_since() -> float | None:
+    """When the observers of the pallas_call being traced now started; None when none run."""
+    return _observing_since
+
+
+def observers_last_ended() -> float | None:
+    """When the observers of a traced pallas_call last ended; None if they never ran."""
+    return _observed_last
+
+
 def _notify_observers(params: dict[str, Any], avals: tuple[Any, ...]) -> None:
-    for each, with_avals in tuple(_observers):
-        if with_avals:
-            each(params, avals)
-        else:
-            each(params)
+    global _observing_since, _observed_last
+    outermost = _observing_since is None
+    if outermost:
+        _observing_since = time.monotonic()
+    try:
+        for each, with_avals in tuple(_observers):
+            if with_avals:
+                each(params, avals)
+            else:
+                each(params)
+    finally:
+        if outermost:
+            _observing_since, _observed_last = None, time.monotonic()
 
 
 def _install_observation() -> Callable[[], None]:

@@ -8,13 +8,16 @@ installed pytest.
   ``skipif`` mark or a skip inside a fixture, names the test. pytest 8.0, the oldest the
   project supports, has the keyword (read in its source; CI's pytest is checked by the
   test); a pytest without it reports the skip where it was raised.
+* A test that ``--pallas-timeout`` ends with its process: what it printed, read from pytest's
+  capture by the watchdog's thread; the results of the process before, counted in the
+  terminal's summary of the pytest that replaced it (``plugin.stuck_tests``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -102,3 +105,28 @@ def _parametrized_test_case_function() -> type:
             return self.parent.obj(self.originalname)
 
     return ParametrizedTestCaseFunction
+
+
+def captured_output(config: pytest.Config) -> tuple[str, str]:
+    """What the running test printed so far (stdout, stderr), read from pytest's capture
+    (``CaptureManager.read_global_capture``) by another thread; empty when nothing is
+    captured (``-s``) or pytest keeps it elsewhere."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    try:
+        out, err = capture.read_global_capture()
+    except Exception:  # noqa: BLE001 (no capture, or a pytest whose capture moved)
+        return "", ""
+    return str(out or ""), str(err or "")
+
+
+def count_in_terminal_summary(terminal: Any, report: pytest.TestReport) -> None:
+    """Count ``report`` in the terminal's final summary without printing its line (a result
+    of a process that ran before this one, which printed it). pytest's terminal reporter
+    keeps its results by category in ``stats`` (``TerminalReporter._add_stats``)."""
+    config = terminal.config
+    category = config.hook.pytest_report_teststatus(report=report, config=config)[0]
+    add_stats = getattr(terminal, "_add_stats", None)
+    if add_stats is not None:
+        add_stats(category, [report])
+    else:
+        terminal.stats.setdefault(category, []).append(report)

@@ -137,13 +137,23 @@ def dtype_bits(array: Any) -> Any:
 def _boxes(mask: Any) -> list[tuple[slice, ...]]:
     """The True elements of ``mask`` as disjoint boxes (one tuple of slices each), exactly.
 
-    Runs of equal rows along the first axis share their boxes, so a mask that is a box
-    (the usual write) is one.
+    A mask that is one box (the usual access: a whole block, a page, a row range) is found
+    from its bounding box at once; otherwise runs of equal rows along the first axis share
+    their boxes.
     """
     import numpy as np
 
     if mask.ndim == 0:
         return [()] if bool(mask) else []
+    if not mask.any():
+        return []
+    bounds = []
+    for axis in range(mask.ndim):
+        present = np.flatnonzero(mask.any(axis=tuple(a for a in range(mask.ndim) if a != axis)))
+        bounds.append(slice(int(present[0]), int(present[-1]) + 1))
+    box = tuple(bounds)
+    if mask[box].all():
+        return [box]
     boxes: list[tuple[slice, ...]] = []
     start, rows = 0, mask.shape[0]
     while start < rows:
@@ -155,6 +165,40 @@ def _boxes(mask: Any) -> list[tuple[slice, ...]]:
     return boxes
 
 
+# Which block elements an access through views addresses depends on the views and the
+# block's shape and dtype alone: read once per geometry (a kernel reads the same page view
+# at every grid step), not at every access.
+_GEOMETRY_CACHE_SIZE = 1024
+
+
+_read_boxes_seen: dict[tuple[Any, ...], tuple[tuple[slice, ...], ...]] = {}
+
+
+def _read_boxes(views: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any,
+                to_range: Any) -> tuple[tuple[slice, ...], ...]:
+    """The boxes of a block of ``block_shape`` and ``dtype`` that a read through ``views``
+    sees."""
+    import numpy as np
+
+    key = (_geometry(views), block_shape, dtype)
+    boxes = _read_boxes_seen.get(key)
+    if boxes is None:
+        if len(_read_boxes_seen) >= _GEOMETRY_CACHE_SIZE:
+            _read_boxes_seen.clear()
+        block = np.zeros(block_shape, dtype)
+        boxes = _read_boxes_seen[key] = tuple(_boxes(_addressed_by_read(views, block,
+                                                                       to_range)))
+    return boxes
+
+
+def _geometry(views: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``views`` (transforms whose indices are ints) as a hashable key."""
+    import jax
+
+    leaves, structure = jax.tree.flatten(views)
+    return structure, tuple(leaves)
+
+
 class _ViewWrite:
     """A value written through views of a block: which block elements it sets, to what."""
 
@@ -164,16 +208,9 @@ class _ViewWrite:
 
         zeros = np.zeros(block_shape, dtype)
         view_shape, view_dtype = np.shape(value), np.asarray(value).dtype
-        # Which block elements the write addresses, found by writing all-ones bits into
-        # zeros: an element with some but not all of its bits set is part of a packed word.
-        addressed = dtype_bits(_write_through_views(views, zeros, _all_bits(view_shape, view_dtype),
-                                               to_range))
-        full = np.iinfo(addressed.dtype).max
-        if ((addressed != 0) & (addressed != full)).any():
-            raise NotImplementedError(
-                "a write through a bitcast ref that sets part of a packed element (the "
-                "interpreter would have to read the rest of it)")
-        self.addressed = addressed == full
+        self.addressed = _written_elements(views, tuple(block_shape), np.dtype(dtype),
+                                           tuple(view_shape), np.dtype(view_dtype), to_range)
+        full = np.iinfo(np.dtype(f"u{np.dtype(dtype).itemsize}")).max
         self.values = _write_through_views(views, zeros, value, to_range)
         self.mask = None
         if mask is not None:
@@ -182,6 +219,33 @@ class _ViewWrite:
                 unsigned).view(view_dtype)
             self.mask = dtype_bits(_write_through_views(views, zeros, ones, to_range)) == full
         self.views, self.to_range = views, to_range
+
+
+_written_seen: dict[tuple[Any, ...], Any] = {}
+
+
+def _written_elements(views: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any,
+                      view_shape: tuple[int, ...], view_dtype: Any, to_range: Any) -> Any:
+    """Which elements of a block a write of a ``view_shape`` value through ``views`` sets,
+    found by writing all-ones bits into zeros (an element with some but not all of its bits
+    set is part of a packed word, which the write would have to read): once per geometry."""
+    import numpy as np
+
+    key = (_geometry(views), block_shape, dtype, view_shape, view_dtype)
+    addressed = _written_seen.get(key)
+    if addressed is None:
+        if len(_written_seen) >= _GEOMETRY_CACHE_SIZE:
+            _written_seen.clear()
+        bits = dtype_bits(_write_through_views(views, np.zeros(block_shape, dtype),
+                                               _all_bits(view_shape, view_dtype), to_range))
+        full = np.iinfo(bits.dtype).max
+        if ((bits != 0) & (bits != full)).any():
+            raise NotImplementedError(
+                "a write through a bitcast ref that sets part of a packed element (the "
+                "interpreter would have to read the rest of it)")
+        addressed = _written_seen[key] = bits == full
+        addressed.setflags(write=False)
+    return addressed
 
 
 def _addressed_by_read(views: tuple[Any, ...], block: Any, to_range: Any) -> Any:
@@ -295,7 +359,7 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
         buffer = buffer_of(device_id, local_core_id, memory_space, buffer_id)
         block_shape = _block_shape(tuple(buffer.logical_shape), to_range(block_transforms))
         block = np.zeros(block_shape, buffer.dtype)
-        for box in _boxes(_addressed_by_read(views, block, to_range)):
+        for box in _read_boxes(views, block_shape, np.dtype(buffer.dtype), to_range):
             box_transforms = (*block_transforms, box_indexer(box, block_shape))
             token, block[box] = raws["get"](token, device_id, local_core_id, memory_space,
                                             buffer_id, box_transforms, *args, **kwargs)

@@ -147,6 +147,11 @@ _kernel_entered: dict[str, float] = {}
 _kernel_entries_observed = False
 
 
+# When (time.monotonic()) a kernel last started or ended on some device: --pallas-timeout
+# times the test's work outside its kernels from there.
+_last_kernel_event: float | None = None
+
+
 def running_interpreted_kernels() -> list[str]:
     """The kernels the TPU interpreter is running now (what a hung test is waiting in).
 
@@ -154,6 +159,12 @@ def running_interpreted_kernels() -> list[str]:
     that raised stays listed until :func:`reset_interpreter_state`.
     """
     return list(running_interpreted_kernel_ages() or ())
+
+
+def last_interpreted_kernel_event() -> float | None:
+    """When (``time.monotonic()``) a TPU-interpreted kernel last started or ended on some
+    device; None if none has since :func:`install_kernel_exit_hook`."""
+    return _last_kernel_event
 
 
 def running_interpreted_kernel_ages() -> dict[str, float] | None:
@@ -264,16 +275,19 @@ def install_kernel_exit_hook() -> None:
 
 
 def _enter_kernel(original: Callable[..., Any], kernel: str, *args: Any, **kwargs: Any) -> Any:
+    global _last_kernel_event
     with observer_lock:
         _running_kernels[kernel] += 1
-        _kernel_entered[kernel] = time.monotonic()  # a later call of the kernel restarts its clock
+        _kernel_entered[kernel] = _last_kernel_event = time.monotonic()  # restarts its clock
     return original(*args, **kwargs)
 
 
 def _validate_and_record(
     original: Callable[..., Any], kernel: str, token: Any, device_id: Any
 ) -> Any:
+    global _last_kernel_event
     with observer_lock:
+        _last_kernel_event = time.monotonic()
         if _running_kernels[kernel] > 0:
             _running_kernels[kernel] -= 1
     if _exit_recorders:

@@ -15,17 +15,9 @@ class Roofline:
     peak_flops_per_second: float
     peak_bytes_per_second: float
 
-    @property
-    def ridge_intensity(self) -> float:
-        """FLOPs per byte above which the peak FLOP/s, not bandwidth, bounds a kernel."""
-        return self.peak_flops_per_second / self.peak_bytes_per_second
-
     def bound_seconds(self, flops: float, bytes_accessed: float) -> float:
         """The least time the work can take: compute-bound or memory-bound, whichever is slower."""
         return max(flops / self.peak_flops_per_second, bytes_accessed / self.peak_bytes_per_second)
-
-    def attainable_flops_per_second(self, intensity: float) -> float:
-        return min(self.peak_flops_per_second, intensity * self.peak_bytes_per_second)
 
 
 def roofline_of(tpu_info: Any, devices: int = 1) -> Roofline:

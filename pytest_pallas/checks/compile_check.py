@@ -396,14 +396,6 @@ def _passes_semaphores(params: dict[str, Any], avals: Sequence[Any]) -> bool:
                for aval in (*avals, *out_avals))
 
 
-def clear_cache() -> None:
-    """Forget every verdict (tests of the cache start from here)."""
-    with _cache_lock:
-        _cache.clear()
-        STATS.compiles = STATS.cached = 0
-        STATS.seconds = 0.0
-
-
 def verdict_if_judged(params: dict[str, Any], avals: Sequence[Any],
                       chip: str) -> CompileVerdict | None:
     """:func:`verdict_for` a pallas_call as traced (inside a ``shard_map``, for its mesh), or

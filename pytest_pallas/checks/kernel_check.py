@@ -38,19 +38,18 @@ from pytest_pallas.checks.mismatch import bitwise_differences
 from pytest_pallas.checks.running import active_backend
 from pytest_pallas.checks.runtime_rules import kernel_exit_violations
 from pytest_pallas.checks.static_rules import (
-    ALL_CHECKS,
     MAX_GRID_POINTS,
     check_pallas_call_info,
     is_output_race,
     settle_output_races,
 )
 from pytest_pallas.checks.violations import (
-    COMPILE_TIME_RULES,
     UNINITIALIZED_READ,
     UNINITIALIZED_READ_FIX,
     KernelReport,
     TpuRuleViolation,
     Violation,
+    compile_time_rules,
     raise_for,
     raised_by_the_lowering,
     rule_violation,
@@ -86,14 +85,15 @@ class CheckOptions:
     max_grid_points: grids up to this size have their index maps evaluated at
         every point; larger ones are judged from the axes each map reads.
     lower_for_tpu: ``check_kernel`` also lowers the function for the TPU.
-    checks: which static checks run (names from ``checks.static_rules.ALL_CHECKS``).
+    checks: which static rules run, by name (``checks.violations.static_rules()``); None,
+        every registered one.
     """
 
     packed_sublanes: bool = False
     vmem_bound: str = "scoped"
     max_grid_points: int = MAX_GRID_POINTS
     lower_for_tpu: bool = True
-    checks: tuple[str, ...] = ALL_CHECKS
+    checks: tuple[str, ...] | None = None
 
     def static_options(self) -> dict[str, Any]:
         return {
@@ -179,7 +179,7 @@ def left_to_the_compiler(report: KernelReport) -> KernelReport:
     """``report`` without its tiling and VMEM findings, which the TPU compiler judges where it
     compiles the kernel (it is right where the two disagree): they stay as notes (the
     footprint too), and do not fail the kernel."""
-    judged = [v for v in report.violations if v.rule in COMPILE_TIME_RULES]
+    judged = [v for v in report.violations if v.rule in compile_time_rules()]
     if not judged:
         return report
     return dataclasses.replace(

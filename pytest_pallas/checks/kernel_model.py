@@ -6,9 +6,7 @@ estimate read this model, not JAX's params.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from .._compat import jax_internals
@@ -322,11 +320,8 @@ def _evaluate_index_map_in_jax(index_map: Any, num_grid_axes: int, points: np.nd
         return tuple(evaluate(index_map.jaxpr, index_map.consts, *axes, *extra))
 
     # Index maps are evaluated while the kernel is being traced (an observer
-    # runs inside the trace). jax >= 0.11 stages even jnp.asarray under
-    # ensure_compile_time_eval there, so evaluate in JAX's eager context.
-    eager = getattr(importlib.import_module(CORE_MODULE), "eval_context", None)
-    with (eager() if eager is not None else contextlib.nullcontext()), \
-            jax.ensure_compile_time_eval():
+    # runs inside the trace), so in JAX's eager context.
+    with jax_internals.eager_evaluation(), jax.ensure_compile_time_eval():
         if num_grid_axes == 0:
             outs = [jnp.broadcast_to(o, (points.shape[0],)) for o in one_point()]
         else:

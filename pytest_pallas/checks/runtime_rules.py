@@ -9,11 +9,11 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from .static_rules import REVISIT
 from .violations import (
     DATA_RACE,
     DMA_NOT_WAITED,
     DMA_OUT_OF_BOUNDS,
-    REVISIT,
     SEMAPHORES,
     TpuRuleViolation,
     Violation,

@@ -40,11 +40,14 @@ breaks, the operand, and the fix:
 ``block-out-of-bounds``
     An index map that returns a block lying wholly outside its array.
 
+Each rule is one function registered where it is defined (``@static_rule``, in
+:mod:`pytest_pallas.checks.violations`): :func:`check_pallas_call_info` runs every one,
+in the order the chip meets them. A new static rule is one such function, here or in a
+module this one imports (the VMEM rule lives in :mod:`pytest_pallas.checks.vmem_footprint`).
+
 Races, DMA waits and semaphores are dynamic: :mod:`pytest_pallas.checks.runtime_rules`
 turns what the TPU interpreter saw at kernel exit into the same kind of
-error, and names the rule behind the interpreter's own errors. The VMEM rule
-lives in :mod:`pytest_pallas.checks.vmem_footprint`, the rules' names and
-reports in :mod:`pytest_pallas.checks.violations`.
+error, and names the rule behind the interpreter's own errors.
 """
 
 from __future__ import annotations
@@ -55,23 +58,29 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import tiling
+from . import vmem_footprint  # noqa: F401  (registers the VMEM rule)
 from .violations import (
-    OUT_OF_BOUNDS,
-    PARALLEL_RACE,
-    REVISIT,
-    TILING,
-    VMEM,
     KernelReport,
+    RuleOptions,
     Violation,
     block_text,
     describe_operand,
     dtype_bits,
     name_of_dtype,
+    static_rule,
+    static_rules,
 )
-from .vmem_footprint import check_vmem_footprint
 
 if TYPE_CHECKING:
     from pytest_pallas.checks.kernel_model import BlockOperand, PallasCallInfo
+
+
+TILING = "block-tiling"
+PARALLEL_RACE = "parallel-axis-race"
+REVISIT = "output-revisit"
+OUT_OF_BOUNDS = "block-out-of-bounds"
+# The check that evaluates the index maps over the grid once, for the three rules above.
+GRID_ORDER = "grid-order"
 
 
 #: Largest grid whose index maps are evaluated point by point; beyond it the
@@ -82,13 +91,13 @@ MAX_GRID_POINTS = 1 << 16
 _PARALLEL = ("parallel", "core_parallel")
 
 
-def check_block_tiling(
-    call: PallasCallInfo, info: Any, *, packed_sublanes: bool = False
-) -> list[Violation]:
+@static_rule(TILING, stage="lowering")
+def check_block_tiling(call: PallasCallInfo, info: Any, options: RuleOptions,
+                       report: KernelReport) -> list[Violation]:
     """Mosaic's block-shape rule, for every input and output BlockSpec of ``call``."""
     found = []
     for operand in call.operands:
-        violation = _tiling_violation(call, operand, info, packed_sublanes)
+        violation = _tiling_violation(call, operand, info, options.packed_sublanes)
         if violation is not None:
             found.append(violation)
     return found
@@ -240,12 +249,20 @@ def _next_rank1(size: int, chunk: int, min_tiling: int, full: int) -> int:
     return min(power, -(-size // chunk) * chunk, max(full, min_tiling))
 
 
-def check_grid_order(
-    call: PallasCallInfo, *, max_grid_points: int = MAX_GRID_POINTS
-) -> tuple[list[Violation], list[str]]:
-    """Races on "parallel" axes, revisited output blocks, out-of-bounds blocks.
+@static_rule(GRID_ORDER, stage="run", reports=(PARALLEL_RACE, REVISIT, OUT_OF_BOUNDS))
+def check_grid_order(call: PallasCallInfo, info: Any, options: RuleOptions,
+                     report: KernelReport) -> list[Violation]:
+    """Races on "parallel" axes, revisited output blocks, out-of-bounds blocks; what could
+    not be judged goes to ``report.skipped``."""
+    del info
+    violations, notes = _grid_order(call, max_grid_points=options.max_grid_points)
+    report.skipped.extend(notes)
+    return violations
 
-    Evaluates every index map over the whole grid when it has at most
+
+def _grid_order(call: PallasCallInfo, *, max_grid_points: int
+                ) -> tuple[list[Violation], list[str]]:
+    """Evaluates every index map over the whole grid when it has at most
     ``max_grid_points`` points; larger grids are judged from which grid axes
     each output's index map reads. Returns ``(violations, skipped notes)``.
     """
@@ -465,9 +482,6 @@ def _order_by_dataflow(call, operand, grid, parallel_axes) -> list[Violation]:
     return []
 
 
-ALL_CHECKS = (TILING, VMEM, "grid-order")
-
-
 def _output_blocks(call: PallasCallInfo) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
     """The outputs whose BlockSpec tiles them into VMEM blocks (not pl.ANY, not element
     offsets), as (array shape, block shape)."""
@@ -484,12 +498,19 @@ def check_pallas_call_info(
     call: PallasCallInfo,
     info: Any,
     *,
-    checks: Sequence[str] = ALL_CHECKS,
+    checks: Sequence[str] | None = None,
     packed_sublanes: bool = False,
     vmem_bound: str = "scoped",
     max_grid_points: int = MAX_GRID_POINTS,
 ) -> KernelReport:
-    """Run the static checks on a described pallas_call; the report lists what they found."""
+    """Run the static rules named in ``checks`` (None: every registered one) on a described
+    pallas_call; the report lists what they found."""
+    rules = static_rules()
+    checks = [rule.name for rule in rules] if checks is None else checks
+    unknown = sorted(set(checks) - {rule.name for rule in rules})
+    if unknown:
+        raise ValueError(f"checks={tuple(checks)!r} names no static rule {', '.join(unknown)}; "
+                         f"the static rules are {', '.join(rule.name for rule in rules)}")
     report = KernelReport(call.title, call.grid, call.dimension_semantics,
                           output_blocks=_output_blocks(call),
                           revisits_any=any(operand.revisit_any for operand in call.operands
@@ -500,19 +521,12 @@ def check_pallas_call_info(
     if not call.for_tensor_core:
         report.skipped.append("not a TensorCore kernel (GPU compiler params or a SparseCore mesh)")
         return report
-    if TILING in checks:
-        report.violations.extend(check_block_tiling(call, info, packed_sublanes=packed_sublanes))
-        report.checked.append(TILING)
-    if VMEM in checks:
-        found, total, limit, source = check_vmem_footprint(call, info, bound=vmem_bound)
-        report.violations.extend(found)
-        report.vmem_bytes, report.vmem_limit_bytes, report.vmem_limit_source = total, limit, source
-        report.checked.append(VMEM)
-    if "grid-order" in checks:
-        found, notes = check_grid_order(call, max_grid_points=max_grid_points)
-        report.violations.extend(found)
-        report.skipped.extend(notes)
-        report.checked.extend((PARALLEL_RACE, REVISIT, OUT_OF_BOUNDS))
+    options = RuleOptions(packed_sublanes=packed_sublanes, vmem_bound=vmem_bound,
+                          max_grid_points=max_grid_points)
+    for rule in rules:
+        if rule.name in checks:
+            report.violations.extend(rule.check(call, info, options, report))
+            report.checked.extend(rule.reports)
     return report
 
 

@@ -1,34 +1,23 @@
-"""The TPU rules' names, and what a broken one reports: ``Violation`` (one rule, one
-kernel, one paragraph), ``TpuRuleViolation`` (the error a test fails with) and
-``KernelReport`` (what the checks found for one pallas_call).
+"""What a broken TPU rule reports: ``Violation`` (one rule, one kernel, one paragraph),
+``TpuRuleViolation`` (the error a test fails with) and ``KernelReport`` (what the checks
+found for one pallas_call); the registry of the static rules (``static_rule``), each
+registered where it is defined; the run-time rules' names.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import tiling
 
 if TYPE_CHECKING:
-    from pytest_pallas.checks.kernel_model import BlockOperand
+    from pytest_pallas.checks.kernel_model import BlockOperand, PallasCallInfo
 
 
-TILING = "block-tiling"
-
-
-VMEM = "vmem-footprint"
-
-
-PARALLEL_RACE = "parallel-axis-race"
-
-
-REVISIT = "output-revisit"
-
-
-OUT_OF_BOUNDS = "block-out-of-bounds"
-
+# The run-time rules: what the TPU interpreter saw at a kernel's exit, or an error of its own
+# (checks/runtime_rules.py). The static rules' names are defined with the rules.
 
 DATA_RACE = "data-race"
 
@@ -171,18 +160,14 @@ def raise_for(reports: Iterable[KernelReport]) -> None:
         raise rule_violation(violations)
 
 
-# The static rules whose breach the chip's compiler rejects, before the kernel runs.
-COMPILE_TIME_RULES = {TILING, VMEM}
-
-
 def rule_violation(violations: Sequence[Violation], *,
                    by_the_compiler: bool = False) -> TpuRuleViolation:
     """The error for ``violations``: a ``TpuRuleViolation``, and, when the chip's compiler
     rejects them (``by_the_compiler``: its own verdict or Mosaic's lowering; else one of them
-    is a ``COMPILE_TIME_RULES`` rule, which stops the kernel before any run-time rule could
+    is a ``compile_time_rules()`` rule, which stops the kernel before any run-time rule could
     matter), also the error JAX raises on the chip for that (``_compat.chip_errors``), so a
     test that expects the chip's rejection sees it."""
-    if by_the_compiler or any(v.rule in COMPILE_TIME_RULES for v in violations):
+    if by_the_compiler or any(v.rule in compile_time_rules() for v in violations):
         from .._compat.chip_errors import as_chip_compile_error
 
         lowering = next((_builtin_exception(v.raised) for v in violations if v.raised), None)
@@ -202,3 +187,83 @@ def raised_by_the_lowering(error: BaseException) -> str | None:
     """``error``'s type name when it is one of Python's own (``NotImplementedError``, ...):
     Mosaic's lowering raising it, not the compiler's verdict."""
     return type(error).__name__ if type(error).__module__ == "builtins" else None
+
+
+# --- the static rules ---------------------------------------------------------------------------
+#
+# A static rule judges one pallas_call from the project's model of it before anything runs. It
+# is one function, registered where it is defined with ``@static_rule(name, stage=...)``, that
+# returns the ``Violation``s it finds, each with its problem and fix; ``checks/static_rules.py``
+# runs every registered rule (``CheckOptions(checks=...)`` selects them by name) and nothing
+# else names one.
+
+#: Where the chip meets a static rule's breach, in the order it does: Mosaic's lowering rejects
+#: a block shape, then the compiler's allocation a VMEM footprint, both before the kernel runs
+#: (the compile check judges those itself where it runs); a grid-order breach the chip runs,
+#: and its results are wrong.
+STAGES = ("lowering", "allocation", "run")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleOptions:
+    """How strict the static rules are (``kernel_check.CheckOptions`` says what each means)."""
+
+    packed_sublanes: bool
+    vmem_bound: str
+    max_grid_points: int
+
+
+#: ``check(call, info, options, report) -> violations``: the rule on one pallas_call for the chip
+#: ``info`` describes; ``report`` takes what else it learnt (a footprint, a note of what it
+#: could not judge).
+RuleCheck = Callable[["PallasCallInfo", Any, RuleOptions, KernelReport], list[Violation]]
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticRule:
+    """A registered static rule: its ``name`` (what ``CheckOptions(checks=...)`` selects),
+    its ``check``, its ``stage`` (``STAGES``) and the rule names its violations carry
+    (``reports``: its own name, or several for one check that reads the grid once)."""
+
+    name: str
+    check: RuleCheck
+    stage: str
+    reports: tuple[str, ...]
+
+
+_STATIC_RULES: dict[str, StaticRule] = {}
+
+
+def static_rule(name: str, *, stage: str,
+                reports: Sequence[str] | None = None) -> Callable[[RuleCheck], RuleCheck]:
+    """Register the decorated ``check`` as the static rule ``name``."""
+    if stage not in STAGES:
+        raise ValueError(f"static rule {name!r}: stage {stage!r} is not one of {STAGES}")
+
+    def register(check: RuleCheck) -> RuleCheck:
+        known = _STATIC_RULES.get(name)
+        # The same function registers again when its module is imported afresh (pytester's
+        # in-process runs drop the modules a run imported).
+        if known is not None and _where(known.check) != _where(check):
+            raise ValueError(f"two static rules are named {name!r} ({_where(known.check)} and "
+                             f"{_where(check)}); give the new one another name")
+        _STATIC_RULES[name] = StaticRule(name, check, stage, tuple(reports or (name,)))
+        return check
+
+    return register
+
+
+def _where(check: RuleCheck) -> str:
+    return f"{check.__module__}.{check.__qualname__}"
+
+
+def static_rules() -> tuple[StaticRule, ...]:
+    """The registered static rules, in the order the chip meets them (``STAGES``), then in the
+    order they were registered."""
+    return tuple(sorted(_STATIC_RULES.values(), key=lambda rule: STAGES.index(rule.stage)))
+
+
+def compile_time_rules() -> frozenset[str]:
+    """The rule names whose breach the chip's compiler rejects, before the kernel runs."""
+    return frozenset(name for rule in _STATIC_RULES.values() if rule.stage != "run"
+                     for name in rule.reports)

@@ -13,10 +13,23 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import tiling
-from .violations import MIB, VMEM, Violation, describe_operand, dtype_bits, mib_text, name_of_dtype
+from .violations import (
+    MIB,
+    KernelReport,
+    RuleOptions,
+    Violation,
+    describe_operand,
+    dtype_bits,
+    mib_text,
+    name_of_dtype,
+    static_rule,
+)
 
 if TYPE_CHECKING:
     from pytest_pallas.checks.kernel_model import PallasCallInfo
+
+
+VMEM = "vmem-footprint"
 
 
 def tpu_info_for(chip: Any = "v5e") -> Any:
@@ -170,15 +183,17 @@ def _scoped_peak(region: Any, info: Any) -> tuple[int, str]:
     return own + best, where or best_where
 
 
-def check_vmem_footprint(
-    call: PallasCallInfo, info: Any, *, bound: str = "scoped"
-) -> tuple[list[Violation], int, int, str]:
-    """``(violations, footprint, limit, where the limit comes from)`` for one pallas_call.
+@static_rule(VMEM, stage="allocation")
+def check_vmem_footprint(call: PallasCallInfo, info: Any, options: RuleOptions,
+                         report: KernelReport) -> list[Violation]:
+    """The VMEM rule on one pallas_call; its footprint, its limit and where the limit comes
+    from go to ``report``.
 
-    ``bound="scoped"`` (the default) checks against the limit the kernel
-    compiles under; ``bound="capacity"`` only against the chip's VMEM, for
+    ``vmem_bound="scoped"`` (the default) checks against the limit the kernel
+    compiles under; ``"capacity"`` only against the chip's VMEM, for
     projects that raise ``--xla_tpu_scoped_vmem_limit_kib`` globally.
     """
+    bound = options.vmem_bound
     if bound not in ("scoped", "capacity"):
         raise ValueError(f"bound must be 'scoped' or 'capacity', not {bound!r}")
     capacity = info.vmem_capacity_bytes
@@ -238,4 +253,5 @@ def check_vmem_footprint(
                 fix,
             )
         )
-    return violations, total, limit, source
+    report.vmem_bytes, report.vmem_limit_bytes, report.vmem_limit_source = total, limit, source
+    return violations

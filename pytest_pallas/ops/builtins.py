@@ -61,16 +61,20 @@ def _builtin(name: str, signature: str, module: str, attr: str | None = None, *,
 
 
 def logit_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
-    """Attention's logit rounding (``ops.error_models.attention_allowance``) for a case of the
-    suite."""
-    import numpy as np
-
+    """Attention's logit rounding (``ops.error_models.attention_allowance``) for a case of
+    attention, mha, mqa or flash_attention: k and v shared by the heads (mqa) or by groups
+    of them (flash attention's g kv heads) are repeated to q's heads; ``sm_scale`` scales
+    the logits."""
     from .error_models import attention_allowance
 
     q, k, v = case.args[:3]
     if np.ndim(k) < np.ndim(q):  # mqa: k and v shared by the heads
         k, v = np.asarray(k)[:, None], np.asarray(v)[:, None]
-    return attention_allowance(q, k, v, matmul_precision=backend_precision)
+    elif np.ndim(q) == 4 and np.shape(k)[1] not in (1, np.shape(q)[1]):  # grouped kv heads
+        group = np.shape(q)[1] // np.shape(k)[1]
+        k, v = np.repeat(np.asarray(k), group, axis=1), np.repeat(np.asarray(v), group, axis=1)
+    return attention_allowance(q, k, v, matmul_precision=backend_precision,
+                               sm_scale=float(case.kwargs.get("sm_scale", 1.0)))
 
 
 def activation_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
@@ -129,11 +133,12 @@ def ppermute_oracle(x: Any, *, shift: int, devices: int) -> Any:
 # --- the version 0.2 ops' facts in a record's terms -------------------------------------------
 #
 # Their kernel modules (``reference_kernels/flash_attention.py`` and its siblings) state each
-# op's oracle, allowance and input structure in the op's own terms (per-device blocks, keyword
-# arguments, a NumPy Generator). A record needs them in the suite's terms: an oracle of the
-# global arrays, an allowance of a ``Case``, an inputs builder that leaves the values to the
-# drawn value profile, and a ``constrain`` that ties dimensions and parameters together. These
-# are those adapters, one small function each, next to the records that name them.
+# op's oracle and input structure in the op's own terms (per-device blocks, keyword
+# arguments, a NumPy Generator); the attention ops' error models are ``ops.error_models``'.
+# A record needs them in the suite's terms: an oracle of the global arrays, an allowance of
+# a ``Case``, an inputs builder that leaves the values to the drawn value profile, and a
+# ``constrain`` that ties dimensions and parameters together. These are those adapters, one
+# small function each, next to the records that name them.
 
 # --- ties between dimensions and parameters (``Operation.constrain``) ------------------------
 
@@ -192,41 +197,23 @@ paged_attention_inputs = _structure_only("paged_attention", "paged_attention_inp
 # --- their allowances ----------------------------------------------------------------------------
 
 
-def _logit_precision(case: Any, backend_precision: str) -> tuple[str, float]:
-    """The precision logits are rounded in (``dtypes.dot_rounding``), and its epsilon
-    relative to float32's."""
-    from ..dtypes import dot_rounding, epsilon, matmul_epsilon
+def paged_attention_allowance(case: Any, backend_precision: str) -> Any:
+    """Attention's model per sequence (``ops.error_models.paged_attention_model``): the logit
+    rounding over each sequence's visible keys, and the most keys one sequence sees as the
+    reduction length; ``case.kwargs`` are its ``op_params``."""
+    from .error_models import paged_attention_model
 
-    accumulator = dot_rounding(backend_precision, case.dtype)
-    return accumulator, matmul_epsilon(accumulator) / epsilon("float32")
-
-
-def flash_attention_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
-    """``flash_attention_error_allowance`` (float32 logits; derived in the kernel module),
-    scaled to the precision the logits are rounded in."""
-    allowance = load(f"{_KERNELS}.flash_attention:flash_attention_error_allowance")
-    accumulator, factor = _logit_precision(case, backend_precision)
-    q, k, v = (np.asarray(a, np.float64) for a in case.args)
-    extra = factor * allowance(q, k, v, causal=case.kwargs["causal"],
-                               sm_scale=case.kwargs["sm_scale"])
-    return extra, f"logits rounded in {accumulator} add {extra:.3g}"
-
-
-def paged_attention_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
-    """``paged_attention_error_allowance`` (float32 logits over each sequence's visible keys),
-    scaled to the precision the logits are rounded in."""
-    allowance = load(f"{_KERNELS}.paged_attention:paged_attention_error_allowance")
-    accumulator, factor = _logit_precision(case, backend_precision)
-    q, k_pages, v_pages, lengths, page_indices = case.args
-    extra = factor * allowance(np.asarray(q, np.float64), np.asarray(k_pages, np.float64),
-                               np.asarray(v_pages, np.float64), lengths, page_indices)
-    return extra, f"logits rounded in {accumulator} add {extra:.3g}"
+    return paged_attention_model(case.args, matmul_precision=backend_precision,
+                                 params=case.kwargs)
 
 
 def reduce_scatter_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
     """``reduce_scatter_error_allowance``: partial sums travelling in x's dtype round n - 1
     times (derived in the kernel module)."""
     del backend_precision
+    if "devices" not in case.dims:
+        raise ValueError("op='reduce_scatter' takes x as the devices' blocks stacked along "
+                         "axis 0: pass the device count, op_params={'devices': n}")
     allowance = load(f"{_KERNELS}.collectives:reduce_scatter_error_allowance")
     devices = int(case.dims["devices"])
     extra = allowance(np.split(np.asarray(case.args[0]), devices, axis=0))
@@ -312,8 +299,9 @@ ppermute = _builtin("ppermute", "(rows,cols)->(rows,cols)", "collectives",
 
 # --- the ops added in version 0.2 (docs/contract.md section 2) -------------------------------
 #
-# Their kernel modules state the oracles, cost models, input structure and derived allowances;
-# the adapters above put them in a record's terms. Sizes are small (each distinct
+# Their kernel modules state the oracles, cost models and input structure, and
+# ``ops.error_models`` the attention ops' error models; the adapters above put them in a
+# record's terms. Sizes are small (each distinct
 # shape is a compilation and each grid step an interpreted step): buckets of two or three sizes
 # that still reach every code path (one block and several, ragged sizes, a size of 1).
 
@@ -332,7 +320,7 @@ flash_attention = _builtin(
     # under the mask; s != t without it) in the sweep, whatever the seed.
     sweep_pairs=(("h", "g"), ("causal", "s")),
     reduction="t", profiles=("normal", "ties", "small", "offset"),
-    allowance=f"{_HERE}:flash_attention_allowance", low_precision_matmul=True,
+    allowance=f"{_HERE}:logit_rounding_allowance", low_precision_matmul=True,
     profile_adjustments={"offset": f"{_HERE}:offset_logits"},
 )
 rms_norm = _builtin("rms_norm", "(rows,cols),(cols)->(rows,cols)", "norms", reduction="cols",

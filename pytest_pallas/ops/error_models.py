@@ -3,12 +3,15 @@
 The comparator's default tolerance covers rounding the output and a
 reduction's accumulation. Some ops add an error of their own that scales with
 their inputs rather than with the output; a correct kernel (and plain XLA)
-reaches a few times the default tolerance without it. The conformance suite
-and ``assert_allclose(..., op=NAME, inputs=...)`` both take the allowance from
-here, so a user's own test of such a kernel gets the suite's verdict. Paged and ragged
-paged attention (``COMPARATOR_MODELS``) are the comparator's alone: their models read a
-kernel's own arguments (page tables, kv lengths, cumulative query lengths) and size the
-reduction length too.
+reaches a few times the default tolerance without it. Each op's model has one
+home, here: the op's record names it (``ops/builtins.py``), and the conformance
+suite and ``assert_allclose(..., op=NAME, inputs=...)`` both judge by the record
+(``Operation.error_model``), so a user's own test of such a kernel gets the suite's
+verdict. Every attention op (dense, grouped, paged, ragged) takes attention's model
+(``attention_allowance``); the paged ones per sequence, reading a kernel's own arguments
+(page tables, kv lengths, cumulative query lengths), which size the reduction length too.
+Ragged paged attention has no conformance record: its model is the comparator's alone
+(``COMPARATOR_MODELS``).
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ def _float64(array: Any) -> np.ndarray:
     return np.asarray(np.asarray(array).astype(np.float32), np.float64)
 
 
-def attention_allowance(q: Any, k: Any, v: Any, *,
-                        matmul_precision: str = "float32") -> tuple[float, str]:
-    """The extra atol of ``softmax(q @ k.T) @ v``: its logits' rounding, in base e or base 2.
+def attention_allowance(q: Any, k: Any, v: Any, *, matmul_precision: str = "float32",
+                        sm_scale: float = 1.0) -> tuple[float, str]:
+    """The extra atol of ``softmax(sm_scale * q @ k.T) @ v``: its logits' rounding, in base e
+    or base 2.
 
-    q is (..., s, d), k and v (..., t, d) with broadcastable leading axes; for
-    a scaled kernel pass ``q * sm_scale``. With B = max sum |q||k| (the largest
-    logit a rounding can touch) and u = eps32 / 2, in natural units:
+    q is (..., s, d), k and v (..., t, d) with broadcastable leading axes (a mask
+    only narrows the bound: it is ignored). With B = max sum |sm_scale * q||k| (the
+    largest logit a rounding can touch) and u = eps32 / 2, in natural units:
 
     * each logit is a d-term dot rounded to the accumulator: an error of
       ``eps_acc * B`` (the model of a dot product's rounding, not the worst
@@ -60,7 +64,8 @@ def attention_allowance(q: Any, k: Any, v: Any, *,
 
     Softmax turns logit errors e into weight errors w * (e - mean_w e), so the
     output moves by ``sum_j w_j (e_j - mean_w e) v_j``, at most the logit
-    error times max|v|: ``(eps_acc + 2 * eps32) * B * max|v|``. Measured:
+    error times max|v| (the weighted mean distance of errors within +-delta from
+    their mean is at most delta): ``(eps_acc + 2 * eps32) * B * max|v|``. Measured:
     tokamax's kernel, and the same online softmax written in base 2 in
     tests/test_exp2_attention.py, reach 0.51 of the tolerance on mha's offset
     sweep case (1.5 with the base-e term alone: the scaled q's roundings, at
@@ -77,7 +82,7 @@ def attention_allowance(q: Any, k: Any, v: Any, *,
     >>> attention_allowance(q, q, q)[0] > 0
     True
     """
-    q64, k64, v64 = _float64(q), _float64(k), _float64(v)
+    q64, k64, v64 = _float64(q) * abs(float(sm_scale)), _float64(k), _float64(v)
     logit_bound = float(np.max(np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2), initial=0.0))
     accumulator = dot_rounding(matmul_precision, name_of_dtype(q))
     logit_error = (matmul_epsilon(accumulator) + 2 * epsilon("float32")) * logit_bound
@@ -161,12 +166,16 @@ def rms_norm_allowance(x: Any, w: Any, *, eps: float) -> tuple[float, str]:
 @dataclasses.dataclass(frozen=True)
 class ErrorModel:
     """What an op's error model adds to the comparator's default: ``atol`` (an absolute
-    error a correct kernel may carry beyond it, ``why`` says where from) and the
-    ``reduction_length`` the default's accumulation term is sized by (None: the caller's)."""
+    error a correct kernel may carry beyond it, ``why`` says where from), the
+    ``reduction_length`` the default's accumulation term is sized by, the
+    ``matmul_precision`` that term is judged at and whether the op compares bit for bit
+    (``exact``); None: the caller's."""
 
     atol: float
     why: str
     reduction_length: int | None = None
+    matmul_precision: str | None = None
+    exact: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,10 +401,8 @@ def ragged_paged_attention_model(inputs: Sequence[Any], *, matmul_precision: str
                                    soft_cap=params.get("soft_cap"))
 
 
-# The comparator's own models: ops whose arguments no conformance record describes (or,
-# for paged_attention, whose record's allowance knows no reduction length or sm_scale).
+# The comparator's own models: ops whose arguments no conformance record describes.
 COMPARATOR_MODELS = {
-    "paged_attention": paged_attention_model,
     "ragged_paged_attention": ragged_paged_attention_model,
 }
 

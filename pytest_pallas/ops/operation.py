@@ -168,7 +168,11 @@ class Operation:
         their order in the signature, ``devices`` first).
       sizes: dimension -> its size bucket, instead of its kind's.
       allowance: ``allowance(case, matmul_precision) -> (atol, reason)``, an
-        error a correct kernel may add beyond the default tolerance.
+        error a correct kernel may add beyond the default tolerance; or an
+        ``ops.error_models.ErrorModel``, whose ``reduction_length`` (when set)
+        sizes the default's accumulation term instead of ``reduction``. The
+        case has ``args``, ``kwargs``, ``dtype`` and ``dims``, in the suite and
+        in ``assert_allclose(op=...)`` alike (``error_model``).
       low_precision_matmul: a bfloat16 input makes an inner matmul's operands
         bfloat16 (attention's probabilities times v): judged at that precision.
       profile_adjustments: value profile -> ``f(args) -> args`` applied after
@@ -449,10 +453,51 @@ class Operation:
 
         return pl.estimate_cost(xla, *args, **params)
 
-    def extra_allowance(self, case: Any, matmul_precision: str) -> tuple[float, str]:
-        if self.allowance is None:
-            return 0.0, ""
-        return load(self.allowance)(case, matmul_precision)
+    def error_model(self, case: Any, matmul_precision: str) -> Any:
+        """What the op adds to the comparator's default tolerance on ``case`` (``args``,
+        ``kwargs``, ``dtype``, ``dims``), on a backend whose float32 dot runs at
+        ``matmul_precision``: an ``ops.error_models.ErrorModel`` with the record's
+        ``allowance``, the reduction length (the allowance's, else ``reduction``'s over
+        ``case.dims``; None where a dimension is unknown), the precision its inner matmul
+        rounds in (``low_precision_matmul``) and whether it compares bit for bit. The
+        conformance suite and ``assert_allclose(op=...)`` both judge by it."""
+        import numpy as np
+
+        from ..dtypes import as_dtype
+        from .error_models import ErrorModel
+
+        found = load(self.allowance)(case, matmul_precision) if self.allowance else (0.0, "")
+        model = found if isinstance(found, ErrorModel) else ErrorModel(float(found[0]), found[1])
+        length = model.reduction_length
+        if length is None and all(dim in case.dims for dim in self.reduction_dimensions):
+            length = self.reduction_length(case.dims)
+        # An inner matmul of operands rounded to the input dtype (attention's probabilities
+        # times v, as JAX's own flash attention does): with bfloat16 inputs it has bfloat16
+        # operands wherever it runs.
+        low = self.low_precision_matmul and case.dtype == "bfloat16"
+        integer = np.issubdtype(as_dtype(case.dtype), np.integer)
+        return dataclasses.replace(
+            model, reduction_length=length,
+            matmul_precision="bfloat16" if low else matmul_precision,
+            exact=True if self.exact or integer else None)
+
+    def dimensions_of(self, inputs: Sequence[Any], given: Mapping[str, Any] | None = None
+                      ) -> dict[str, int]:
+        """The dimension sizes ``inputs`` (the op's arguments) show: each argument's core
+        dimensions are its trailing axes. ``given`` adds sizes the shapes do not say (a
+        collective's ``devices``: its arguments are global arrays)."""
+        import numpy as np
+
+        dims = {name: int(size) for name, size in dict(given or {}).items()
+                if name in self.dimensions}
+        if self.collective or self.shapes is not None or self.is_elementwise:
+            return dims
+        for core, arg in zip(self.arguments, inputs):
+            shape = np.shape(arg)
+            if core and len(shape) >= len(core):
+                for name, size in zip(core, shape[len(shape) - len(core):]):
+                    dims.setdefault(name, int(size))
+        return dims
 
     def __repr__(self) -> str:
         return f"Operation({self.name!r}, signature={self.signature!r})"

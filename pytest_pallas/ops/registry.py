@@ -55,21 +55,42 @@ def unregister_all() -> None:
             del OPERATIONS[name]
 
 
-def op_allowance(op: Any, inputs: Sequence[Any], *, matmul_precision: str = "float32",
-                 params: dict[str, Any] | None = None) -> tuple[float, str]:
-    """The extra atol of ``op`` (a name or an ``Operation``) on ``inputs``, from its record.
+def op_error_model(op: Any, inputs: Sequence[Any], *, matmul_precision: str = "float32",
+                   params: dict[str, Any] | None = None) -> Any:
+    """The error model (``ops.error_models.ErrorModel``) ``assert_allclose(op=...)`` judges
+    by: the one the conformance suite judges ``op`` (a name or an ``Operation``) by, on
+    ``inputs`` (its arguments) and ``params`` (its keyword arguments, and the size of a
+    dimension the inputs' shapes do not say, such as a collective's ``devices``); for an op
+    no record describes, the comparator's own (``COMPARATOR_MODELS``).
 
-    0 for an op with no error model of its own. An op name no record has is a
-    usage error (``ValueError`` naming the known ones).
+    An op name no record or model has is a usage error (``ValueError`` naming the known
+    ones). A reduction over a dimension the call does not give is sized by the caller's
+    ``reduction_length``.
     """
     import numpy as np
 
+    from .error_models import COMPARATOR_MODELS
+
+    if isinstance(op, str) and op not in OPERATIONS and op in COMPARATOR_MODELS:
+        return COMPARATOR_MODELS[op](inputs, matmul_precision=matmul_precision, params=params)
     if not isinstance(op, Operation):
         if op not in OPERATIONS:
             raise ValueError(f"op={op!r}: no such op; the known ones are "
-                             f"{', '.join(op_names())} (or pass atol= yourself)")
+                             f"{', '.join((*op_names(), *COMPARATOR_MODELS))} "
+                             "(or pass atol= yourself)")
         op = OPERATIONS[op]
-    case = SimpleNamespace(args=tuple(inputs), kwargs=dict(params or {}),
+    params = dict(params or {})
+    case = SimpleNamespace(args=tuple(inputs),
+                           kwargs={k: v for k, v in params.items() if k not in op.dimensions},
+                           dims=op.dimensions_of(inputs, params),
                            dtype=(np.dtype(getattr(inputs[0], "dtype", np.float32)).name
                                   if len(inputs) else "float32"))
-    return op.extra_allowance(case, matmul_precision)
+    return op.error_model(case, matmul_precision)
+
+
+def op_allowance(op: Any, inputs: Sequence[Any], *, matmul_precision: str = "float32",
+                 params: dict[str, Any] | None = None) -> tuple[float, str]:
+    """The extra atol of ``op`` on ``inputs``, and why (``op_error_model``'s): 0 for an op
+    with no error model of its own."""
+    model = op_error_model(op, inputs, matmul_precision=matmul_precision, params=params)
+    return model.atol, model.why

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..checks.kernel_check import (
 from ..compare import bitwise_differences, without_uninitialized_read_hint
 from ..ops import inputs as op_inputs
 from ..ops.domains import Domain
+from ..supervision.timeout import TimeoutInterrupt
 from . import grid_coverage, judge, properties
 from .implementation import Implementation
 from .report import VALUE_PROPERTIES, ConformanceRecorder
@@ -41,13 +43,47 @@ def _failure_summary(error: Exception) -> str:
     import re
 
     text = str(error)
-    match = re.search(r"KernelTimeout: (.*)", text)
+    match = re.search(r"(?:Kernel|Pallas)Timeout: (.*)", text)
     if match:
         return match.group(1)
     return f"{type(error).__name__}: {text}"
 
 
 _GRID_COVERAGE = "grid coverage (which kernel grid axes the examples exercised)"
+
+
+# The property a conformance test is checking now (its recorder, row and name): a test that
+# --pallas-timeout stops by ending its process records its failure there
+# (``record_stuck_property``).
+_checking: tuple[ConformanceRecorder, str, str] | None = None
+
+
+def record_stuck_property(message: str) -> bool:
+    """Record the property being checked now as failed with ``message`` (its process is
+    about to end); whether a property was being checked."""
+    if _checking is None:
+        return False
+    recorder, row, name = _checking
+    recorder.outcome(row, name, False, message)
+    return True
+
+
+def _checking(prop: str) -> Callable:
+    """A check of the suite, which begins with ``prop``: a ``--pallas-timeout`` that stops it
+    in its Python code (``TimeoutInterrupt``) is recorded as the failure of the property it
+    was checking."""
+    def decorate(check: Callable) -> Callable:
+        @functools.wraps(check)
+        def checked(self: Conformance, *args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            self._checks(prop)
+            try:
+                return check(self, *args, **kwargs)
+            except TimeoutInterrupt:
+                record_stuck_property("ran past --pallas-timeout (stopped in Python code)")
+                raise
+        return checked
+    return decorate
 
 
 # The implementations whose state probe ran in this process (once each: it traces dozens
@@ -222,8 +258,14 @@ class Conformance:
         self.recorder.outcome(self._row, name, False, message)
         raise AssertionError(f"[{self.operation.name}: {name}] {message}")
 
+    def _checks(self, prop: str) -> None:
+        """From here the test checks ``prop`` (its calls and its oracle's computation)."""
+        global _checking
+        _checking = (self.recorder, self._row, prop)
+
     def _call(self, prop: str, case: Any) -> Any:
         __tracebackhide__ = True
+        self._checks(prop)
         implementation = self.implementation
         import jax
 
@@ -318,6 +360,7 @@ class Conformance:
 
     # --- properties --------------------------------------------------------------
 
+    @_checking("value")
     def check_value(self, data: st.DataObject) -> None:
         """Shape and dtype, no NaN/Inf the oracle lacks, and the value within tolerance.
 
@@ -364,6 +407,7 @@ class Conformance:
         self._judge_state(case, result)
         return grid_coverage.example_score(runs)
 
+    @_checking("written")
     def check_repeatable(self, data: st.DataObject) -> None:
         """Every output element written (NaN- vs zero-poisoned outputs agree) and the same twice."""
         __tracebackhide__ = True
@@ -448,6 +492,7 @@ class Conformance:
                 "exp of a large input without subtracting the row maximum first, or 0/0, or "
                 "inf - inf.")
 
+    @_checking("vmap")
     def check_vmap(self, data: st.DataObject) -> None:
         """The op under ``jax.vmap`` equals the op on each slice."""
         __tracebackhide__ = True

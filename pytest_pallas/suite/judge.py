@@ -28,6 +28,7 @@ import numpy as np
 
 from ..checks import honesty
 from ..checks.honesty import Finding, ProgramVerdict
+from ..dtypes import as_dtype
 from ..ops.inputs import Case
 from ..ops.operation import DEVICES, SHAPE
 from . import properties
@@ -133,7 +134,7 @@ def program_verdict(implementation: Callable, case: Case, *, compare_traces: boo
 def _judge(closed: Any, case: Case, args: tuple[Any, ...]) -> ProgramVerdict:
     elements = int(np.prod(case.operation.result_shape(case.dims))) + sum(
         int(np.size(a)) for a in args)
-    integer_op = np.dtype(properties.as_dtype(case.dtype)).kind in "iu"
+    integer_op = np.dtype(as_dtype(case.dtype)).kind in "iu"
     return honesty.judge_program(closed, work=op_work(case), elements=elements,
                                  integer_op=integer_op)
 

@@ -21,7 +21,6 @@ import numpy as np
 from ..compare import compare_arrays
 from ..ops.inputs import Case
 from ..ops.operation import DEVICES, resolve_params
-from ..strategies import as_dtype
 
 
 def call_kwargs(case: Case) -> dict[str, Any]:
@@ -193,15 +192,6 @@ def expected_shape_of(case: Case) -> tuple[int, ...]:
     return case.operation.result_shape(case.dims)
 
 
-def matmul_precision_for(case: Case, backend_precision: str) -> str:
-    # An op whose inner matmul takes operands rounded to the input dtype (attention's
-    # probabilities times v, as JAX's own flash attention does): with bfloat16 inputs that
-    # matmul has bfloat16 operands wherever it runs.
-    if case.operation.low_precision_matmul and case.dtype == "bfloat16":
-        return "bfloat16"
-    return backend_precision
-
-
 def introduced_nonfinite(actual: Any, expected: np.ndarray) -> np.ndarray:
     """Where ``actual`` has NaN or Inf and the oracle's ``expected`` is finite."""
     return ~np.isfinite(np.asarray(actual, np.float64)) & np.isfinite(expected)
@@ -221,13 +211,12 @@ def judge_value(case: Case, result: Any, expected: np.ndarray, *,
         introduced = introduced_nonfinite(actual, expected)
         if np.any(introduced):
             verdicts["finite"] = False
-    precision = matmul_precision_for(case, matmul_precision)
-    extra, reason = op.extra_allowance(case, matmul_precision)
+    # The op's error model, which assert_allclose(op=...) judges by too.
+    model = op.error_model(case, matmul_precision)
     comparison = compare_arrays(
-        actual, expected, reduction_length=case.reduction_length,
-        matmul_precision=precision,
-        exact=True if op.exact or np.issubdtype(as_dtype(case.dtype), np.integer) else None,
-        additional_atol=extra, additional_reason=reason,
+        actual, expected, reduction_length=model.reduction_length,
+        matmul_precision=model.matmul_precision, exact=model.exact,
+        additional_atol=model.atol, additional_reason=model.why,
     )
     if not comparison.passed:
         verdicts["value"] = False

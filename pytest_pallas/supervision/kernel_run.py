@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 import warnings
 from collections.abc import Callable
 
 import pytest
 
-from .._compat import gpu_interpreter, interpreter_barriers, jax_internals, tpu_interpreter
+from .._compat import (
+    gpu_interpreter,
+    interpreter_barriers,
+    jax_internals,
+    pallas_call_hooks,
+    tpu_interpreter,
+)
 from .._compat.compiled_artefacts import ChipArtefactUnavailable, chip_artefacts_read
 from .._compat.device_under_test import stand_in_chip_under_test
 from .._compat.pytest_internals import run_test_again, skip_at_test
@@ -32,7 +39,8 @@ from ..checks.compile_check import compiling_pallas_calls, libtpu_platform_versi
 from ..checks.kernel_check import STATIC_CHECKS, checking_pallas_calls
 from ..checks.mismatch import TracedOutput, traced_output_blocks
 from ..checks.runtime_rules import kernel_exit_violations, translate_interpreter_error
-from ..checks.violations import REVISIT, TpuRuleViolation
+from ..checks.static_rules import REVISIT
+from ..checks.violations import TpuRuleViolation
 from ..compare import (
     GpuKernelName,
     backend_matmul_precision,
@@ -42,7 +50,7 @@ from ..compare import (
 from ..numerics import kernels_with_rounded_dots, rounding_note
 from ..settings import PallasOptions
 from . import diagnoses
-from .timeout import KernelTimeout, Watchdog
+from .timeout import PallasTimeout, Watchdog
 
 # A feature built on private JAX internals, by the name a run reports when it is off.
 KERNEL_EXIT_CHECKS = "the kernel-exit checks (semaphores, DMAs, races)"
@@ -129,7 +137,7 @@ class KernelRun:
                 GPU_RACE_CHECK, gpu_interpreter.gpu_races_recorded)))
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
-        compile_chips = self._compile_chips()
+        compile_chips = self.compile_chips()
         compiling = bool(not backend.is_tpu and compile_chips and self.compile_check)
         if not backend.is_gpu:
             # Where the compile check compiles for the stand-in chip, tiling and VMEM are the
@@ -177,7 +185,7 @@ class KernelRun:
                 generation_only=self.chip_under_test == "generation")))
         self._stack = stack
 
-    def _compile_chips(self) -> tuple[str, ...]:
+    def compile_chips(self) -> tuple[str, ...]:
         """The chips the compile check compiles this test's kernels for: those the user named
         (--pallas-compile), else, in a run of several chips, the test's own."""
         chips = self.options.compile_chips
@@ -247,17 +255,22 @@ class KernelRun:
 
     # --- the call: a watchdog around it, and what it left ---------------------------------
 
-    def watchdog(self) -> Watchdog:
-        """The ``--pallas-timeout`` watchdog for the test's call (none when compiled)."""
+    def watchdog(self, on_stuck: Callable[[str, float], None] | None = None) -> Watchdog:
+        """The ``--pallas-timeout`` watchdog for the test's call (none when compiled);
+        ``on_stuck(text, seconds)`` ends the process of a test that cannot be stopped in it."""
         seconds = 0.0 if self.backend.is_compiled else self.options.timeout_seconds
-        return Watchdog(seconds, self._running_kernels_text, kernel_ages=self._kernel_ages)
+        return Watchdog(seconds, self._running_kernels_text, kernel_ages=self._kernel_ages,
+                        last_kernel_event=self._last_kernel_event,
+                        checks_age=self._checks_age, test_name=self.item.nodeid,
+                        test_file=str(self.item.path),
+                        on_stuck=on_stuck)
 
     def after_success(self, watchdog: Watchdog) -> None:
         """A test that returned still fails on a hang the watchdog broke or what its kernels
         left behind (a race, a semaphore off 0, a DMA pending)."""
         __tracebackhide__ = True
         if watchdog.fired:
-            raise KernelTimeout(watchdog.message)
+            raise watchdog.failure()
         failure = self.kernel_exit_failure()
         if failure is not None:
             fallback = self.interpreter_fallback(failure)  # a limit of the TPU interpreter's
@@ -278,8 +291,8 @@ class KernelRun:
                      if not stop.talks_to_other_devices]
             if alone:
                 skip_at_test(diagnoses.kernel_on_some_devices(alone[-1], watchdog.seconds))
-        if watchdog.fired and not isinstance(error, KernelTimeout):
-            raise KernelTimeout(watchdog.message) from error
+        if watchdog.fired and not isinstance(error, PallasTimeout):
+            raise watchdog.failure() from error
         if isinstance(error, GpuNumbersFromTheStart):
             return self._run_with_gpu_numbers(watchdog)
         if not isinstance(error, Exception):
@@ -421,6 +434,18 @@ class KernelRun:
             return None
         return ages
 
+    @staticmethod
+    def _checks_age() -> float | None:
+        """How long the plugin's checks of the kernel being traced have run; None if none run."""
+        since = pallas_call_hooks.observers_running_since()
+        return None if since is None else time.monotonic() - since
+
+    def _last_kernel_event(self) -> float | None:
+        """When a kernel, or the plugin's checks of one, last started or ended."""
+        events = (tpu_interpreter.last_interpreted_kernel_event(),
+                  pallas_call_hooks.observers_last_ended())
+        return max((event for event in events if event is not None), default=None)
+
     def _running_kernels_text(self) -> str:
         nodeid = self.item.nodeid
         kernels = tpu_interpreter.running_interpreted_kernels()  # short: 'body at kernels.py:12'
@@ -429,6 +454,8 @@ class KernelRun:
             gpu = self._gpu_interpreted()
             if gpu:
                 return f"Mosaic GPU kernel '{gpu[-1]}' (in {nodeid})"
+            if pallas_call_hooks.observers_running_since() is not None:
+                return f"the plugin's checks of a kernel traced in {nodeid}"
             return f"a kernel in {nodeid}"
         names = ", ".join(f"'{kernel}'" for kernel in kernels)
         return f"kernel {names} (in {nodeid})"

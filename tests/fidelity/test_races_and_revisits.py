@@ -25,13 +25,8 @@ from jax.experimental.pallas.ops.tpu.matmul import matmul
 from pytest_pallas._compat import pallas_call_hooks
 from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel, kernel_exits_checked
 from pytest_pallas.checks.runtime_rules import translate_interpreter_error
-from pytest_pallas.checks.violations import (
-    DATA_RACE,
-    OUT_OF_BOUNDS,
-    PARALLEL_RACE,
-    REVISIT,
-    TpuRuleViolation,
-)
+from pytest_pallas.checks.static_rules import OUT_OF_BOUNDS, PARALLEL_RACE, REVISIT
+from pytest_pallas.checks.violations import DATA_RACE, TpuRuleViolation
 
 pytestmark = pytest.mark.pallas
 

@@ -15,7 +15,8 @@ from jax.experimental.pallas.ops.tpu.matmul import matmul
 
 from pytest_pallas._compat import pallas_call_hooks
 from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel, checking_pallas_calls
-from pytest_pallas.checks.violations import TILING, TpuRuleViolation
+from pytest_pallas.checks.static_rules import TILING
+from pytest_pallas.checks.violations import TpuRuleViolation
 
 pytestmark = pytest.mark.pallas
 

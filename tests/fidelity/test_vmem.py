@@ -18,8 +18,8 @@ from jax.experimental.pallas.ops.tpu.matmul import matmul
 from pytest_pallas._compat import pallas_call_hooks
 from pytest_pallas.checks import compile_check
 from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel
-from pytest_pallas.checks.violations import VMEM, TpuRuleViolation
-from pytest_pallas.checks.vmem_footprint import default_scoped_vmem_bytes, tpu_info_for
+from pytest_pallas.checks.violations import TpuRuleViolation
+from pytest_pallas.checks.vmem_footprint import VMEM, default_scoped_vmem_bytes, tpu_info_for
 
 pytestmark = pytest.mark.pallas
 

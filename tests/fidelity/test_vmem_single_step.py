@@ -12,7 +12,8 @@ import pytest
 from jax.experimental import pallas as pl
 
 from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel
-from pytest_pallas.checks.violations import VMEM, TpuRuleViolation
+from pytest_pallas.checks.violations import TpuRuleViolation
+from pytest_pallas.checks.vmem_footprint import VMEM
 
 STATIC_ONLY = CheckOptions(lower_for_tpu=False)
 

@@ -16,7 +16,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel
-from pytest_pallas.checks.violations import PARALLEL_RACE, TpuRuleViolation
+from pytest_pallas.checks.static_rules import PARALLEL_RACE
+from pytest_pallas.checks.violations import TpuRuleViolation
 
 pytestmark = pytest.mark.pallas
 
