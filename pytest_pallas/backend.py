@@ -29,6 +29,7 @@ from ._compat import (
     interpreter_fixes,
     interpreter_memory,
     jax_internals,
+    out_of_bounds,
     pallas_call_hooks,
     ref_views,
     tpu_interpreter,
@@ -196,6 +197,9 @@ class Backend:
             stack.enter_context(interpreter_fixes.empty_accesses_race_with_nothing())
             # Fresh integer memory reads the chip's poison under pl.enable_poison_buffers.
             stack.enter_context(interpreter_fixes.buffers_poisoned_as_the_chip_poisons())
+            # A read past a buffer stops where the chip halts (a DMA) and reads poison where
+            # the chip has no check (a load from SMEM or VMEM): _compat.out_of_bounds.
+            stack.enter_context(out_of_bounds.reads_as_the_chip_reads())
             # XLA's fast CPU compiles for the test's own jits, where its kernels are
             # interpreted: their compile time is most of an interpreted test's.
             stack.enter_context(xla_cpu_options.fast_cpu_compiles())

@@ -414,3 +414,49 @@ def matmul_modes(directory: str) -> dict[str, int]:
                 for mode in _VMATMUL_MODE.findall(file.read()):
                     counts[mode] = counts.get(mode, 0) + 1
     return counts
+
+
+# A kernel's memory accesses after libtpu's bounds-check pass (``*-post-bounds-check.txt``):
+# ``%s25 = sld [smem:[#allocation4 + %s0]]``, ``%32 = vst [vmem:[%s31] ...``,
+# ``%26 = dma.hbm_to_vmem [thread:$0] /*hbm=*/%s22, ...``; each check the pass added halts
+# before its access: ``shalt.err (...) /* BoundsCheck 0 [deref of %s22] for %26 = dma...``.
+_ACCESS = re.compile(
+    r"^\s*%(\w+) = (?:(?P<op>[sv](?:ld|st)) \[(?P<space>\w+):\[(?P<address>[^\]]*)\]"
+    r"|(?P<dma>dma\.(?!done\b)\w+)\b)")
+_CHECKED = re.compile(r"shalt\.err [^\n]*?/\* BoundsCheck \d+ \[deref of %\w+\] for %(\w+) = ")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryAccess:
+    """One load, store or DMA of a kernel as libtpu's bounds-check pass left it."""
+
+    instruction: str  # "sld", "sst", "vld", "vst" or the DMA's, "dma.hbm_to_vmem"
+    space: str  # "smem", "vmem" (loads and stores); "" for a DMA, whose ends its name says
+    dynamic: bool  # its address is computed at run time (a register), not a constant
+    checked: bool  # a BoundsCheck halts the kernel before it when out of bounds
+
+
+def memory_accesses(directory: str) -> list[MemoryAccess]:
+    """The loads, stores and DMAs of the Pallas kernels dumped under ``directory``, each with
+    whether libtpu's bounds-check pass guards it. Empty when there is no such dump or the
+    format moved."""
+    found = []
+    pattern = re.compile(r"^\d+-(.+)-\d+-post-bounds-check\.txt$")
+    for root, _, names in os.walk(directory):
+        for name in sorted(names):
+            match = pattern.match(name)
+            if not match or match.group(1).startswith(_NOT_KERNELS):
+                continue
+            with open(os.path.join(root, name), errors="replace") as file:
+                text = file.read()
+            checked = set(_CHECKED.findall(text))
+            for line in text.splitlines():
+                access = _ACCESS.match(line)
+                if access is None:
+                    continue
+                if access["dma"]:
+                    found.append(MemoryAccess(access["dma"], "", True, access[1] in checked))
+                else:
+                    found.append(MemoryAccess(access["op"], access["space"],
+                                              "%" in access["address"], access[1] in checked))
+    return found
