@@ -8,7 +8,7 @@ default) and ``True``; ``pytest_pallas.estimate`` compiles them with
 ``_compat.libtpu_dump.memory_accesses`` reads the kernel's ``*-post-bounds-check.txt``
 (the LLO after libtpu's bounds-check pass): each load, store and DMA, and whether a
 ``shalt.err /* BoundsCheck ... */`` halts the kernel before it. Prints per access kind and
-chip ``trap`` (a check is emitted: the chip stops the kernel) or ``unchecked`` (the chip
+chip ``halts`` (a check is emitted: the chip stops the kernel) or ``no check`` (the chip
 reads or writes whatever memory lies there), and what ``disable_bounds_checks=True``
 leaves. ``pytest_pallas._compat.out_of_bounds.CHIP_BOUNDS_CHECKS`` is the table the
 plugin acts on; ``tests/test_out_of_bounds.py`` reads the dumps again and compares.
@@ -46,6 +46,8 @@ class AccessKind:
     instruction: str
     space: str
     build: Callable[[Any], tuple[Callable[..., Any], tuple[Any, ...]]]
+    # What it compiles to where XLA placed the operand in VMEM: a copy within VMEM.
+    instead: tuple[str, str] | None = None
 
 
 def _smem_spec() -> Any:
@@ -238,7 +240,7 @@ ACCESS_KINDS = (
     AccessKind("VMEM vector store", "vst", "vmem", vmem_store),
     AccessKind("DMA HBM to VMEM, HBM offset", "dma.hbm_to_vmem", "", dma_from_hbm),
     AccessKind("DMA from a pl.ANY operand to VMEM, source offset", "dma.hbm_to_vmem", "",
-               dma_from_any),
+               dma_from_any, instead=("vld", "vmem")),
     AccessKind("DMA HBM to VMEM, VMEM offset", "dma.hbm_to_vmem", "", dma_into_vmem),
     AccessKind("DMA VMEM to HBM, HBM offset", "dma.vmem_to_hbm", "", dma_to_hbm),
     AccessKind("DMA VMEM to HBM, VMEM offset", "dma.vmem_to_hbm", "", dma_from_vmem),
@@ -254,20 +256,23 @@ class Reading:
 
     found: int  # how many of the kind's instructions (dynamic ones for loads and stores)
     checked: int  # how many of those a BoundsCheck guards
+    instead: str = ""  # the instruction read instead of the kind's own, when it is not there
 
     @property
     def verdict(self) -> str:
         if not self.found:
             return "not found"
-        return "trap" if self.checked else "unchecked"
+        verdict = "halts" if self.checked else "no check"
+        return f"{verdict} ({self.instead})" if self.instead else verdict
 
 
 def read_bounds_checks(chip: str, kinds: tuple[AccessKind, ...] = ACCESS_KINDS,
                        ) -> dict[tuple[str, bool], Reading]:
     """Per access kind and ``disable_bounds_checks``, what libtpu emitted for ``chip``: every
     kernel compiled in one child process (``pytest_pallas.estimate``), its dump kept."""
-    import pytest_pallas
     from jax.experimental.pallas import tpu as pltpu
+
+    import pytest_pallas
     from pytest_pallas._compat.libtpu_dump import memory_accesses
 
     calls = []
@@ -295,12 +300,19 @@ def read_bounds_checks(chip: str, kinds: tuple[AccessKind, ...] = ACCESS_KINDS,
                 os.environ["PYTEST_PALLAS_KEEP_DUMP"] = previous
         readings = {}
         for number, (kind, disable, _, _) in enumerate(calls):
-            accesses = [access for access in memory_accesses(os.path.join(kept, f"kernel-{number}"))
-                        if access.instruction == kind.instruction
-                        and (not access.space or (access.space == kind.space and access.dynamic))]
-            readings[kind.name, disable] = Reading(len(accesses),
-                                                   sum(access.checked for access in accesses))
+            every = memory_accesses(os.path.join(kept, f"kernel-{number}"))
+            accesses, instead = _of(every, kind.instruction, kind.space), ""
+            if not accesses and kind.instead is not None:
+                accesses, instead = _of(every, *kind.instead), "{} [{}]".format(*kind.instead)
+            readings[kind.name, disable] = Reading(
+                len(accesses), sum(access.checked for access in accesses), instead)
     return readings
+
+
+def _of(accesses: list[Any], instruction: str, space: str) -> list[Any]:
+    """The accesses of one instruction; of a load or store, those at a dynamic address."""
+    return [access for access in accesses if access.instruction == instruction
+            and (not access.space or (access.space == space and access.dynamic))]
 
 
 def main() -> None:
@@ -313,22 +325,22 @@ def main() -> None:
     from pytest_pallas._compat.out_of_bounds import CHIP_BOUNDS_CHECKS
 
     readings = {chip: read_bounds_checks(chip) for chip in chips}
-    print(f"libtpu {compile_check.libtpu_version()}: out-of-bounds checks libtpu emits "
-          "(trap: a BoundsCheck halts the kernel; unchecked: none), disable_bounds_checks "
-          "False / True")
+    print(f"libtpu {compile_check.libtpu_version()}: what libtpu emits before each access at a "
+          "dynamic index (halts: a BoundsCheck stops the kernel out of bounds; no check: the "
+          "chip reads or writes whatever lies there), disable_bounds_checks False / True")
     width = max(len(kind.name) for kind in ACCESS_KINDS)
-    print(f"{'access':<{width}}  instruction      " + "  ".join(f"{chip:<20}" for chip in chips)
-          + "  table")
+    print(f"{'access':<{width}}  {'instruction':<15}  "
+          + "  ".join(f"{chip:<24}" for chip in chips) + "  CHIP_BOUNDS_CHECKS")
     for kind in ACCESS_KINDS:
         cells = []
         for chip in chips:
             on, off = readings[chip][kind.name, False], readings[chip][kind.name, True]
             cells.append(f"{on.verdict} / {off.verdict}")
         instruction = f"{kind.instruction} [{kind.space}]" if kind.space else kind.instruction
-        expected = CHIP_BOUNDS_CHECKS.get(kind.name)
-        table = "" if expected is None else ("trap" if expected.checked else "unchecked")
+        row = CHIP_BOUNDS_CHECKS.get(kind.name)
+        table = "(not in the table)" if row is None else ("halts" if row.halts else "no check")
         print(f"{kind.name:<{width}}  {instruction:<15}  "
-              + "  ".join(f"{cell:<20}" for cell in cells) + f"  {table}")
+              + "  ".join(f"{cell:<24}" for cell in cells) + f"  {table}")
 
 
 if __name__ == "__main__":
