@@ -75,6 +75,7 @@ CHIP_BOUNDS_CHECKS: dict[str, BoundsCheck] = {row.access: row for row in (
 )}
 
 
+@functools.cache
 def chip_halts(kind: str, source: str, destination: str = "") -> bool:
     """Whether the chip stops a kernel whose read of this kind leaves its buffer. A pl.ANY
     operand counts as HBM; a read the table does not list is taken as checked (a stop, as
@@ -170,7 +171,7 @@ def reads_as_the_chip_reads() -> Iterator[bool]:
         access = _READING.access
         if access is None:  # not a read of a TPU kernel's (the GPU interpreter's, say)
             return own
-        if own == "raise" and access["halts"]:
+        if own == "raise" and chip_halts(*access["read"]):
             return own
         access["poisoned"] = True
         return "uninitialized"
@@ -191,7 +192,7 @@ def reads_as_the_chip_reads() -> Iterator[bool]:
             else:  # the interpreter's own copy of an output: in bounds by construction
                 return reader(token, device_id, local_core_id, memory_space, buffer_id,
                               transforms, *args, **kwargs)
-            access = {"halts": chip_halts(kind, space, destination), "poisoned": False}
+            access = {"read": (kind, space, destination), "poisoned": False}
             outer, _READING.access = _READING.access, access
             try:
                 result = reader(token, device_id, local_core_id, memory_space, buffer_id,
@@ -214,6 +215,7 @@ def reads_as_the_chip_reads() -> Iterator[bool]:
             _READING.dma_destination = outer
 
     def named(swapper: Any) -> Any:
+        @functools.wraps(swapper)  # the interpreter's module: its callbacks get NumPy arrays
         def swap(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
                  buffer_id: Any, transforms: Any, val: Any, mask: Any, *args: Any,
                  **kwargs: Any) -> Any:
