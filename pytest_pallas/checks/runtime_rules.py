@@ -105,8 +105,7 @@ def _beyond_padding_text(message: str) -> str:
 
     On the chip a 32-bit array's last two dimensions are stored in whole
     (8, 128) tiles, so a read past the logical end but inside the last tile reads
-    padding (legal; the kernel must mask it), and the chip's bounds check, which
-    compares against the allocation, lets it pass. The plugin runs the TPU interpreter
+    padding (legal; the kernel must mask it). The plugin runs the TPU interpreter
     with tile-padded bounds, so what it stops is past the padding: outside the
     buffer on the chip too.
     """
