@@ -3,11 +3,11 @@
 What the chip checks is read from libtpu's code: ``CHIP_BOUNDS_CHECKS`` is compared with what
 libtpu emits for one kernel per access kind (benchmarks/bounds_checks.py builds them; skipped
 without libtpu), and the dump reader runs on checked-in excerpts of libtpu 0.0.42.1's
-``*-post-bounds-check.txt`` for v5e (a DMA from HBM at a dynamic row, with and without
-``disable_bounds_checks``; a scalar load from SMEM at an index from scalar prefetch; a vector
-store to VMEM at a dynamic row). In a Pallas test on the CPU: a read the chip does not check
-reads poison (a discarded one passes, a used one fails with a note naming the read), what the
-chip halts stays ``[out-of-bounds-access]``.
+``*-post-bounds-check.txt`` for v5e: a DMA from HBM at a dynamic row, with and without
+``disable_bounds_checks`` (and as libtpu 0.0.50.1 dumps it), a scalar load from SMEM at an
+index from scalar prefetch, a vector store to VMEM at a dynamic row. In a Pallas test on the
+CPU, a read the chip does not check reads poison (a discarded one passes, a used one fails with
+a note naming the read); what the chip halts stays ``[out-of-bounds-access]``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def test_the_dump_reader_finds_each_access_and_its_check():
                                           ("dma.vmem_to_hbm", "", True, False),
                                           ("vld", "vmem", False, False),
                                           ("vst", "vmem", False, False)}
+    # libtpu 0.0.50.1 (jax 0.12) names the checked instruction, not its number.
+    assert _accesses("dma_from_hbm_libtpu_0.0.50") == _accesses("dma_from_hbm")
     # disable_bounds_checks=True: the same copy, unchecked.
     assert ("dma.hbm_to_vmem", "", True, False) in _accesses("dma_from_hbm_checks_off")
     assert not any(checked for *_, checked in _accesses("dma_from_hbm_checks_off"))
@@ -236,10 +238,11 @@ def test_a_dma_or_block_past_its_array_stays_the_rule(pytester, run_pytest):
 
 
 def test_a_store_past_a_buffer_is_the_rule_and_says_the_chip_writes_on(pytester, run_pytest):
-    # A store partly past its buffer: JAX's interpreter stopped at an assertion of its own.
+    # A store partly past its buffer: JAX's interpreter stopped at an assertion of its own
+    # (jax 0.10, 0.11; jax 0.12 names it).
     result = _run(pytester, run_pytest, "test_vmem_store")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "TPU rule [out-of-bounds-access]" in out
-    assert "swapping [28:36, 0:128] but buffer has shape (32, 128)" in out
+    assert "Out-of-bounds swap of" in out and "but buffer has shape (32, 128)" in out
     assert "The chip does not check a store in the kernel's body" in out

@@ -419,11 +419,14 @@ def matmul_modes(directory: str) -> dict[str, int]:
 # A kernel's memory accesses after libtpu's bounds-check pass (``*-post-bounds-check.txt``):
 # ``%s25 = sld [smem:[#allocation4 + %s0]]``, ``%32 = vst [vmem:[%s31] ...``,
 # ``%26 = dma.hbm_to_vmem [thread:$0] /*hbm=*/%s22, ...``; each check the pass added halts
-# before its access: ``shalt.err (...) /* BoundsCheck 0 [deref of %s22] for %26 = dma...``.
+# just before its access: ``shalt.err (...) /* BoundsCheck 0 [deref of %s22] for %26 =
+# dma.hbm_to_vmem ...`` (libtpu 0.0.42), ``... [deref of opnd#0] for dma.hbm_to_vmem``
+# (0.0.50, naming the instruction only: the next one of that name is the one checked).
 _ACCESS = re.compile(
     r"^\s*%(\w+) = (?:(?P<op>[sv](?:ld|st)) \[(?P<space>\w+):\[(?P<address>[^\]]*)\]"
     r"|(?P<dma>dma\.(?!done\b)\w+)\b)")
-_CHECKED = re.compile(r"shalt\.err [^\n]*?/\* BoundsCheck \d+ \[deref of %\w+\] for %(\w+) = ")
+_CHECKED = re.compile(
+    r"shalt\.err [^\n]*?/\* BoundsCheck \d+ \[deref of [^\]]+\] for (?:%(\w+) = )?([\w.]+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,15 +451,28 @@ def memory_accesses(directory: str) -> list[MemoryAccess]:
             if not match or match.group(1).startswith(_NOT_KERNELS):
                 continue
             with open(os.path.join(root, name), errors="replace") as file:
-                text = file.read()
-            checked = set(_CHECKED.findall(text))
-            for line in text.splitlines():
-                access = _ACCESS.match(line)
-                if access is None:
-                    continue
-                if access["dma"]:
-                    found.append(MemoryAccess(access["dma"], "", True, access[1] in checked))
-                else:
-                    found.append(MemoryAccess(access["op"], access["space"],
-                                              "%" in access["address"], access[1] in checked))
+                found += _accesses(file.read())
+    return found
+
+
+def _accesses(text: str) -> list[MemoryAccess]:
+    checked = {number for number, _ in _CHECKED.findall(text) if number}
+    pending: list[str] = []  # checks that name their instruction only, in order
+    found = []
+    for line in text.splitlines():
+        check = _CHECKED.search(line)
+        if check is not None and not check[1]:
+            pending.append(check[2])
+        access = _ACCESS.match(line)
+        if access is None:
+            continue
+        instruction = access["dma"] or access["op"]
+        guarded = access[1] in checked or instruction in pending
+        if instruction in pending:
+            pending.remove(instruction)
+        if access["dma"]:
+            found.append(MemoryAccess(instruction, "", True, guarded))
+        else:
+            found.append(MemoryAccess(instruction, access["space"], "%" in access["address"],
+                                      guarded))
     return found
