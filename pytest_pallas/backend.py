@@ -334,6 +334,8 @@ def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
         num_cores_or_threads=tpu_info.num_cores,
         # Visit "parallel" grid axes in a seeded random order, as the chip may.
         random_seed=options.seed,
+        # out_of_bounds_reads stays JAX's "raise": _compat.out_of_bounds answers per read,
+        # a stop where the chip halts (a DMA), poison where it has no check (a load).
     ))
 
 

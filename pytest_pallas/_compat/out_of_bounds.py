@@ -29,10 +29,10 @@ _SHARED_MEMORY = "jax._src.pallas.mosaic.interpret.shared_memory"
 _UTILS = "jax._src.pallas.mosaic.interpret.utils"
 _SOURCE_INFO = "jax._src.source_info_util"
 
-LIBTPU_READ = "libtpu 0.0.42.1 (jax 0.10.2)"
-# The chips whose code was read; the facts were the same for each.
+LIBTPU_READ = ("libtpu 0.0.42.1 (jax 0.10.2)", "libtpu 0.0.50.1 (jax 0.12.0.1)")
+# The chips whose code was read; the facts were the same for each, in both versions.
 CHIPS_READ = ("v4", "v5e", "v5p", "v6e", "7x")
-_SOURCE = (f"{LIBTPU_READ}, *-post-bounds-check.txt of the kernel compiled for "
+_SOURCE = (f"{' and '.join(LIBTPU_READ)}, *-post-bounds-check.txt of the kernel compiled for "
            f"{', '.join(CHIPS_READ)} (benchmarks/bounds_checks.py prints it, "
            "tests/test_out_of_bounds.py reads it again)")
 
