@@ -31,6 +31,7 @@ from ._compat import (
     interpreter_memory,
     interpreter_speed,
     jax_internals,
+    out_of_bounds,
     pallas_call_hooks,
     partitioned_kernels,
     ref_views,
@@ -203,6 +204,9 @@ class Backend:
             # off inside kernels: they check JAX, not the kernel, at a sixth of a test's CPU.
             stack.enter_context(optional(
                 "JAX's own checks off inside kernels", interpreter_speed.jax_checks_off_in_kernels))
+            # A read past a buffer stops where the chip halts (a DMA) and reads poison where
+            # the chip has no check (a load from SMEM or VMEM): _compat.out_of_bounds.
+            stack.enter_context(out_of_bounds.reads_as_the_chip_reads())
             # XLA's fast CPU compiles for the test's own jits, where its kernels are
             # interpreted: their compile time is most of an interpreted test's.
             stack.enter_context(xla_cpu_options.fast_cpu_compiles())
@@ -342,6 +346,8 @@ def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
         num_cores_or_threads=tpu_info.num_cores,
         # Visit "parallel" grid axes in a seeded random order, as the chip may.
         random_seed=options.seed,
+        # out_of_bounds_reads stays JAX's "raise": _compat.out_of_bounds answers per read,
+        # a stop where the chip halts (a DMA), poison where it has no check (a load).
     ))
 
 

@@ -310,6 +310,7 @@ KERNEL_MACHINERY = (
     "pytest_pallas.checks.mismatch", "pytest_pallas.checks.violations",
     "pytest_pallas._compat.tpu_interpreter", "pytest_pallas._compat.gpu_interpreter",
     "pytest_pallas._compat.pallas_call_hooks", "pytest_pallas._compat.interpreter_fixes",
+    "pytest_pallas._compat.out_of_bounds",
 )
 
 

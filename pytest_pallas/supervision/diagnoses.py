@@ -149,6 +149,19 @@ def uninitialized_read_note(error: BaseException, kernels: Sequence[str]) -> str
     return describe_uninitialized_read(None, kernels)
 
 
+def unchecked_read_note(reads: Sequence[Any]) -> str:
+    """For a failed test whose kernels read past a buffer where the chip has no bounds check
+    (``_compat.out_of_bounds.UncheckedRead``s): which reads, and what they read."""
+    shown = "; ".join(read.describe() for read in reads[:3])
+    more = f" (and {len(reads) - 3} more)" if len(reads) > 3 else ""
+    return (f"pallas: this test's kernels read past a buffer where the chip has no bounds "
+            f"check: {shown}{more}. The chip reads whatever memory lies there (libtpu emits no "
+            "check for a load from SMEM or VMEM, docs/tpu-fidelity.md); the interpreter read "
+            "poison instead (NaN, or the integer fill), so a result that used the read is "
+            "wrong, and this failure may be that. Keep the index within the buffer, or "
+            "discard what is read past it (jnp.where).")
+
+
 def _messages(error: BaseException) -> list[str]:
     """The messages of ``error``, its causes and contexts, and a group's members."""
     messages = []

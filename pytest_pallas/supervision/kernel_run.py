@@ -27,6 +27,7 @@ from .._compat import (
     gpu_interpreter,
     interpreter_barriers,
     jax_internals,
+    out_of_bounds,
     pallas_call_hooks,
     tpu_interpreter,
 )
@@ -58,6 +59,7 @@ TPU_COMPILER_CHECK = "the TPU compiler check"
 GPU_RACE_CHECK = "the GPU interpreter's race report"
 DEVICE_UNDER_TEST = "the stand-in chip as the device under test"
 ROUNDED_DOTS_NOTE = "the failure's note on float32 dots the chip rounds"
+UNCHECKED_READS_NOTE = "the failure's note on reads past a buffer the chip does not check"
 
 
 class GpuNumbersFromTheStart(BaseException):
@@ -114,6 +116,7 @@ class KernelRun:
         self._artefacts_read: list[str] = []  # compiled programs the test read (failure note)
         self._chip_artefacts = False  # whether what it read was the chip's (§12)
         self._host_memory_shortages: list = []  # kernels too large for the host's memory
+        self._unchecked_reads: list = []  # reads past a buffer the chip does not check
         self._calling = False  # the test's call has begun (its setup is over)
 
     # --- open and close -----------------------------------------------------------------
@@ -135,6 +138,10 @@ class KernelRun:
             gpu_interpreter.reset_gpu_interpreter_state()
             self._gpu_races = _list_or_empty(stack.enter_context(optional(
                 GPU_RACE_CHECK, gpu_interpreter.gpu_races_recorded)))
+            # Reads past a buffer that the chip does not check read poison: a failure
+            # names them (failure_notes).
+            self._unchecked_reads = _list_or_empty(stack.enter_context(optional(
+                UNCHECKED_READS_NOTE, out_of_bounds.unchecked_reads_recorded)))
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
         compile_chips = self.compile_chips()
@@ -467,7 +474,10 @@ class KernelRun:
         None when compiled or in the suite, which finds a NaN's cause itself) and the
         interpret parameters the kernels' own ``interpret=`` changed, one per line."""
         note = None
-        if error is not None and not (self.backend.is_compiled or self.conformance):
+        if error is not None and self._unchecked_reads:
+            # A NaN the failure shows is then most likely this read's poison.
+            note = diagnoses.unchecked_read_note(self._unchecked_reads)
+        elif error is not None and not (self.backend.is_compiled or self.conformance):
             note = diagnoses.uninitialized_read_note(error, self._interpreted_kernel_names())
         # The float32 dots the chip rounds (numerics.rounding_note), when the test failed.
         rounding = (rounding_note(self._rounded_dots, self.backend.chip,
