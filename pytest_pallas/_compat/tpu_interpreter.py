@@ -89,7 +89,9 @@ def abort_interpreted_kernels(error: Exception) -> bool:
 
     The interpreter's waits poll its shared memory's failure slot every
     0.1 s; filling it (as the interpreter does when one device fails) ends a
-    wait that nobody will ever signal. Returns False when no kernel is running.
+    wait that nobody will ever signal. Called again with the same ``error`` (the
+    watchdog calls it until the test returns), it breaks the clean-up barrier too.
+    Returns False when no kernel is running.
     """
     module = jax_internals.private_attribute(INTERPRETER_MODULE)
     shared_memory = getattr(module, "_shared_memory", None)
@@ -102,12 +104,14 @@ def abort_interpreted_kernels(error: Exception) -> bool:
             "--pallas-timeout cannot stop a hung kernel on this JAX."
         )
     with lock:
+        again = shared_memory._failure is error
         if shared_memory._failure is None:
             shared_memory._failure = error
-    # The clean-up barrier too: a device whose wait broke waits there for the others
-    # (the interpreter's failure path), which a device that never started the kernel
-    # never reaches.
-    for name in ("barrier", "clean_up_barrier"):
+    # The clean-up barrier only on a second call: a device whose wait broke waits there
+    # for the others (the interpreter's failure path), which a device that never started
+    # the kernel never reaches; broken at once, it would replace the failure's message
+    # (ours) with a bare BrokenBarrierError even where every device gets there.
+    for name in ("barrier", "clean_up_barrier") if again else ("barrier",):
         barrier = getattr(shared_memory, name, None)
         if barrier is not None:
             barrier.abort()
