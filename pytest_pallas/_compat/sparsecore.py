@@ -37,6 +37,7 @@ from typing import Any
 from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
 from .pytest_internals import skip_at_test
 from .sparsecore_copies import copy_rows, plan_copy
+from .sparsecore_lowering import mosaic_refusal
 from .sparsecore_primitives import sparsecore_values_on_the_cpu
 
 SC_CORE = "jax._src.pallas.mosaic.sc_core"
@@ -584,6 +585,9 @@ def sparsecore_kernels_interpreted(on_limit: Any = skip_at_test) -> Iterator[boo
         layout = layout_of(params.get("mesh"), params.get("jaxpr"), params.get("name"))
         if layout is None or not isinstance(interpret, params_class):
             return original_lowering(ctx, *in_nodes, interpret=interpret, **params)
+        refusal = mosaic_refusal(ctx, params)
+        if refusal is not None:
+            raise refusal  # what JAX raises on the chip, lowering the kernel for Mosaic
         limit = unsupported(params["jaxpr"], layout)
         if limit is not None:
             message = (f"pallas: JAX's TPU interpreter cannot run SparseCore kernel "
