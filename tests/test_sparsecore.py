@@ -401,3 +401,45 @@ def test_a_kernel_the_interpreter_cannot_run_as_the_chip_does_skips_naming_the_l
         "SKIPPED [[]1[]] test_shared_scoped.py:*: pallas: JAX's TPU interpreter cannot run "
         "SparseCore kernel 'kernel' as the chip does: a VMEM_SHARED buffer allocated inside "
         "the kernel (pl.run_scoped), one per SparseCore for its subcores"])
+
+
+# What the chip does before running a SparseCore kernel: JAX lowers it for Mosaic, which
+# refuses a copy indexing both its ends (the test expects Mosaic's ValueError; before, the
+# interpreter read the index ref as a buffer id and its wait never returned), and a test
+# reading the lowered program gets the chip's Mosaic call (before: "needs to set tokens_out").
+AS_THE_CHIP_LOWERS = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas import tpu_sc as plsc
+
+    def mesh():
+        return plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore",
+                                      num_cores=1, num_subcores=1)
+
+    @pytest.mark.pallas
+    def test_mosaic_refuses_a_copy_indexed_at_both_ends():
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((8,), jnp.int32), mesh=mesh(),
+                   scratch_types=[pltpu.VMEM((8,), jnp.int32)] * 2)
+        def kernel(x_hbm, i_hbm, o_hbm, i_v, o_v):
+            pltpu.sync_copy(i_hbm, i_v)
+            pltpu.sync_copy(x_hbm.at[i_v], o_v.at[i_v])
+            pltpu.sync_copy(o_v, o_hbm)
+
+        with pytest.raises(ValueError, match="Only the source ref can be indexed"):
+            kernel(jnp.arange(8, dtype=jnp.int32), jnp.arange(8, dtype=jnp.int32)[::-1])
+
+    @pytest.mark.pallas
+    def test_the_lowered_program_is_the_chips():
+        @jax.jit
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((8,), jnp.int32), mesh=mesh())
+        def kernel(o_hbm):
+            del o_hbm
+
+        assert "tpu_custom_call" in kernel.lower().as_text("hlo")
+''')
+
+
+def test_a_sparsecore_kernel_is_lowered_as_the_chip_lowers_it(pytester, run_pytest):
+    pytester.makepyfile(test_lowering=AS_THE_CHIP_LOWERS)
+    run_pytest(*CHIP, "--pallas-timeout=60").assert_outcomes(passed=2)
