@@ -34,6 +34,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from .interpreter_threads import per_core_programs_compiled_once
 from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
 from .pytest_internals import skip_at_test
 from .sparsecore_copies import copy_rows, plan_copy
@@ -632,5 +633,7 @@ def sparsecore_kernels_interpreted(on_limit: Any = skip_at_test) -> Iterator[boo
               "TPU_MEMORY_SPACE_IDXS": _MemorySpaceIndices(interpreter.TPU_MEMORY_SPACE_IDXS),
               "_interpret_jaxpr": interpret_jaxpr,
               "_local_core_id_or_zero_if_hbm": local_core_id_or_zero_if_hbm}),
-          sparsecore_values_on_the_cpu()):
+          sparsecore_values_on_the_cpu(),
+          # 16 to 64 cores of one program: compiled once, not per core and call.
+          per_core_programs_compiled_once()):
         yield True
