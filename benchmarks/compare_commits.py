@@ -2,8 +2,8 @@
 back: CPU, wall time and every verdict that differs.
 
     # JAX's TPU tests fetched by peer_suites.py into WORK, a fixed sample of ids
-    python benchmarks/compare_commits.py --base 3e2d98c --cwd WORK --ids benchmarks/data/sample_ids.txt \\
-        -- -p peer_suite_shim --pallas-interpret=tpu -n 2
+    python benchmarks/compare_commits.py --base 3e2d98c --cwd WORK \\
+        --ids benchmarks/data/sample_ids.txt -- -p peer_suite_shim --pallas-interpret=tpu -n 2
 
 Each side runs from a snapshot of its own files (``pytest_pallas``, ``reference_kernels`` and
 ``conformance``, laid out as installed) put first on ``PYTHONPATH``, in the same environment
@@ -29,7 +29,8 @@ import xml.etree.ElementTree as ElementTree
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The repository's folders and where an install puts them (pyproject.toml's package-dir).
-INSTALLED = {"pytest_pallas": "pytest_pallas", "reference_kernels": "pytest_pallas/reference_kernels",
+INSTALLED = {"pytest_pallas": "pytest_pallas",
+             "reference_kernels": "pytest_pallas/reference_kernels",
              "conformance": "pytest_pallas/conformance"}
 
 
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         medians[name] = cpu, wall
         print(f"| {name} | {cpu:.0f} | {wall:.0f} | " + " | ".join(map(str, counts)) + " |")
     (base_cpu, base_wall), (tree_cpu, tree_wall) = medians.values()
-    print(f"\nworking tree / base: CPU {tree_cpu / base_cpu:.2f}x, wall {tree_wall / base_wall:.2f}x")
+    print(f"\nworking tree / base: CPU {tree_cpu / base_cpu:.2f}x, "
+          f"wall {tree_wall / base_wall:.2f}x")
     base_found, tree_found = (runs[-1][2] for runs in results.values())
     differ = sorted(test_id for test_id in set(base_found) | set(tree_found)
                     if base_found.get(test_id) != tree_found.get(test_id))

@@ -34,6 +34,7 @@ import pytest
 
 from pytest_pallas.bench.fixture import request_single_threaded_xla
 from pytest_pallas.ops.registry import OP_NAMES, get_operation
+from pytest_pallas.plugin.run_state import benchmark_run
 
 BENCHMARKS_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
@@ -55,7 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("--pallas-tpu", default=False):
         # The plugin does this at collection; every test here is a benchmark, so do it now,
         # before a Pallas flag (--pallas-impl) has the plugin start JAX at configure time.
-        request_single_threaded_xla(config)
+        request_single_threaded_xla(benchmark_run(config))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

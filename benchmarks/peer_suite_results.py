@@ -296,6 +296,34 @@ def merge_configurations(on: list[Result], *others: list[Result]) -> list[Result
     return merged
 
 
+def split_by_chip(results: list[Result]) -> list[list[Result]]:
+    """A run of several chips (``--pallas-chip=v5e,v6e``: each test once per chip, its id
+    suffixed ``[v6e]`` or ``[3-v6e]``) as one list of results per chip, the suffix taken off,
+    for :func:`merge_configurations`; a test is one chip's copy when its id with another
+    chip's suffix is in the run too (a parameter that merely reads as a chip stays)."""
+    from pytest_pallas.settings import KNOWN_CHIPS
+
+    def parts(test_id: str) -> tuple[str, str] | None:
+        if not test_id.endswith("]"):
+            return None
+        head, _, params = test_id[:-1].rpartition("[")
+        rest, _, chip = params.rpartition("-")
+        return (f"{head}[{rest}]" if rest else head, chip) if chip in KNOWN_CHIPS else None
+
+    chips_of: dict[str, set[str]] = collections.defaultdict(set)
+    for result in results:
+        if (split := parts(result.test_id)) is not None:
+            chips_of[split[0]].add(split[1])
+    per_chip: dict[str, list[Result]] = {}
+    for result in results:
+        split = parts(result.test_id)
+        if split is None or len(chips_of[split[0]]) < 2:
+            per_chip.setdefault("", []).append(result)
+            continue
+        per_chip.setdefault(split[1], []).append(dataclasses.replace(result, test_id=split[0]))
+    return list(per_chip.values()) or [results]
+
+
 def _class_of(result: Result) -> tuple[str, str, str]:
     words = cause(result.outcome, result.reason, result.detail)
     test_class = result.test_id.split("::")[-2] if result.test_id.count("::") >= 2 else ""
@@ -364,8 +392,10 @@ def report(off_path, on_path=None, *more_runs, also_on=()) -> str:
     for more_off, more_on in zip(more_runs[::2], more_runs[1::2]):
         off += read_junit(more_off)
         on = (on or []) + read_junit(more_on)
-    if on is not None and also_on:
-        on = merge_configurations(on, *map(read_junit, also_on))
+    if on is not None and (also_on or len(split_by_chip(on)) > 1):
+        on = merge_configurations(*split_by_chip(on),
+                                  *(runs for path in also_on
+                                    for runs in split_by_chip(read_junit(path))))
     rows, classes = compare(off, on)
     parts = [table(rows, opted_in=on is not None), "", cause_table(classes), "",
              class_table(classes)]

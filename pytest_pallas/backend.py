@@ -26,11 +26,14 @@ from ._compat import (
     device_objects,
     explicit_mxu,
     gpu_interpreter,
+    indexed_dmas,
     interpreter_fixes,
     interpreter_memory,
     interpreter_speed,
     jax_internals,
+    out_of_bounds,
     pallas_call_hooks,
+    partitioned_kernels,
     ref_views,
     sparsecore,
     tpu_interpreter,
@@ -202,6 +205,9 @@ class Backend:
             # off inside kernels: they check JAX, not the kernel, at a sixth of a test's CPU.
             stack.enter_context(optional(
                 "JAX's own checks off inside kernels", interpreter_speed.jax_checks_off_in_kernels))
+            # A read past a buffer stops where the chip halts (a DMA) and reads poison where
+            # the chip has no check (a load from SMEM or VMEM): _compat.out_of_bounds.
+            stack.enter_context(out_of_bounds.reads_as_the_chip_reads())
             # XLA's fast CPU compiles for the test's own jits, where its kernels are
             # interpreted: their compile time is most of an interpreted test's.
             stack.enter_context(xla_cpu_options.fast_cpu_compiles())
@@ -217,12 +223,17 @@ class Backend:
             stack.enter_context(interpreter_fixes.memory_space_constraints_accepted())
             # Loads, stores and DMAs from and to ref.reshape(...) and ref.bitcast(...) views.
             stack.enter_context(ref_views.reshaped_and_bitcast_refs())
+            # A DMA indexed by a vector of indices stops at its trace with one line.
+            stack.enter_context(indexed_dmas.indexed_dmas_named())
             # A load through pl.ds(i, n, stride=0) reads element i n times, as on the chip
             # (after the views: it rewrites the load before they see it).
             stack.enter_context(interpreter_fixes.zero_stride_reads_broadcast())
             # pltpu.emit_pipeline under jax_use_emit_pipeline_primitive, before JAX 0.12.
             stack.enter_context(interpreter_fixes.emit_pipeline_traced_for_the_interpreter())
             stack.enter_context(pltpu.force_tpu_interpret_mode(self.interpret_params))
+            # A kernel in a custom_partitioning body too: XLA's partitioner traces it on a
+            # thread of its own, and lowers it with no token for the interpreter's effect.
+            stack.enter_context(partitioned_kernels.partitioned_kernels_interpreted())
             # A pallas_call built before (at import time) is interpreted too.
             stack.enter_context(pallas_call_hooks.forced_interpreter_when_called())
             stack.enter_context(pallas_call_hooks.own_interpret_params_kept(
@@ -339,6 +350,8 @@ def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
         num_cores_or_threads=tpu_info.num_cores,
         # Visit "parallel" grid axes in a seeded random order, as the chip may.
         random_seed=options.seed,
+        # out_of_bounds_reads stays JAX's "raise": _compat.out_of_bounds answers per read,
+        # a stop where the chip halts (a DMA), poison where it has no check (a load).
     ))
 
 

@@ -241,9 +241,11 @@ MARKED_TESTS = textwrap.dedent(
 
 
 def test_markers_on_a_fake_tpu_host_skip_what_the_chip_cannot_run(pytester):
+    from pytest_pallas.plugin.skips import skip_reason
+
     items = {item.name: item for item in pytester.getitems(MARKED_TESTS)}
     session = _fake_tpu_session("TPU v5 lite", count=4)
-    reasons = {name: session.skip_reason(item) for name, item in items.items()}
+    reasons = {name: skip_reason(session, item) for name, item in items.items()}
     assert reasons == {
         "test_tpu_only": None,
         "test_interpret_only": "interpret_only: runs only in interpret mode on the CPU",
@@ -257,10 +259,12 @@ def test_markers_on_a_fake_tpu_host_skip_what_the_chip_cannot_run(pytester):
 def test_a_worker_with_one_chip_skips_a_multi_chip_test_naming_the_flags_that_run_it(pytester):
     import dataclasses
 
+    from pytest_pallas.plugin.skips import skip_reason
+
     items = {item.name: item for item in pytester.getitems(MARKED_TESTS)}
     session = dataclasses.replace(_fake_tpu_session("TPU v5 lite", count=1),
                                   one_device_worker=True)
-    assert session.skip_reason(items["test_two_devices"]) == (
+    assert skip_reason(session, items["test_two_devices"]) == (
         "needs 2 TPU devices, this pytest-xdist worker holds 1 (one TPU per worker); run it "
         "with -n 0 --pallas-tpu, which gives one process every device")
 

@@ -151,7 +151,7 @@ LIBRARY_TESTS = textwrap.dedent('''
         if jax.devices()[0].platform != "tpu":
             pytest.skip("TPU only")
         mesh = mylib.mesh_by_coords()
-        print("MESH", mesh.shape, sorted({d.coords for d in jax.devices()})[-1],
+        print("MESH", dict(mesh.shape), sorted({d.coords for d in jax.devices()})[-1],
               {d.core_on_chip for d in jax.devices()}, mylib.tpu_version())
         x = jax.device_put(jnp.arange(16.0).reshape(2, 8), jax.sharding.NamedSharding(
             mesh, jax.sharding.PartitionSpec("x", "y")))
@@ -164,7 +164,7 @@ def test_a_library_that_asks_its_device_objects_runs_as_on_the_chip(pytester, ru
     pytester.makepyfile(mylib=LIBRARY, test_mylib=LIBRARY_TESTS)
     result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist", "-s")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*MESH *('x', 2), ('y', 4)* (1, 3, 0) {0} 5"])
+    result.stdout.fnmatch_lines(["*MESH {'x': 2, 'y': 4} (1, 3, 0) {0} 5"])
     # A 7x: two devices on each chip, its generation from the device kind.
     result = run_pytest("--pallas-chip=7x", "-p", "no:xdist", "-s")
     result.assert_outcomes(passed=2)

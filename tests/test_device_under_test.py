@@ -382,7 +382,10 @@ def test_a_suite_s_own_hypothesis_profile_stands(pytester, run_pytest):
 
 
 # JAX's test_disable_bounds_check: a kernel that turned the chip's bounds checks off reads past
-# its (8, 128) input; only the part in bounds is compared.
+# its (8, 128) input; only the part in bounds is compared. With the checks on it passes too: the
+# chip does not check a vector load from VMEM (libtpu emits a check for one only under
+# --xla_jf_bounds_check=true, which JAX's test asks to be run with by hand), and the poison
+# read past the input is not compared (docs/tpu-fidelity.md, out-of-bounds accesses).
 BOUNDS_CHECKS_OFF = textwrap.dedent('''
     import jax, jax.numpy as jnp, numpy as np, pytest
     from jax.experimental import pallas as pl
@@ -409,10 +412,7 @@ def test_a_kernel_with_bounds_checks_off_reads_out_of_bounds_as_on_the_chip(pyte
     if "Out of bound slice" in result.stdout.str():
         pytest.skip("this JAX refuses a static slice past the input as it traces the kernel, "
                     "bounds checks off or on (jax 0.12), on any backend")
-    result.assert_outcomes(passed=1, failed=1)
-    # With the chip's checks on, the read past the input is the kernel's broken rule.
-    result.stdout.fnmatch_lines(["FAILED *test_reads_past_its_input?False? - *"])
-    assert "TPU rule [out-of-bounds-access]" in result.stdout.str()
+    result.assert_outcomes(passed=2)
 
 
 # JAX's test_large_array_indexing, scaled down: a DMA from an operand too large for the

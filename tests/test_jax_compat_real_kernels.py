@@ -136,3 +136,29 @@ def test_own_interpret_params_kept_merges_and_restores():
     assert np.isnan(out).all()          # the kernel's out_of_bounds_reads="uninitialized" held
     assert heard == [["nothing"]]
     assert module._pallas_call is original
+
+
+def test_a_limit_the_plugin_names_is_a_crash_even_quoted_through_xla():
+    limit = jax_internals.InterpreterLimit("JAX's TPU interpreter cannot run this kernel here")
+    assert jax_internals.interpreter_crash(limit) == (
+        "InterpreterLimit: JAX's TPU interpreter cannot run this kernel here")
+    # Raised in XLA's SPMD partitioner, it comes back as the text of a runtime error.
+    quoted = RuntimeError(
+        "INTERNAL: custom_partitioner: Traceback (most recent call last):\n"
+        '  File "/venv/site-packages/pytest_pallas/_compat/partitioned_kernels.py", line 1\n'
+        "pytest_pallas._compat.jax_internals.InterpreterLimit: JAX's TPU interpreter cannot "
+        "run this kernel here\n")
+    assert jax_internals.interpreter_crash(quoted) == (
+        "InterpreterLimit: JAX's TPU interpreter cannot run this kernel here")
+    # A kernel's own NotImplementedError is the kernel's.
+    assert jax_internals.interpreter_crash(NotImplementedError("block_k > 512")) is None
+
+
+def test_jax_refusing_a_pinned_buffer_is_named():
+    refused = TypeError("No xla_shape_handler for type: "
+                        "<class 'jax._src.state.types.AbstractLinVal'>")
+    try:
+        raise ValueError("a failure while lowering") from refused
+    except ValueError as error:
+        assert jax_internals.pinned_buffer_refused(error)
+    assert not jax_internals.pinned_buffer_refused(TypeError("No xla_shape_handler for type"))

@@ -292,7 +292,14 @@ PLUGIN_GLUE = {
     "pytest_pallas.plugin.process_verdicts": "session wiring: one verdict from every process",
     "pytest_pallas.plugin.tpu_slice": "session wiring: the hosts of a TPU slice joined",
     "pytest_pallas.plugin.chips": "session wiring: each test once per chip, the chip's tally",
-    "pytest_pallas.plugin.header": "reports: the header's line",
+    "pytest_pallas.plugin.header": "reports: the header's lines",
+    "pytest_pallas.plugin.startup": "session wiring: start-up and end, in JAX's order",
+    "pytest_pallas.plugin.collection": "session wiring: what the plugin does to collection",
+    "pytest_pallas.plugin.test_protocol": "session wiring: one test from setup to report",
+    "pytest_pallas.plugin.worker_events": "session wiring: pytest-xdist's events",
+    "pytest_pallas.plugin.run_state": "session wiring: what the run has done, one place",
+    "pytest_pallas.plugin.skips": "session wiring: the skips the plugin's markers decide",
+    "pytest_pallas.plugin.failure_section": "reports: a failure's pallas section",
     "pytest_pallas.plugin.stuck_tests": "session wiring: a stuck test's process replaced",
 }
 # What runs, checks or judges kernels: the plugin hands a test to these through
@@ -303,6 +310,7 @@ KERNEL_MACHINERY = (
     "pytest_pallas.checks.mismatch", "pytest_pallas.checks.violations",
     "pytest_pallas._compat.tpu_interpreter", "pytest_pallas._compat.gpu_interpreter",
     "pytest_pallas._compat.pallas_call_hooks", "pytest_pallas._compat.interpreter_fixes",
+    "pytest_pallas._compat.out_of_bounds",
 )
 
 

@@ -176,3 +176,19 @@ def test_a_newer_libtpu_gate_is_counted_as_skipped_on_the_chip_too():
     assert results.cause(results.SKIPPED, reason) == results.NEWER_LIBTPU
     assert results.NEWER_LIBTPU in results.SKIPPED_ON_THE_CHIP
     assert results.NEWER_LIBTPU not in results.RUN_NOWHERE
+
+
+def test_a_run_of_several_chips_is_one_result_per_test():
+    def result(test_id, outcome, reason=""):
+        return results.Result(test_id, "t.py", outcome, reason, 1.0)
+
+    run = [result("t.py::T::test_a[v5e]", results.SKIPPED, "Expect TPUv6+"),
+           result("t.py::T::test_a[v6e]", results.PASSED),
+           result("t.py::test_b[3-v5e]", results.PASSED),
+           result("t.py::test_b[3-v6e]", results.FAILED, "AssertionError: differs"),
+           result("t.py::test_c[7]", results.PASSED)]
+    per_chip = results.split_by_chip(run)
+    assert sorted(len(chip) for chip in per_chip) == [1, 2, 2]
+    merged = {r.test_id: r.outcome for r in results.merge_configurations(*per_chip)}
+    assert merged == {"t.py::T::test_a": results.PASSED, "t.py::test_b[3]": results.FAILED,
+                      "t.py::test_c[7]": results.PASSED}

@@ -202,19 +202,23 @@ def _with_params_mapped(closed: Any, mapped: Callable[[Any], Any]) -> Any:
                                                    for name, value in params.items()})
 
 
-def _rewritten(value: Any, rewrite: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> Any:
-    from jax._src import core
+def _is_closed_jaxpr(value: Any) -> bool:
+    # jax 0.10 and 0.11 wrap a Jaxpr and its consts in a ClosedJaxpr; jax 0.12's Jaxpr holds
+    # its consts and answers .jaxpr with itself.
+    inner = getattr(value, "jaxpr", None)
+    return inner is not None and inner is not value and hasattr(inner, "eqns")
 
-    if isinstance(value, core.ClosedJaxpr):
-        return core.ClosedJaxpr(_rewritten(value.jaxpr, rewrite), value.consts)
-    if isinstance(value, core.Jaxpr):
+
+def _rewritten(value: Any, rewrite: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> Any:
+    if _is_closed_jaxpr(value):
+        return value.replace(jaxpr=_rewritten(value.jaxpr, rewrite))
+    if hasattr(value, "eqns"):
         eqns = []
         for eqn in value.eqns:
             params = {name: _rewritten(inner, rewrite) for name, inner in eqn.params.items()}
             eqns.append(eqn.replace(params=rewrite(eqn, params)))
         return value.replace(eqns=eqns)
-    if isinstance(value, tuple) and any(isinstance(item, (core.Jaxpr, core.ClosedJaxpr))
-                                        for item in value):
+    if isinstance(value, tuple) and any(hasattr(item, "eqns") for item in value):
         return tuple(_rewritten(item, rewrite) for item in value)
     return value
 
@@ -223,7 +227,6 @@ def _devices_needed(value: Any) -> int:
     """One more than the highest device index a sharding or mesh in ``value`` names; 0 where
     none names a device."""
     import jax
-    from jax._src import core
 
     highest = -1
 
@@ -240,9 +243,9 @@ def _devices_needed(value: Any) -> int:
         elif isinstance(item, (tuple, list)):
             for inner in item:
                 visit(inner)
-        elif isinstance(item, core.ClosedJaxpr):
+        elif _is_closed_jaxpr(item):
             visit(item.jaxpr)
-        elif isinstance(item, core.Jaxpr):
+        elif hasattr(item, "eqns"):
             for eqn in item.eqns:
                 visit(tuple(eqn.params.values()))
 

@@ -25,6 +25,12 @@ class JaxInternalsChanged(RuntimeError):
     """A private JAX internal that pytest-pallas relies on is not where it was."""
 
 
+class InterpreterLimit(NotImplementedError):
+    """What one of JAX's interpreters cannot run, found by the plugin before JAX crashes on it
+    (a kernel in a ``custom_partitioning`` body on several devices, a SparseCore DMA indexed by
+    a vector): JAX's limit, not the kernel's bug, and one line that says which."""
+
+
 class JaxFeatureOff(UserWarning):
     """A feature of the plugin is off for this run: the JAX internals it needs moved."""
 
@@ -295,6 +301,9 @@ def interpreter_crash(error: BaseException) -> str | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         name = type(current).__name__
+        limit = _named_limit(current)
+        if limit is not None:
+            return limit
         if name in _INTERNAL_WHEN_RAISED_INSIDE or name == "AssertionError":
             frames = traceback.extract_tb(current.__traceback__)
             inside = frames and (_in_interpreter(frames[-1].filename)
@@ -339,6 +348,46 @@ def interpreter_crash(error: BaseException) -> str | None:
                 return misjudged
         current = current.__cause__ or current.__context__
     return None
+
+
+# A pinned buffer (``jax._src.state.primitives.pin``, a kernel operand aliased in place) is an
+# AbstractLinVal: JAX's callbacks have no shape for one (the TPU interpreter hands them the
+# kernel's operands: "No xla_shape_handler for type"), nor do the plain interpreter's slices
+# take one ("Attempting to pass an unexpected type AbstractLinVal").
+_PINNED_BUFFER = "AbstractLinVal"
+
+
+def _named_limit(error: BaseException) -> str | None:
+    """The line of an :class:`InterpreterLimit`, raised here or, through XLA, quoted in
+    ``error``'s text; or of a pinned buffer handed to the TPU interpreter's callbacks."""
+    text = str(error)
+    if isinstance(error, InterpreterLimit):
+        return f"{InterpreterLimit.__name__}: {text.strip().splitlines()[0]}"
+    quoted = f"{InterpreterLimit.__name__}: "
+    if quoted in text:
+        line = next(line for line in text.splitlines() if quoted in line)
+        return line[line.index(quoted):].strip()
+    if _refuses_a_pinned_buffer(error):
+        return (f"{type(error).__name__}: {text.strip().splitlines()[0]} (a pinned buffer, "
+                "which JAX's interpreters do not take)")
+    return None
+
+
+def _refuses_a_pinned_buffer(error: BaseException) -> bool:
+    return isinstance(error, (TypeError, ValueError)) and _PINNED_BUFFER in str(error)
+
+
+def pinned_buffer_refused(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is JAX refusing a pinned buffer that a kernel
+    takes (``jax._src.state.primitives.pin``) in the TPU interpreter's callbacks."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if _refuses_a_pinned_buffer(current):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _short_jax_path(path: str) -> str:

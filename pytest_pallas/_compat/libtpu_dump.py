@@ -471,3 +471,65 @@ def _read(path: str) -> str:
             return file.read()
     except OSError:
         return ""
+
+
+# A kernel's memory accesses after libtpu's bounds-check pass (``*-post-bounds-check.txt``):
+# ``%s25 = sld [smem:[#allocation4 + %s0]]``, ``%32 = vst [vmem:[%s31] ...``,
+# ``%26 = dma.hbm_to_vmem [thread:$0] /*hbm=*/%s22, ...``; each check the pass added halts
+# just before its access: ``shalt.err (...) /* BoundsCheck 0 [deref of %s22] for %26 =
+# dma.hbm_to_vmem ...`` (libtpu 0.0.42), ``... [deref of opnd#0] for dma.hbm_to_vmem``
+# (0.0.50, naming the instruction only: the next one of that name is the one checked).
+_ACCESS = re.compile(
+    r"^\s*%(\w+) = (?:(?P<op>[sv](?:ld|st)) \[(?P<space>\w+):\[(?P<address>[^\]]*)\]"
+    r"|(?P<dma>dma\.(?!done\b)\w+)\b)")
+_CHECKED = re.compile(
+    r"shalt\.err [^\n]*?/\* BoundsCheck \d+ \[deref of [^\]]+\] for (?:%(\w+) = )?([\w.]+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryAccess:
+    """One load, store or DMA of a kernel as libtpu's bounds-check pass left it."""
+
+    instruction: str  # "sld", "sst", "vld", "vst" or the DMA's, "dma.hbm_to_vmem"
+    space: str  # "smem", "vmem" (loads and stores); "" for a DMA, whose ends its name says
+    dynamic: bool  # its address is computed at run time (a register), not a constant
+    checked: bool  # a BoundsCheck halts the kernel before it when out of bounds
+
+
+def memory_accesses(directory: str) -> list[MemoryAccess]:
+    """The loads, stores and DMAs of the Pallas kernels dumped under ``directory``, each with
+    whether libtpu's bounds-check pass guards it. Empty when there is no such dump or the
+    format moved."""
+    found = []
+    pattern = re.compile(r"^\d+-(.+)-\d+-post-bounds-check\.txt$")
+    for root, _, names in os.walk(directory):
+        for name in sorted(names):
+            match = pattern.match(name)
+            if not match or match.group(1).startswith(_NOT_KERNELS):
+                continue
+            with open(os.path.join(root, name), errors="replace") as file:
+                found += _accesses(file.read())
+    return found
+
+
+def _accesses(text: str) -> list[MemoryAccess]:
+    checked = {number for number, _ in _CHECKED.findall(text) if number}
+    pending: list[str] = []  # checks that name their instruction only, in order
+    found = []
+    for line in text.splitlines():
+        check = _CHECKED.search(line)
+        if check is not None and not check[1]:
+            pending.append(check[2])
+        access = _ACCESS.match(line)
+        if access is None:
+            continue
+        instruction = access["dma"] or access["op"]
+        guarded = access[1] in checked or instruction in pending
+        if instruction in pending:
+            pending.remove(instruction)
+        if access["dma"]:
+            found.append(MemoryAccess(instruction, "", True, guarded))
+        else:
+            found.append(MemoryAccess(instruction, access["space"], "%" in access["address"],
+                                      guarded))
+    return found

@@ -300,8 +300,9 @@ def forced_interpreter_when_called() -> Iterator[bool]:
 def _reads_as_the_kernel_asks(forced: Any, params: dict[str, Any]) -> Any:
     """The forced interpreter parameters for one kernel: one compiled with
     ``pltpu.CompilerParams(disable_bounds_checks=True)`` reads out of bounds without an error,
-    as on the chip (JAX's ``test_disable_bounds_check``): what it reads there is
-    uninitialised (``out_of_bounds_reads="uninitialized"``), not a stop."""
+    as on the chip, where libtpu then emits no bounds check, a DMA's included
+    (``_compat.out_of_bounds``): what it reads there is uninitialised
+    (``out_of_bounds_reads="uninitialized"``), not a stop."""
     import dataclasses
 
     if not getattr(params.get("compiler_params"), "disable_bounds_checks", False):

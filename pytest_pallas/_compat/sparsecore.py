@@ -102,6 +102,12 @@ def _tracing() -> Layout | None:
     return getattr(_TRACING, "layout", None)
 
 
+def interpreting_sparsecore_kernel() -> bool:
+    """Whether the TPU interpreter is tracing a SparseCore kernel on this thread, with every
+    instance run here (inside :func:`sparsecore_kernels_interpreted`)."""
+    return _tracing() is not None
+
+
 # --- what the chip has that the interpreter cannot model -----------------------------------
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import jax_internals
+from . import interpreter_barriers, jax_internals
 from .jax_internals import INTERPRETER_MODULE, JaxInternalsChanged
 from .pallas_call_hooks import observer_lock
 
@@ -36,6 +36,7 @@ def reset_interpreter_state() -> None:
     with observer_lock:
         _running_kernels.clear()
         _kernel_entered.clear()
+    interpreter_barriers.forget()
     _drop_failed_effect_tokens()
 
 
@@ -103,9 +104,13 @@ def abort_interpreted_kernels(error: Exception) -> bool:
     with lock:
         if shared_memory._failure is None:
             shared_memory._failure = error
-    barrier = getattr(shared_memory, "barrier", None)
-    if barrier is not None:
-        barrier.abort()
+    # The clean-up barrier too: a device whose wait broke waits there for the others
+    # (the interpreter's failure path), which a device that never started the kernel
+    # never reaches.
+    for name in ("barrier", "clean_up_barrier"):
+        barrier = getattr(shared_memory, name, None)
+        if barrier is not None:
+            barrier.abort()
     return True
 
 
@@ -232,6 +237,8 @@ def install_kernel_exit_hook() -> None:
     # Called as each kernel starts on each device. Only names what is running, for
     # --pallas-timeout's message: without it that message names the test instead.
     original_initialize = getattr(module, "_initialize_shared_memory", None)
+    # The barrier every device of the mesh waits at before the kernel runs: who waited.
+    original_barrier = getattr(module, "_barrier", None)
 
     def interpret_pallas_call(*args: Any, **kwargs: Any) -> Any:
         debug_info = getattr(kwargs.get("jaxpr"), "debug_info", None)
@@ -248,12 +255,17 @@ def install_kernel_exit_hook() -> None:
         if original_initialize is not None:
             module._initialize_shared_memory = functools.partial(
                 _enter_kernel, original_initialize, kernel)
+        if original_barrier is not None:
+            module._barrier = interpreter_barriers.start_barrier_for(
+                original_barrier, kernel, kwargs.get("jaxpr"))
         try:
             return current(*args, **kwargs)
         finally:
             module._validate = original_validate
             if original_initialize is not None:
                 module._initialize_shared_memory = original_initialize
+            if original_barrier is not None:
+                module._barrier = original_barrier
 
     global _kernel_entries_observed
     _kernel_entries_observed = original_initialize is not None

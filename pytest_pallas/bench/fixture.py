@@ -46,14 +46,10 @@ from ..gpu import CACHE_FLUSH_BYTES, gpu_facts
 from ..ops import registry as _ops
 from ..ops.operation import Operation
 from .roofline import Roofline, gpu_roofline, performance_facts, roofline_of
-from .table import RESULTS, SINGLE_THREADED_XLA
-
-# How XLA's CPU code runs in this session's benchmarks: "single-threaded", "as XLA_FLAGS
-# sets" or "multi-threaded" (JAX's CPU client existed before the benchmarks were known).
-XLA_THREADS = pytest.StashKey[str]()
+from .table import SINGLE_THREADED_XLA, BenchmarkRun
 
 
-def request_single_threaded_xla(config: pytest.Config, environ=os.environ) -> str:
+def request_single_threaded_xla(run: BenchmarkRun, environ=os.environ) -> str:
     """Make XLA's CPU code single-threaded for this run's benchmarks, if still possible.
 
     XLA reads ``XLA_FLAGS`` when JAX creates its CPU client, so this must run before
@@ -61,10 +57,10 @@ def request_single_threaded_xla(config: pytest.Config, environ=os.environ) -> st
     ``pallas_benchmark``, and at configure time under ``--benchmark-only`` when a
     Pallas flag has it create the backend then.
     A user's XLA_FLAGS that sets ``intra_op_parallelism_threads`` is left alone.
-    Returns (and records for ``extra_info``) how XLA runs.
+    Returns (and records in ``run``, for ``extra_info``) how XLA runs.
     """
-    if XLA_THREADS in config.stash:
-        return config.stash[XLA_THREADS]
+    if run.xla_threads is not None:
+        return run.xla_threads
     flags = environ.get("XLA_FLAGS", "")
     if "intra_op_parallelism" in flags:
         state = "as XLA_FLAGS sets"
@@ -73,7 +69,7 @@ def request_single_threaded_xla(config: pytest.Config, environ=os.environ) -> st
     else:
         environ["XLA_FLAGS"] = f"{flags} {SINGLE_THREADED_XLA}".strip()
         state = "single-threaded"
-    config.stash[XLA_THREADS] = state
+    run.xla_threads = state
     return state
 
 
@@ -163,13 +159,14 @@ class PallasBenchmark:
     """
 
     def __init__(self, benchmark: Any, backend: Any, *, config: pytest.Config | None = None,
-                 seed: int = 0, timer_chosen: bool = True,
+                 run: BenchmarkRun | None = None, seed: int = 0, timer_chosen: bool = True,
                  estimate_chips: tuple[str, ...] = ()) -> None:
         self.benchmark = benchmark
         self.backend = backend
         # Chips the TPU compiler's schedule estimates the kernel for (libtpu, on a CPU).
         self.estimate_chips = () if backend.is_compiled else tuple(estimate_chips)
         self._config = config
+        self._run = run  # the run's benchmarks, which this one joins (None: recorded nowhere)
         self._seed = seed
         self._draws = 0
         if not timer_chosen and not backend.is_compiled:
@@ -180,9 +177,11 @@ class PallasBenchmark:
 
     @classmethod
     def for_test(cls, request: pytest.FixtureRequest, benchmark: Any, backend: Any,
-                 seed: int, estimate_chips: tuple[str, ...] = ()) -> PallasBenchmark:
-        """The fixture's object for the test of ``request`` (what the plugin's fixture returns)."""
-        return cls(benchmark, backend, config=request.config, seed=seed,
+                 seed: int, run: BenchmarkRun,
+                 estimate_chips: tuple[str, ...] = ()) -> PallasBenchmark:
+        """The fixture's object for the test of ``request`` (what the plugin's fixture returns),
+        recording into the run's ``run``."""
+        return cls(benchmark, backend, config=request.config, run=run, seed=seed,
                    timer_chosen=timer_chosen(request.config, request.node),
                    estimate_chips=estimate_chips)
 
@@ -388,17 +387,15 @@ class PallasBenchmark:
             "roofline_meaningful": bool(self.backend.is_tpu or (
                 self.backend.is_gpu and gpu_facts(self.backend.device_kind) is not None)),
             # On the CPU: whether XLA's version ran on one thread (see request_single_threaded_xla).
-            "xla_threads": None if self.backend.is_compiled or self._config is None
-            else self._config.stash.get(XLA_THREADS, "multi-threaded"),
+            "xla_threads": None if self.backend.is_compiled or self._run is None
+            else self._run.xla_threads or "multi-threaded",
         }
         info.update(environment_facts(self.backend))
         return info
 
     def _record(self, median: float, info: dict[str, Any]) -> None:
-        if self._config is None:
-            return
-        records = self._config.stash.setdefault(RESULTS, [])
-        records.append({"name": self.benchmark.name, "median": median, **info})
+        if self._run is not None:
+            self._run.record(self.benchmark.name, median, info)
 
 
 def timer_chosen(config: pytest.Config, node: Any) -> bool:

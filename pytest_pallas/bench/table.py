@@ -1,9 +1,9 @@
-"""The terminal table of a benchmark session: the results ``PallasBenchmark`` records
-(``RESULTS``), each kernel's time, its ratio to XLA and its fraction of the
-roofline; and what an interrupted run withholds. The fixture imports this module, so
-the plugin finds it loaded exactly when a benchmark ran.
+"""A run's Pallas benchmarks (``BenchmarkRun``): the results ``PallasBenchmark`` records,
+the terminal table of each kernel's time, its ratio to XLA and its fraction of the
+roofline, and what an interrupted run withholds.
 
-This module imports no JAX: the plugin calls ``terminal_summary`` in every run.
+This module imports no JAX: the plugin makes a ``BenchmarkRun`` when a run has a
+``pallas_benchmark`` test, and reads it at the run's end.
 """
 
 from __future__ import annotations
@@ -13,10 +13,6 @@ from typing import Any
 import pytest
 
 from .._compat.benchmark_internals import benchmark_session
-
-# What the terminal table reads: one record per benchmark of the session.
-RESULTS = pytest.StashKey[list]()
-
 
 # XLA's CPU code on one thread, as the interpreted kernels mostly run: otherwise the
 # kernel/XLA ratio that the gate judges would change with the runner's core count.
@@ -88,52 +84,59 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-# Set at the end of a run whose Pallas benchmarks were cut short (Ctrl-C, a stuck test whose
-# process was replaced): why.
-INTERRUPTED = pytest.StashKey[str]()
+class BenchmarkRun:
+    """One run's Pallas benchmarks: a record per benchmark, how XLA's CPU code ran, and why
+    the run is incomplete (cut short by Ctrl-C, or a stuck test whose process was replaced),
+    if it is."""
 
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        # How XLA's CPU code runs in the benchmarks: "single-threaded", "as XLA_FLAGS sets"
+        # or "multi-threaded" (JAX's CPU client existed before the benchmarks were known);
+        # None until asked (bench.fixture.request_single_threaded_xla).
+        self.xla_threads: str | None = None
+        self.interrupted: str | None = None
 
-def withhold_interrupted_run(config: pytest.Config, exitstatus: int) -> None:
-    """Keep an interrupted run's benchmarks out of pytest-benchmark's storage
-    (``withhold_partial_run``); only runs that used ``pallas_benchmark`` are touched."""
-    if exitstatus == pytest.ExitCode.INTERRUPTED and config.stash.get(RESULTS, None):
-        withhold_partial_run(config, "the run was interrupted")
+    def record(self, name: str, median: float, info: dict[str, Any]) -> None:
+        self.records.append({"name": name, "median": median, **info})
 
+    def withhold_interrupted_run(self, config: pytest.Config, exitstatus: int) -> None:
+        """Keep an interrupted run's benchmarks out of pytest-benchmark's storage
+        (``withhold_partial_run``), where it recorded any."""
+        if exitstatus == pytest.ExitCode.INTERRUPTED and self.records:
+            self.withhold_partial_run(config, "the run was interrupted")
 
-def withhold_partial_run(config: pytest.Config, why: str) -> None:
-    """Keep a run that has only part of its benchmarks out of pytest-benchmark's storage.
+    def withhold_partial_run(self, config: pytest.Config, why: str) -> None:
+        """Keep a run that has only part of its benchmarks out of pytest-benchmark's storage.
 
-    ``--benchmark-autosave``/``--benchmark-save`` would store the partial run as
-    the newest one, and ``--benchmark-compare`` (with no run id) then takes it
-    as the baseline. An explicit ``--benchmark-json`` file is still written,
-    marked ``"pallas": {"complete": false}``, which the gate refuses. Runs before
-    pytest-benchmark saves (the plugin's sessionfinish wrapper is tryfirst).
-    """
-    # pytest-benchmark's session object: its save/autosave options, read when it saves.
-    session = benchmark_session(config)
-    saving = session is not None and (
-        getattr(session, "save", None) or getattr(session, "autosave", None))
-    if not saving:
-        config.stash[INTERRUPTED] = why
-        return
-    session.save, session.autosave = None, False
-    config.stash[INTERRUPTED] = (
-        f"{why}: its benchmarks were NOT saved to the benchmark storage, where "
-        "--benchmark-compare would take a partial run for the newest baseline; rerun to save")
+        ``--benchmark-autosave``/``--benchmark-save`` would store the partial run as the
+        newest one, and ``--benchmark-compare`` (with no run id) then takes it as the
+        baseline. An explicit ``--benchmark-json`` file is still written, marked
+        ``"pallas": {"complete": false}``, which the gate refuses. Runs before
+        pytest-benchmark saves (the plugin's sessionfinish wrapper is tryfirst).
+        """
+        # pytest-benchmark's session object: its save/autosave options, read when it saves.
+        session = benchmark_session(config)
+        saving = session is not None and (
+            getattr(session, "save", None) or getattr(session, "autosave", None))
+        if not saving:
+            self.interrupted = why
+            return
+        session.save, session.autosave = None, False
+        self.interrupted = (
+            f"{why}: its benchmarks were NOT saved to the benchmark storage, where "
+            "--benchmark-compare would take a partial run for the newest baseline; rerun to save")
 
+    def mark_completeness(self, output_json: dict[str, Any]) -> None:
+        """Say in pytest-benchmark's JSON whether the run finished (``benchmark_gate`` checks)."""
+        output_json["pallas"] = {"complete": self.interrupted is None}
 
-def mark_completeness(config: pytest.Config, output_json: dict[str, Any]) -> None:
-    """Say in pytest-benchmark's JSON whether the run finished (``benchmark_gate`` checks)."""
-    output_json["pallas"] = {"complete": INTERRUPTED not in config.stash}
-
-
-def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Print the table of this run's Pallas benchmarks, if any ran (called by the plugin)."""
-    records = config.stash.get(RESULTS, None)
-    if not records:
-        return
-    terminalreporter.write_sep("=", "pallas benchmarks")
-    for line in summary_lines(records):
-        terminalreporter.write_line(line)
-    if INTERRUPTED in config.stash:
-        terminalreporter.write_line(f"pallas: {config.stash[INTERRUPTED]}.", yellow=True)
+    def terminal_summary(self, terminalreporter: Any) -> None:
+        """Print the table of this run's Pallas benchmarks, if any ran."""
+        if not self.records:
+            return
+        terminalreporter.write_sep("=", "pallas benchmarks")
+        for line in summary_lines(self.records):
+            terminalreporter.write_line(line)
+        if self.interrupted is not None:
+            terminalreporter.write_line(f"pallas: {self.interrupted}.", yellow=True)

@@ -82,6 +82,16 @@ _REVISIT_ERROR = re.compile(
 )
 
 
+# What the chip does where the interpreter stopped (_compat.out_of_bounds.CHIP_BOUNDS_CHECKS,
+# read from libtpu's code): it halts a DMA or a BlockSpec's block copy that leaves its buffer,
+# and does not check a store in the kernel's body.
+_CHIP_HALTS = ("The chip halts the kernel there too: libtpu emits a bounds check before every "
+               "DMA and BlockSpec block copy (docs/tpu-fidelity.md).")
+_CHIP_STORES = ("The chip does not check a store in the kernel's body (libtpu emits no bounds "
+                "check for it, docs/tpu-fidelity.md): it writes over whatever memory lies "
+                "past the buffer.")
+
+
 _OOB_READ = re.compile(
     r"reading \[\((?P<slices>.*)\)\] but buffer has shape \((?P<shape>[\d, ]*)\)")
 
@@ -90,7 +100,8 @@ _SLICE = re.compile(r"slice\((\d+), (\d+)(?:, \d+)?\)|(?<![\w(])(\d+)(?![\d)])")
 
 
 def _beyond_padding_text(message: str) -> str:
-    """Whether an out-of-bounds read stays inside the array's (8, 128) tile padding.
+    """What the chip does with an out-of-bounds copy the interpreter stopped: it halts it
+    (``_CHIP_HALTS``), unless the read stays inside the array's (8, 128) tile padding.
 
     On the chip a 32-bit array's last two dimensions are stored in whole
     (8, 128) tiles, so a read past the logical end but inside the last tile reads
@@ -100,13 +111,13 @@ def _beyond_padding_text(message: str) -> str:
     """
     match = _OOB_READ.search(message)
     if match is None or "smem" in message.lower():  # SMEM is not tiled: no padding to read
-        return "On the TPU this reads or writes memory outside the buffer."
+        return _CHIP_HALTS
     shape = [int(d) for d in match["shape"].replace(" ", "").split(",") if d]
     ends = []
     for m in _SLICE.finditer(match["slices"]):
         ends.append(int(m.group(2)) if m.group(2) else int(m.group(3)) + 1)
     if len(ends) != len(shape) or len(shape) < 2:
-        return "On the TPU this reads or writes memory outside the buffer."
+        return _CHIP_HALTS
     tiles = [1] * (len(shape) - 2) + [8, 128]
     padded = [-(-d // t) * t for d, t in zip(shape, tiles)]
     if all(e <= p for e, p in zip(ends, padded)):
@@ -114,12 +125,13 @@ def _beyond_padding_text(message: str) -> str:
                 f"{tuple(padded)}), which the TPU allows: this interpreter ran with logical "
                 "bounds (pltpu.InterpretParams(buffer_bounds='padded') models the chip), so "
                 "this is not a bug on the chip as long as the kernel masks what it reads there.")
-    return (f"The read goes past the array's tile padding too (padded shape {tuple(padded)}): "
-            "on the TPU it reads memory outside the buffer.")
+    return (f"The read goes past the array's tile padding too (padded shape {tuple(padded)}). "
+            f"{_CHIP_HALTS}")
 
 
 _OOB_ERROR = re.compile(
-    r"(Out-of-bounds (read|block index)[^\n]*|Range [^\n]* out of bounds[^\n]*)"
+    r"(Out-of-bounds (read|write|swap|masked swap|block index)[^\n]*"
+    r"|Range [^\n]* out of bounds[^\n]*)"
 )
 
 
@@ -158,16 +170,22 @@ def translate_interpreter_error(
         )
     match = _OOB_ERROR.search(text)
     if match:
+        what = match.group(0).strip()
+        if match.group(2) in ("swap", "masked swap"):  # a store in the kernel's body
+            chip, fix = _CHIP_STORES, ("keep the store's pl.ds(start, size) within the buffer, "
+                                       "or handle the ragged tail with a smaller final store.")
+        else:
+            chip = _beyond_padding_text(what)
+            fix = ("clamp the copy's pl.ds(start, size) so start + size stays within the array, "
+                   "or handle the ragged tail with a smaller final copy.")
         return TpuRuleViolation(
             [
                 Violation(
                     DMA_OUT_OF_BOUNDS,
                     title,
                     None,
-                    "the TPU interpreter stopped an out-of-bounds access: "
-                    f"{match.group(0).strip()} {_beyond_padding_text(match.group(0))}",
-                    "clamp the copy's pl.ds(start, size) so start + size stays within the array, "
-                    "or handle the ragged tail with a smaller final copy.",
+                    f"the TPU interpreter stopped an out-of-bounds access: {what} {chip}",
+                    fix,
                 )
             ]
         )

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from .session import device_shortfall
+from .run_state import benchmark_run, run_state
 from .session import session_of as _session
+from .skips import device_shortfall
 
 
 @pytest.fixture
@@ -68,6 +69,7 @@ def pallas_benchmark(request: pytest.FixtureRequest, benchmark):
     pallas = _session(request.config)
     return PallasBenchmark.for_test(request, benchmark, pallas.item_backend(request.node),
                                     pallas.key_seed(request.node.nodeid),
+                                    benchmark_run(request.config),
                                     estimate_chips=pallas.options.compile_chips)
 
 
@@ -81,6 +83,7 @@ def conformance(request: pytest.FixtureRequest):
     pallas = _session(request.config)
     # The door: the implementation comes from the class (``conformance_tests``) or, for a
     # packaged test, from the run's binding of the op record the test is parametrized by.
+    run_state(request.config).conformance_ran = True  # the suite's state, forgotten at the end
     implementation = class_binding(getattr(request, "cls", None))
     if implementation is None:
         if not (pallas.options.conformance or pallas.options.implementations):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pytest
+
 from ..settings import PallasOptions
 
 if TYPE_CHECKING:
@@ -106,3 +108,30 @@ def compile_check_text(options: PallasOptions) -> str | None:
                 f"--pallas-compile={options.chip} turns it on")
     return (f"TPU compiler check off: it does not compile for {options.chip}; "
             "--pallas-compile=CHIP turns it on for another chip")
+
+
+def report_header(config: pytest.Config) -> list[str] | None:
+    """pytest's header lines of the plugin, for a run whose header shows them (a Pallas
+    flag, ``pallas_scope = all`` or ``--pallas-compile``): the ``pallas:`` line, where JAX
+    runs, the workers the plugin chose, a JAX outside the tested range."""
+    from .session import session_of
+    from .versions import untested_jax_note
+    from .workers import device_split_note, header_note
+
+    session = session_of(config)
+    if not session.header_shown:
+        return None
+    lines = [header_line(session), *session.platform_lines()]
+    workers = header_note(config) or device_split_note(config)
+    untested = untested_jax_note()
+    return lines + [line for line in (workers, untested) if line]
+
+
+def collection_finish_lines(config: pytest.Config) -> list[str] | None:
+    """Where JAX runs, for a run whose header said nothing (no Pallas flag, Pallas tests)."""
+    from .session import session_of
+
+    session = session_of(config)
+    if session.header_shown:
+        return None  # the header said it
+    return session.platform_lines() or None

@@ -29,6 +29,7 @@ from ..settings import (  # noqa: F401  (the settings, read by the plugin's glue
     device_count_from_xla_flags,
 )
 from . import versions
+from .persistent_cache import add_ini_option as add_persistent_cache_option
 
 # Where a pytest-xdist worker finds its controller's seed (config.workerinput).
 WORKER_SEED_KEY = "pallas_seed"
@@ -136,6 +137,12 @@ def add_options(parser: pytest.Parser) -> None:
     )
     parser.addini("pallas_chip", default=None, help="default for --pallas-chip.")
     parser.addini("pallas_interpret", default=None, help="default for --pallas-interpret.")
+    parser.addini(
+        "pallas_scope", default="marked",
+        help="'marked' (default): only tests with a pallas marker or fixture run in the Pallas "
+        "backend; 'all': every test does.",
+    )
+    add_persistent_cache_option(parser)
 
 
 def _positive_int(value: str, option: str, *, allow_zero: bool = False) -> int:

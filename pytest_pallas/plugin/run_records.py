@@ -10,31 +10,19 @@ line. Imports nothing heavy: the report's modules load only when a run recorded 
 from __future__ import annotations
 
 import sys
+from collections.abc import Generator
 from typing import Any
 
 import pytest
 
 from ..suite.membership import is_conformance_item
+from .run_state import benchmark_run, run_state
 from .session import PallasSession, session_of
 
 # The keys, in a test report's user_properties, of what a worker recorded during the test.
 WORKER_RECORDS = "pallas_conformance_records"
 WORKER_COMPILES = "pallas_compile_stats"
 WORKER_SECONDS = "pallas_conformance_seconds"  # how long a conformance test's call took
-
-# The directory --pallas-report creates because it did not exist, for the summary to say so.
-REPORT_DIRECTORY_CREATED = pytest.StashKey[str | None]()
-
-
-def imported_attribute(module: str, name: str) -> Any:
-    """``name`` of the package's ``module`` if something in this process imported it, else None.
-
-    A run that never benchmarked or compiled for a TPU never imported those modules, and
-    its closing hooks need not import them (with JAX's compatibility layer) to find out.
-    """
-    found = sys.modules.get(f"pytest_pallas.{module}")
-    return getattr(found, name, None) if found is not None else None
-
 
 def is_controller(config: pytest.Config) -> bool:
     """Whether this process reports the run: one process alone, or pytest-xdist's controller."""
@@ -44,23 +32,15 @@ def is_controller(config: pytest.Config) -> bool:
 # --- the TPU compiler check's statistics ---------------------------------------------------
 
 
-def remember_compiles_before(session: PallasSession) -> None:
-    """The compile totals when this session started: an in-process run shares the compile
-    check's counters with the run around it, and a process that never imported the check has
-    compiled nothing."""
-    stats = imported_attribute("checks.compile_check", "STATS")
-    session.compiles_before = ((stats.compiles, stats.cached, stats.seconds)
-                               if stats is not None else (0, 0, 0.0))
-
-
 def session_compiles(session: PallasSession) -> tuple[int, int, float]:
     """This session's TPU compiles, verdicts from the cache and compile seconds, in this
-    process."""
-    stats = imported_attribute("checks.compile_check", "STATS")
-    if stats is None:
+    process (none where no test used the check)."""
+    if session.run.compiles_before is None:
         return (0, 0, 0.0)
-    compiles, cached, seconds = session.compiles_before
-    return (stats.compiles - compiles, stats.cached - cached, stats.seconds - seconds)
+    from ..checks.compile_check import STATS
+
+    compiles, cached, seconds = session.run.compiles_before
+    return (STATS.compiles - compiles, STATS.cached - cached, STATS.seconds - seconds)
 
 
 def compile_summary(session: PallasSession, config: pytest.Config) -> str | None:
@@ -100,7 +80,7 @@ def write_terminal_summary(session: PallasSession, terminal: Any,
     options = session.options
     report_line = None
     if options.report_path:
-        created = config.stash.get(REPORT_DIRECTORY_CREATED, None)
+        created = session.run.report_directory_created
         report_line = f"report written to {options.report_path}" + (
             f" (directory {created} created)" if created else "")
     write_conformance_summary(
@@ -201,3 +181,43 @@ def write_report(config: pytest.Config, *, complete: bool) -> None:
     document["ops_selected"] = list(pallas.conformance_ops) + [
         op_name for op_name in pallas.recorder.ops if op_name not in pallas.conformance_ops]
     write_json_atomically(pallas.options.report_path, document)
+
+
+# --- the session's start and end ------------------------------------------------------------
+
+
+def session_start(session: pytest.Session) -> Generator[None, Any, Any]:
+    """Around pytest-xdist's own session start (it launches the workers): a report that says
+    the run has begun, and Hypothesis imported while the workers start."""
+    pallas = session_of(session.config)
+    if pallas.recording and pallas.options.report_path and is_controller(session.config):
+        write_report(session.config, complete=False)
+    result = yield
+    if pallas.options.session_opted_in and "hypothesis" not in sys.modules:
+        from .workers import hands_tests_to_workers, import_hypothesis_while_workers_start
+
+        if hands_tests_to_workers(session.config):
+            import_hypothesis_while_workers_start()
+    return result
+
+
+def session_finish(session: pytest.Session, exitstatus: Any) -> None:
+    """Before pytest-benchmark saves its results and before the terminal summary: an
+    interrupted run's benchmarks withheld, the conformance report finished."""
+    benchmarks = run_state(session.config).benchmarks
+    if benchmarks is not None:
+        benchmarks.withhold_interrupted_run(session.config, exitstatus)
+    finish_conformance_report(session, exitstatus)
+
+
+def benchmark_json(config: pytest.Config, output_json: dict[str, Any]) -> None:
+    """pytest-benchmark's JSON says whether the run's Pallas benchmarks are complete."""
+    benchmark_run(config).mark_completeness(output_json)
+
+
+def terminal_summary(terminal: Any, config: pytest.Config) -> None:
+    """The benchmarks' table, then the plugin's lines (``write_terminal_summary``)."""
+    benchmarks = run_state(config).benchmarks
+    if benchmarks is not None:
+        benchmarks.terminal_summary(terminal)
+    write_terminal_summary(session_of(config), terminal, config)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import shlex
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +18,8 @@ import pytest
 
 from ..settings import PallasOptions
 from ..suite.membership import conformance_op_name, is_conformance_item
-from .chips import chip_of, test_id_without_chip
+from .chips import chip_of
+from .run_state import RunState
 
 if TYPE_CHECKING:  # imported where used: a run without Pallas tests loads none of them
     from ..backend import Backend
@@ -37,10 +36,6 @@ MARKERS = {
 }
 MARKER_NAMES = tuple(spec.split("(")[0] for spec in MARKERS)
 FIXTURE_NAMES = ("pallas_backend", "pallas_key", "device_mesh", "pallas_benchmark")
-
-# The plugin's flags that take no value (see options.add_options).
-_SWITCHES = ("--pallas-tpu", "--pallas-gpu", "--pallas-detect-races", "--pallas-conformance",
-             "--pallas-judge")
 
 
 
@@ -64,8 +59,8 @@ class PallasSession:
     jax_started_on: str | None = None
     # A pytest-xdist worker of an accelerator run, which sees one device of the host's.
     one_device_worker: bool = False
-    # The TPU compiler check's totals when the session started (plugin.run_records).
-    compiles_before: tuple[int, int, float] = (0, 0, 0.0)
+    # What the run has done so far that later hooks read (plugin.run_state).
+    run: RunState = dataclasses.field(default_factory=RunState)
     _backend: Backend | None = None
     # The test files whose tests ran GPU kernels so far (KernelRun: their next tests start
     # with the GPU's numbers).
@@ -221,8 +216,17 @@ class PallasSession:
         # The backend first: JAX's devices are fixed before the run's modules import it.
         run = self._new_kernel_run(item, self.backend_for(item))
         item.stash[KERNEL_RUN_KEY] = run
+        if run.compile_chips() and self.run.compiles_before is None:
+            self._remember_compiles_before()
         run.open()
         return run
+
+    def _remember_compiles_before(self) -> None:
+        """At the run's first test the TPU compiler check compiles for: the check's totals so
+        far (an in-process run shares its counters with the run around it)."""
+        from ..checks.compile_check import STATS
+
+        self.run.compiles_before = (STATS.compiles, STATS.cached, STATS.seconds)
 
     def _new_kernel_run(self, item: pytest.Item, backend: Backend) -> KernelRun:
         from ..supervision.kernel_run import KernelRun
@@ -258,72 +262,9 @@ class PallasSession:
         run = item.stash.get(KERNEL_RUN_KEY, None)
         return run.backend if run is not None else self.backend_for(item)
 
-    def failure_section(self, item: pytest.Item, call: pytest.CallInfo,
-                        report: pytest.TestReport) -> str:
-        """The report section of a Pallas test whose call failed: the NaN note, the
-        interpret parameters its kernels changed, the seed and the command that reruns it."""
-        command = self.reproduce_command(_rerunnable_nodeid(item), chip=chip_of(item),
-                                         sweep_case=_failed_sweep_case(item, report))
-        text = f"seed {self.options.seed}; reproduce with:\n  {command}"
-        note, kept = self.kernel_run(item).failure_notes(
-            call.excinfo.value if call.excinfo else None)
-        text = f"{kept}\n{text}" if kept else text
-        return f"{note}\n\n{text}" if note else text
-
-    def skip_reason(self, item: pytest.Item) -> str | None:
-        backend = self.backend
-        if item.get_closest_marker("tpu_only") and not backend.is_tpu:
-            return "tpu_only: needs a real TPU (run with --pallas-tpu on a TPU VM)"
-        if item.get_closest_marker("interpret_only") and backend.is_compiled:
-            return "interpret_only: runs only in interpret mode on the CPU"
-        marker = item.get_closest_marker("tpu_generation")
-        if marker is not None and backend.is_tpu and marker.args:
-            if backend.chip not in [str(chip) for chip in marker.args]:
-                return (f"tpu_generation: for {', '.join(map(str, marker.args))}, "
-                        f"this TPU is {backend.chip}")
-        chip = chip_of(item)
-        if marker is not None and marker.args and chip is not None:
-            chips = [str(name) for name in marker.args]
-            if chip not in chips and set(chips) & set(self.options.chips):
-                return (f"tpu_generation: for {', '.join(chips)}; this copy stands in for "
-                        f"{chip}")
-        marker = item.get_closest_marker("devices")
-        if marker is not None:
-            needed = int(marker.args[0]) if marker.args else int(marker.kwargs.get("n", 1))
-            if needed > backend.device_count:
-                return device_shortfall(needed, backend,
-                                        one_device_worker=self.one_device_worker)
-        return None
-
     def key_seed(self, nodeid: str) -> int:
         """A per-test seed: stable across processes and workers for the same --pallas-seed."""
         return (self.options.seed * 1_000_003 + zlib.crc32(nodeid.encode())) % 2**31
-
-    def reproduce_command(self, nodeid: str, *, chip: str | None = None,
-                          sweep_case: int | None = None) -> str:
-        """The command that reruns test ``nodeid`` alone with this run's seed and Pallas flags;
-        ``chip``: the chip the test's copy ran as, in a run of several (the rerun stands in for
-        it alone); ``sweep_case`` (1-based): the failed sweep case, which the rerun tries first."""
-        if chip is not None:
-            nodeid = test_id_without_chip(nodeid, chip)
-        words = ["pytest", nodeid, f"--pallas-seed={self.options.seed}"]
-        if chip is not None:
-            words.append(f"--pallas-chip={chip}")
-        args = list(self.invocation)
-        while args:
-            arg = args.pop(0)
-            if not arg.startswith("--pallas-"):
-                continue
-            name = arg.partition("=")[0]
-            option = [arg]
-            if "=" not in arg and name not in _SWITCHES and args:
-                option.append(args.pop(0))  # "--pallas-impl add=m:f": the value is the next word
-            if name not in ("--pallas-seed", "--pallas-report", "--pallas-sweep-first") and not (
-                    chip is not None and name == "--pallas-chip"):
-                words += option
-        if sweep_case is not None:
-            words.append(f"--pallas-sweep-first={sweep_case}")
-        return " ".join(shlex.quote(word) for word in words)
 
 
 def written_for_the_interpreter(item: pytest.Item) -> bool:
@@ -341,35 +282,3 @@ KERNEL_RUN_KEY = pytest.StashKey["KernelRun"]()
 def session_of(config: pytest.Config) -> PallasSession:
     """The run's ``PallasSession`` (set by the plugin's ``pytest_configure``)."""
     return config.stash[SESSION_KEY]
-
-
-def _rerunnable_nodeid(item: pytest.Item) -> str:
-    """``item``'s test id with its file as a path from where pytest was run: the packaged
-    suite's files live in site-packages, outside the user's project and its rootdir."""
-    _, separator, rest = item.nodeid.partition("::")
-    path = os.path.relpath(item.path, item.config.invocation_params.dir)
-    if path.startswith(os.pardir):
-        path = str(item.path)
-    return path + separator + rest
-
-
-def _failed_sweep_case(item: pytest.Item, report: pytest.TestReport) -> int | None:
-    """The number of the first sweep case a conformance property failed on, if any."""
-    if not is_conformance_item(item):
-        return None
-    found = re.search(r"input \(sweep case (\d+)\)", report.longreprtext)
-    return int(found.group(1)) if found else None
-
-
-def device_shortfall(needed: int, backend: Backend, *, one_device_worker: bool = False) -> str:
-    if backend.is_compiled:
-        kind, flag = ("TPU", "--pallas-tpu") if backend.is_tpu else ("GPU", "--pallas-gpu")
-        if one_device_worker:
-            return (f"needs {needed} {kind} devices, this pytest-xdist worker holds "
-                    f"{backend.device_count} (one {kind} per worker); run it with -n 0 "
-                    f"{flag}, which gives one process every device")
-        return f"needs {needed} {kind} devices, this host has {backend.device_count}"
-    return (
-        f"needs {needed} devices, JAX sees {backend.device_count} CPU devices; run with "
-        f"--pallas-devices={needed} (JAX must not be initialised before pytest starts)"
-    )

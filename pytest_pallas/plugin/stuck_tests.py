@@ -28,14 +28,14 @@ from typing import Any
 import pytest
 
 from ..suite.membership import is_conformance_item
+from .failure_section import failure_section
 from .options import RESUME_ENV
-from .run_records import WORKER_COMPILES, WORKER_RECORDS, imported_attribute, session_compiles
+from .run_records import WORKER_COMPILES, WORKER_RECORDS, session_compiles
+from .run_state import benchmark_run, run_state
 from .session import session_of
 
 # Where a pytest-xdist worker writes a stuck test's report (config.workerinput).
 FOLDER_KEY = "pallas_stuck_tests"
-_FOLDER = pytest.StashKey[str]()
-_REPLACEMENT = pytest.StashKey["Replacement"]()
 
 
 def end_stuck_test(item: pytest.Item, text: str, seconds: float) -> None:
@@ -48,7 +48,7 @@ def end_stuck_test(item: pytest.Item, text: str, seconds: float) -> None:
         if folder:
             _hand_to_controller(item, text, seconds, folder, workerinput["workerid"])
         return  # a --pallas-processes worker: its controller ends it
-    replacement = config.stash.get(_REPLACEMENT, None)
+    replacement = run_state(config).stuck_test_replacement
     if replacement is None:
         why = ("this pytest runs inside another program (pytest.main), whose process the "
                "plugin does not replace; run pytest from a shell, or with -n, to have the run "
@@ -76,8 +76,8 @@ def _failed_report(item: pytest.Item, text: str, seconds: float) -> pytest.TestR
         user_properties=list(item.user_properties))
     try:  # the seed and the command that reruns it
         call = types.SimpleNamespace(when="call", excinfo=None)
-        report.sections.append(("pallas", session_of(item.config).failure_section(
-            item, call, report)))
+        report.sections.append(("pallas", failure_section(session_of(item.config), item, call,
+                                                          report)))
     except Exception:  # noqa: BLE001 (read while the test's thread is stopped mid-way)
         pass
     return report
@@ -92,9 +92,10 @@ def _with_records(item: pytest.Item, report: pytest.TestReport, process: str) ->
     unrecorded = is_conformance_item(item)
     try:
         if session.recording:
-            record = imported_attribute("suite.harness", "record_stuck_property")
-            if unrecorded and record is not None:
-                unrecorded = not record(str(report.longrepr).splitlines()[0])
+            if unrecorded and run_state(item.config).conformance_ran:
+                from ..suite.harness import record_stuck_property  # a conformance test ran
+
+                unrecorded = not record_stuck_property(str(report.longrepr).splitlines()[0])
             records = session.recorder.take()
             if records:
                 report.user_properties.append((WORKER_RECORDS, records))
@@ -125,23 +126,23 @@ def _hand_to_controller(item: pytest.Item, text: str, seconds: float, folder: st
 
 def folder_for_workers(config: pytest.Config) -> str:
     """On pytest-xdist's controller: the folder its workers write stuck tests' reports to."""
-    folder = config.stash.get(_FOLDER, None)
-    if folder is None:
-        folder = config.stash[_FOLDER] = tempfile.mkdtemp(prefix="pytest-pallas-stuck-")
-    return folder
+    state = run_state(config)
+    if state.stuck_tests_folder is None:
+        state.stuck_tests_folder = tempfile.mkdtemp(prefix="pytest-pallas-stuck-")
+    return state.stuck_tests_folder
 
 
 def remove_folder(config: pytest.Config) -> None:
     import shutil
 
-    folder = config.stash.get(_FOLDER, None)
+    folder = run_state(config).stuck_tests_folder
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def ended_for_a_stuck_test(config: pytest.Config, worker: str) -> bool:
     """Whether pytest-xdist's worker ``worker`` ended itself for a stuck test."""
-    folder = config.stash.get(_FOLDER, None)
+    folder = run_state(config).stuck_tests_folder
     return folder is not None and os.path.exists(os.path.join(folder, f"{worker}.json"))
 
 
@@ -150,7 +151,7 @@ def take_stuck_test(config: pytest.Config, worker: str, crashitem: str,
     """On pytest-xdist's controller, for the test a worker died in: if the worker ended
     itself because that test was stuck, turn xdist's "worker crashed" ``report`` into the
     test's failure, say so, and return True."""
-    folder = config.stash.get(_FOLDER, None)
+    folder = run_state(config).stuck_tests_folder
     path = os.path.join(folder, f"{worker}.json") if folder is not None else ""
     if not path or not os.path.exists(path):
         return False
@@ -185,11 +186,12 @@ def arm(config: pytest.Config) -> None:
     (the reports, the terminal's file descriptors, the environment). Nothing for a run
     whose process is not this pytest's own (``pytest.main`` inside another program)."""
     params = config.invocation_params
-    if (_REPLACEMENT in config.stash or params.plugins
+    state = run_state(config)
+    if (state.stuck_test_replacement is not None or params.plugins
             or list(sys.argv[1:]) != list(params.args)):
         return
     replacement = Replacement(config)
-    config.stash[_REPLACEMENT] = replacement
+    state.stuck_test_replacement = replacement
     config.pluginmanager.register(replacement, "pallas-stuck-test-replacement")
 
 
@@ -264,9 +266,9 @@ def _duplicate(descriptor: int) -> int | None:
 
 
 def _benchmarks_run(config: pytest.Config) -> list:
-    """The Pallas benchmarks this process ran (``bench.table.RESULTS``)."""
-    results = imported_attribute("bench.table", "RESULTS")
-    return config.stash.get(results, None) or [] if results is not None else []
+    """The Pallas benchmarks this process ran."""
+    benchmarks = run_state(config).benchmarks
+    return benchmarks.records if benchmarks is not None else []
 
 
 def resume(config: pytest.Config) -> None:
@@ -304,9 +306,7 @@ class Resumption:
     def pytest_sessionfinish(self):
         # Before pytest-benchmark saves: the benchmarks before the stuck test were lost.
         if self.state.get("benchmarks"):
-            from ..bench.table import withhold_partial_run
-
-            withhold_partial_run(self.config, (
+            benchmark_run(self.config).withhold_partial_run(self.config, (
                 f"the benchmarks before {self.state['stuck']}, which ran past --pallas-timeout, "
                 "were lost with its process"))
         return (yield)

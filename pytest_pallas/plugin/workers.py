@@ -17,6 +17,7 @@ import os
 import pytest
 
 from .. import hosts
+from .run_state import run_state
 
 # How many workers the work pays for. Each worker is a process of its own, with its own JAX
 # import (2 to 3 s), 8 simulated devices and kernel compilations (about 1 GB at its peak in
@@ -27,9 +28,6 @@ OPS_PER_WORKER = 2
 WORKER_PEAK_BYTES = 2**30
 # A run of fewer ops (the fast loop on one kernel) is over before a worker has imported JAX.
 MIN_OPS_FOR_WORKERS = 4
-
-_CHOSEN = pytest.StashKey[int]()
-
 
 def set_default_workers(config: pytest.Config) -> int | None:
     """Give xdist ``-n N`` for a conformance run that did not choose; N, or None if untouched.
@@ -47,7 +45,7 @@ def set_default_workers(config: pytest.Config) -> int | None:
     if count < 2:
         return None  # one worker is one process more for nothing
     config.option.numprocesses = count
-    config.stash[_CHOSEN] = count
+    run_state(config).workers_chosen = count
     return count
 
 
@@ -62,7 +60,7 @@ def workers_for_the_work(cores: int, ops: int, memory_bytes: int | None) -> int:
 
 def header_note(config: pytest.Config) -> str | None:
     """The header's line saying the plugin started workers, and how to run in one process."""
-    count = config.stash.get(_CHOSEN, None)
+    count = run_state(config).workers_chosen
     if count is None:
         return None
     return (f"pallas: the conformance suite runs on {count} pytest-xdist workers (one per core, at "
@@ -128,9 +126,6 @@ def _ops_checked(config: pytest.Config) -> int:
 
 # --- one device per worker, on an accelerator ------------------------------------------
 
-_DEVICE_SPLIT = pytest.StashKey[str]()
-
-
 def accelerator_platform(config: pytest.Config) -> str | None:
     """``"tpu"`` or ``"gpu"`` for a run on the accelerator, None for an interpreted run."""
     if config.option.pallas_tpu:
@@ -158,7 +153,7 @@ def one_device_per_worker(config: pytest.Config, host=None) -> int | None:
         requested = host.count
     count, note = hosts.workers_for_devices(int(requested), host)
     option.numprocesses = count
-    config.stash[_DEVICE_SPLIT] = note or (
+    run_state(config).device_split = note or (
         f"{count} pytest-xdist workers, one {platform.upper()} each ({host.variable})")
     return count
 
@@ -175,5 +170,5 @@ def take_this_workers_device(config: pytest.Config, host=None, environ=os.enviro
 
 def device_split_note(config: pytest.Config) -> str | None:
     """The header's line saying how the workers split the devices."""
-    note = config.stash.get(_DEVICE_SPLIT, None)
+    note = run_state(config).device_split
     return f"pallas: {note}" if note else None

@@ -74,6 +74,27 @@ def host_memory_limit(kernel: str, error: BaseException) -> str:
             "run-time behaviour is not checked on the CPU.")
 
 
+def kernel_on_some_devices(stopped: Any, seconds: float) -> str:
+    """The skip reason when a kernel that talks to no other device waited at JAX's TPU
+    interpreter's start barrier for devices of its mesh that never ran it
+    (an ``interpreter_barriers.StoppedShort``), until --pallas-timeout broke the wait."""
+    return (f"pallas: kernel '{stopped.kernel}' was run by {stopped.arrived} of the "
+            f"{stopped.devices} devices of its mesh (the others skipped it: a lax.cond on "
+            "lax.axis_index, a loop whose trip count differs by device), and JAX's TPU "
+            "interpreter waits at its start for every device of the mesh, until "
+            f"--pallas-timeout={seconds:g}s stopped it: a limit of JAX's interpreter, not a bug "
+            "of the kernel (it talks to no other device, so the chip runs it on any of them).")
+
+
+def pinned_buffer_limit(kernels: Sequence[str]) -> str:
+    """The skip reason when a kernel of the test takes a pinned buffer (``pin``)."""
+    which = f"kernel {kernels[-1]}" if kernels else "a kernel of this test"
+    return (f"pallas: {which} takes a pinned buffer (jax._src.state.primitives.pin), which "
+            "neither of JAX's interpreters runs on the CPU (JAX's callbacks have no shape for "
+            "one, nor does the CPU have the Pin custom call): a limit of JAX's, not a bug of "
+            "the kernel, so its run-time behaviour is not checked on the CPU.")
+
+
 def host_memory_shortage(shortage: Any) -> str:
     """The skip reason when an interpreter's copies of a kernel's operands and results would
     not fit in the host's available memory (an ``interpreter_memory.HostMemoryShortage``)."""
@@ -126,6 +147,19 @@ def uninitialized_read_note(error: BaseException, kernels: Sequence[str]) -> str
     if "[uninitialized-read]" in failure or not _NAN.search(failure):
         return None
     return describe_uninitialized_read(None, kernels)
+
+
+def unchecked_read_note(reads: Sequence[Any]) -> str:
+    """For a failed test whose kernels read past a buffer where the chip has no bounds check
+    (``_compat.out_of_bounds.UncheckedRead``s): which reads, and what they read."""
+    shown = "; ".join(read.describe() for read in reads[:3])
+    more = f" (and {len(reads) - 3} more)" if len(reads) > 3 else ""
+    return (f"pallas: this test's kernels read past a buffer where the chip has no bounds "
+            f"check: {shown}{more}. The chip reads whatever memory lies there (libtpu emits no "
+            "check for a load from SMEM or VMEM, docs/tpu-fidelity.md); the interpreter read "
+            "poison instead (NaN, or the integer fill), so a result that used the read is "
+            "wrong, and this failure may be that. Keep the index within the buffer, or "
+            "discard what is read past it (jnp.where).")
 
 
 def _messages(error: BaseException) -> list[str]:

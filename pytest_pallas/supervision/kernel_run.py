@@ -23,7 +23,14 @@ from collections.abc import Callable
 
 import pytest
 
-from .._compat import gpu_interpreter, jax_internals, pallas_call_hooks, tpu_interpreter
+from .._compat import (
+    gpu_interpreter,
+    interpreter_barriers,
+    jax_internals,
+    out_of_bounds,
+    pallas_call_hooks,
+    tpu_interpreter,
+)
 from .._compat.compiled_artefacts import ChipArtefactUnavailable, chip_artefacts_read
 from .._compat.device_under_test import stand_in_chip_under_test
 from .._compat.pytest_internals import run_test_again, skip_at_test
@@ -52,6 +59,7 @@ TPU_COMPILER_CHECK = "the TPU compiler check"
 GPU_RACE_CHECK = "the GPU interpreter's race report"
 DEVICE_UNDER_TEST = "the stand-in chip as the device under test"
 ROUNDED_DOTS_NOTE = "the failure's note on float32 dots the chip rounds"
+UNCHECKED_READS_NOTE = "the failure's note on reads past a buffer the chip does not check"
 
 
 class GpuNumbersFromTheStart(BaseException):
@@ -108,6 +116,7 @@ class KernelRun:
         self._artefacts_read: list[str] = []  # compiled programs the test read (failure note)
         self._chip_artefacts = False  # whether what it read was the chip's (§12)
         self._host_memory_shortages: list = []  # kernels too large for the host's memory
+        self._unchecked_reads: list = []  # reads past a buffer the chip does not check
         self._calling = False  # the test's call has begun (its setup is over)
 
     # --- open and close -----------------------------------------------------------------
@@ -129,9 +138,13 @@ class KernelRun:
             gpu_interpreter.reset_gpu_interpreter_state()
             self._gpu_races = _list_or_empty(stack.enter_context(optional(
                 GPU_RACE_CHECK, gpu_interpreter.gpu_races_recorded)))
+            # Reads past a buffer that the chip does not check read poison: a failure
+            # names them (failure_notes).
+            self._unchecked_reads = _list_or_empty(stack.enter_context(optional(
+                UNCHECKED_READS_NOTE, out_of_bounds.unchecked_reads_recorded)))
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
-        compile_chips = self._compile_chips()
+        compile_chips = self.compile_chips()
         compiling = bool(not backend.is_tpu and compile_chips and self.compile_check)
         if not backend.is_gpu:
             # Where the compile check compiles for the stand-in chip, tiling and VMEM are the
@@ -179,7 +192,7 @@ class KernelRun:
                 generation_only=self.chip_under_test == "generation")))
         self._stack = stack
 
-    def _compile_chips(self) -> tuple[str, ...]:
+    def compile_chips(self) -> tuple[str, ...]:
         """The chips the compile check compiles this test's kernels for: those the user named
         (--pallas-compile), else, in a run of several chips, the test's own."""
         chips = self.options.compile_chips
@@ -278,6 +291,13 @@ class KernelRun:
         test again in the other one); else ``error`` itself. Raises, or returns after the
         rerun passed."""
         __tracebackhide__ = True
+        if watchdog.fired:
+            # Devices that never came to a kernel's start: JAX's TPU interpreter waits for
+            # every device of the mesh there, the chip does not (if the kernel talks to none).
+            alone = [stop for stop in interpreter_barriers.kernels_stopped_short()
+                     if not stop.talks_to_other_devices]
+            if alone:
+                skip_at_test(diagnoses.kernel_on_some_devices(alone[-1], watchdog.seconds))
         if watchdog.fired and not isinstance(error, PallasTimeout):
             raise watchdog.failure() from error
         if isinstance(error, GpuNumbersFromTheStart):
@@ -300,6 +320,8 @@ class KernelRun:
             host_memory = [report.kernel for report in self._reports if report.uses_host_memory]
             if host_memory:
                 skip_at_test(diagnoses.host_memory_limit(host_memory[-1], error))
+            if jax_internals.pinned_buffer_refused(error):
+                skip_at_test(diagnoses.pinned_buffer_limit(self._traced_kernel_names()))
         fallback = self.interpreter_fallback(error)
         if fallback is None:
             raise error
@@ -452,7 +474,10 @@ class KernelRun:
         None when compiled or in the suite, which finds a NaN's cause itself) and the
         interpret parameters the kernels' own ``interpret=`` changed, one per line."""
         note = None
-        if error is not None and not (self.backend.is_compiled or self.conformance):
+        if error is not None and self._unchecked_reads:
+            # A NaN the failure shows is then most likely this read's poison.
+            note = diagnoses.unchecked_read_note(self._unchecked_reads)
+        elif error is not None and not (self.backend.is_compiled or self.conformance):
             note = diagnoses.uninitialized_read_note(error, self._interpreted_kernel_names())
         # The float32 dots the chip rounds (numerics.rounding_note), when the test failed.
         rounding = (rounding_note(self._rounded_dots, self.backend.chip,
