@@ -35,6 +35,7 @@ from ._compat import (
     pallas_call_hooks,
     partitioned_kernels,
     ref_views,
+    sparsecore,
     tpu_interpreter,
     xla_cpu_options,
 )
@@ -213,6 +214,9 @@ class Backend:
             # pltpu.pack_elementwise, unpack_elementwise and stochastic_round, which JAX's
             # CPU cannot run.
             stack.enter_context(interpreter_fixes.tpu_primitives_on_the_cpu())
+            # Every instance of a SparseCore kernel (vector or scalar subcore mesh), with the
+            # SparseCore's memories, barriers and primitives; a kernel it cannot model skips.
+            stack.enter_context(sparsecore.sparsecore_kernels_interpreted())
             # TPU 7x's explicit MXU (pltpu.matmul_push_rhs, matmul_acc_lhs, matmul_pop).
             stack.enter_context(explicit_mxu.explicit_mxu_interpreted())
             # Operands constrained to SMEM or VMEM, as to HBM.

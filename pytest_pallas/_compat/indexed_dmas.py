@@ -7,8 +7,9 @@ A SparseCore kernel gathers and scatters rows with such a DMA (JAX's own SparseC
 converted to Python scalars"), and a ref of them was read as its buffer's id, so the copy
 went to the wrong rows (reported as an out-of-bounds access). Inside
 :func:`indexed_dmas_named`, such a DMA stops the kernel's tracing first, with one line: in a
-SparseCore kernel an :class:`~._compat.jax_internals.InterpreterLimit` (JAX's limit, not
-the kernel's bug), in a TensorCore kernel a ``ValueError`` naming what the TPU compiler
+SparseCore kernel (where ``_compat.sparsecore`` does not run it, row by row) an
+:class:`~._compat.jax_internals.InterpreterLimit` (JAX's limit, not the kernel's bug), in a
+TensorCore kernel a ``ValueError`` naming what the TPU compiler
 says of it (libtpu 0.0.42.1 for v5e rejects the copy's vector of indices: "'tpu.memref_slice'
 op operand #1 must be variadic of 32-bit signless integer").
 """
@@ -20,6 +21,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from . import sparsecore
 from .jax_internals import (
     INTERPRETER_MODULE,
     InterpreterLimit,
@@ -59,6 +61,10 @@ def indexed_dmas_named() -> Iterator[bool]:
             mesh = getattr(ctx, "mesh", None)
             core = str(getattr(getattr(mesh, "core_type", None), "value", ""))
             if core.startswith("sc"):
+                if sparsecore.interpreting_sparsecore_kernel():
+                    # _compat.sparsecore runs its instances, and sparsecore_copies its
+                    # indexed copies, row by row.
+                    return original(jaxpr, *args, ctx=ctx, **kwargs)
                 raise InterpreterLimit(SPARSE_CORE_LIMIT.format(where=where))
             raise ValueError(TENSOR_CORE_REFUSAL.format(
                 kernel=_kernel_name(jaxpr), where=where))

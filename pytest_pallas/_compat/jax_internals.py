@@ -405,8 +405,9 @@ def bind_pallas_call(params: dict[str, Any], *args: Any) -> Any:
 
 
 def as_compiled_for_the_chip(closed: Any) -> Callable[..., Any]:
-    """A function that runs a traced (closed) jaxpr with every ``pallas_call`` in it, nested
-    ones included, as Mosaic compiles it: ``interpret`` dropped.
+    """A function that runs a traced (closed) jaxpr with every ``pallas_call`` in it (and every
+    ``pl.kernel`` and ``pl.core_map``), nested ones included, as Mosaic compiles it:
+    ``interpret`` dropped.
 
     jax 0.10 reads a forced interpreter when ``pl.pallas_call(...)`` is *built*, not when it
     is called: a pallas_call object made inside a Pallas test keeps the TPU interpreter in
@@ -418,18 +419,25 @@ def as_compiled_for_the_chip(closed: Any) -> Callable[..., Any]:
     """
     as_function = private_attribute(CORE_MODULE, "jaxpr_as_fun")
     primitive = pallas_call_primitive()
+    mesh_kernels = mesh_kernel_primitive_names()
+
+    def is_kernel(equation: Any) -> bool:
+        # pl.kernel and pl.core_map record a forced interpreter too (mpmd_map, core_map).
+        return equation.primitive is primitive or (
+            equation.primitive.name in mesh_kernels and "interpret" in equation.params)
 
     # The interpreter's host callbacks gave the call (and every jaxpr around it) I/O effects
     # that Mosaic's kernel does not have: each rewritten level drops the effects that went
     # away below it and that nothing else at that level still has.
     def compiled_effects(equation: Any, params: dict[str, Any]) -> Any:
-        _, effects = primitive.abstract_eval(*(v.aval for v in equation.invars), **params)
+        _, effects = equation.primitive.abstract_eval(*(v.aval for v in equation.invars),
+                                                      **params)
         return effects
 
     def jaxpr_without(jaxpr: Any) -> tuple[Any, set[Any]]:
         equations, dropped, changed = [], set(), False
         for equation in jaxpr.eqns:
-            if equation.primitive is primitive:
+            if is_kernel(equation):
                 if equation.params.get("interpret") in (False, None):
                     equations.append(equation)
                     continue

@@ -1,0 +1,71 @@
+"""The TPU interpreter's per-core computations, compiled once per kernel instead of once per
+core and call.
+
+JAX's interpreter (0.10.2 to 0.12, ``interpret/thread_map.py``) runs a kernel's cores each on
+a thread of its own, and each thread traces, lowers and compiles the same per-core program
+anew (``_run_jaxpr``: ``jax.jit(...).trace(...).lower().compile()``), at every call of the
+kernel. For a two-core chip that doubled a compile; for a SparseCore kernel, one interpreter
+core per subcore (``_compat.sparsecore``), it is 16 to 64 compiles of one program per call:
+7 to 8 s of a call of a 32-subcore kernel writing one row each was 32 lowerings and compiles
+(43 s of its threads' 52), its run 5 s.
+
+Here the program is compiled by the first thread that needs it and run by every thread, for
+as long as the block lasts: the same program (the thread map's jaxpr, by identity) with
+operands of the same shapes and dtypes runs the same executable. The executable is placed
+where ``interpreter_fixes.core_threads_off_the_kernels_device`` places the per-core
+computations (the last simulated device), and so is its run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
+
+_THREAD_MAP = "jax._src.pallas.mosaic.interpret.thread_map"
+
+
+def _evaluate(jaxpr: Any, consts: Any, *args: Any) -> None:
+    import jax
+
+    jax.core.eval_jaxpr(jaxpr, consts, *args)
+
+
+@contextlib.contextmanager
+def per_core_programs_compiled_once() -> Iterator[bool]:
+    """Inside the block, each per-core program of the TPU interpreter compiles once (see the
+    module docstring); yields False where the thread map moved."""
+    try:
+        module = private_attribute(_THREAD_MAP)
+        private_attribute(_THREAD_MAP, "_run_jaxpr")
+    except (JaxInternalsChanged, AttributeError):
+        yield False
+        return
+    import jax
+    import numpy as np
+
+    compiled: dict[tuple, tuple[Any, Any]] = {}
+    compiling = threading.Lock()
+
+    def run_jaxpr(jaxpr: Any, consts: Any, *args: Any) -> None:
+        leaves = jax.tree.leaves((consts, args))
+        key = (id(jaxpr), tuple((np.shape(x), np.asarray(x).dtype) for x in leaves))
+        # Where core_threads_off_the_kernels_device runs them: JAX's default device is a
+        # thread's own setting.
+        with jax.default_device(jax.local_devices()[-1]):
+            with compiling:
+                entry = compiled.get(key)
+                if entry is None or entry[0] is not jaxpr:
+                    traced = jax.jit(_evaluate, static_argnums=(0,)).trace(jaxpr, consts, *args)
+                    # The jaxpr is kept with its executable: its id stays its own.
+                    entry = compiled[key] = (jaxpr, traced.lower().compile())
+            entry[1](consts, *args)
+
+    with attributes_replaced(module, {"_run_jaxpr": run_jaxpr}):
+        try:
+            yield True
+        finally:
+            compiled.clear()
