@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from . import device_kinds, jax_internals
+from . import device_kinds, jax_internals, plain_path
 from .jax_internals import PALLAS_CALL_MODULE, JaxInternalsChanged
 
 _PARTIAL_EVAL = "jax._src.interpreters.partial_eval"
@@ -259,6 +259,8 @@ def forced_interpreter_when_called() -> Iterator[bool]:
             params = {**params, "interpret": forced}
         if forced is not None and params.get("interpret") is forced:
             params = {**params, "interpret": _reads_as_the_kernel_asks(forced, params)}
+            # A kernel the TPU interpreter would run no differently: the plain path.
+            params = plain_path.routed(params)
         return previous(*args, **params)
 
     primitive.bind = bind

@@ -53,7 +53,22 @@ def _where(session: PallasSession) -> str:
     suite = (" (the conformance suite runs its value, deterministic and vmap examples in the "
              "plain one, for speed)" if options.conformance and not options.interpreter_chosen
              else "")
-    return f"CPU, {options.interpreter} interpreter{suite}, standing in for {chips}"
+    return (f"CPU, {options.interpreter} interpreter{_plain_path(options)}{suite}, "
+            f"standing in for {chips}")
+
+
+def _plain_path(options: PallasOptions) -> str:
+    """Which kernels a TPU-interpreted run hands to JAX's plain interpreter, and how not to."""
+    if options.interpreter != "tpu":
+        return ""
+    if options.tpu_interpreter_always:
+        return " for every kernel (--pallas-interpret=tpu-always)"
+    if options.detect_races:
+        return " for every kernel (race detection)"
+    return (" (each kernel it proves would run no differently runs in JAX's plain interpreter, "
+            "one XLA loop: no DMA, semaphore, mesh or other TPU-only primitive, no input "
+            "written, every access in bounds, one TensorCore per device; "
+            "--pallas-interpret=tpu-always for none)")
 
 
 def _devices(session: PallasSession) -> str:
