@@ -213,6 +213,13 @@ class Backend:
             stack.enter_context(interpreter_fixes.empty_accesses_race_with_nothing())
             # Fresh integer memory reads the chip's poison under pl.enable_poison_buffers.
             stack.enter_context(interpreter_fixes.buffers_poisoned_as_the_chip_poisons())
+            if self.plain_path:
+                # Kernels the TPU interpreter would run no differently: one XLA loop each
+                # (its lowering entered before the next, which then lowers it unchecked too).
+                stack.enter_context(optional(PLAIN_PATH, lambda: plain_path.kernels_routed(
+                    plain_equivalence.decide)))
+                if on_plain_path_doubt is not None:
+                    stack.enter_context(plain_path.plain_path_doubts(on_plain_path_doubt))
             # JAX's checks of its own invariants (jax_enable_checks, on in JAX's test cases)
             # off inside kernels: they check JAX, not the kernel, at a sixth of a test's CPU.
             stack.enter_context(optional(
@@ -241,12 +248,6 @@ class Backend:
                 merge_interpret_params, self.own_params_changed.append_change))
             stack.enter_context(interpreter_fixes.own_interpret_params_kept_on_meshes(
                 merge_interpret_params, self.own_params_changed.append_change))
-            if self.plain_path:
-                # Kernels the TPU interpreter would run no differently: one XLA loop each.
-                stack.enter_context(optional(PLAIN_PATH, lambda: plain_path.kernels_routed(
-                    plain_equivalence.decide)))
-                if on_plain_path_doubt is not None:
-                    stack.enter_context(plain_path.plain_path_doubts(on_plain_path_doubt))
             seen: list[Any] = []
             seen_token = _GPU_KERNELS_RUN.set(seen)
             stack.callback(_GPU_KERNELS_RUN.reset, seen_token)

@@ -187,6 +187,26 @@ def test_a_kernel_the_plain_interpreter_cannot_build_falls_back_to_the_tpu_inter
     np.testing.assert_array_equal(out, np.asarray(X[:, :8].sum(0)))
 
 
+def test_vmap_and_jvp_of_a_plain_kernel_are_decided_again_and_agree():
+    def square(x):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * x_ref[...]
+
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              grid=(2,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+
+    batched = jax.vmap(square)
+    interpreters, _, out = where(batched, X[:, :16])
+    assert interpreters == ["plain", "plain"]  # the kernel, then its batched call
+    np.testing.assert_array_equal(out, in_tpu_interpreter(batched, X[:, :16]))
+    x = X[0, :16]
+    interpreters, _, (value, slope) = where(lambda x: jax.jvp(square, (x,), (x,)), x)
+    assert interpreters[-1] == "plain" and len(interpreters) >= 2  # the jvp's kernel too
+    np.testing.assert_array_equal(value, x * x)
+    np.testing.assert_array_equal(slope, 2 * x * x)
+
+
 def test_two_tensorcores_per_device_keep_the_tpu_interpreter():
     from pytest_pallas.backend import chip_info, make_interpret_params
     from pytest_pallas.settings import PallasOptions
@@ -233,6 +253,17 @@ KERNELS = textwrap.dedent(
                                   out_specs=pl.BlockSpec((8, 128), lambda i, b: (i, 0))),
                               name="gathered")(blocks, x)
 
+    def scattered(blocks, x):
+        # Input block i goes to output block blocks[i]: an output index map reading memory.
+        def kernel(blocks_ref, x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32, 128), x.dtype),
+                              grid_spec=pltpu.PrefetchScalarGridSpec(
+                                  num_scalar_prefetch=1, grid=(4,),
+                                  in_specs=[pl.BlockSpec((8, 128), lambda i, b: (i, 0))],
+                                  out_specs=pl.BlockSpec((8, 128), lambda i, b: (b[i], 0))),
+                              name="scattered")(blocks, x)
+
     def unstarted(x):
         def kernel(x_ref, o_ref, acc_ref):
             acc_ref[...] += x_ref[...]
@@ -258,6 +289,11 @@ KERNELS = textwrap.dedent(
         print("DECIDED", [d.interpreter for d in decisions])
         np.testing.assert_array_equal(out, jnp.concatenate([X[24:], X[16:24], X[8:16], X[:8]]))
 
+    def test_scattered_revisits():
+        with plain_path.decisions_recorded() as decisions:
+            scattered(jnp.array([0, 1, 0, 1], jnp.int32), X)
+        print("DECIDED", [d.interpreter for d in decisions])
+
     def test_unstarted():
         with plain_path.decisions_recorded() as decisions:
             out = unstarted(X[:8])
@@ -271,19 +307,22 @@ KERNELS = textwrap.dedent(
 def test_verdicts_are_the_tpu_interpreters(run_pytest, pytester, mode):
     pytester.makepyfile(test_kernels=KERNELS)
     result = run_pytest(f"--pallas-interpret={mode}", "--pallas-compile=none", "-s", "-rA")
-    result.assert_outcomes(passed=1, failed=3)
+    result.assert_outcomes(passed=1, failed=4)
     # A provably out-of-bounds read keeps the TPU interpreter, which stops it.
     result.stdout.fnmatch_lines(["*[[]out-of-bounds-access[]]*Out-of-bounds read*"])
     # An out-of-bounds block index read from memory: the plain path cannot know it before
     # the kernel runs; it notices it running and the test runs again in the TPU interpreter.
     result.stdout.fnmatch_lines(["*[[]out-of-bounds-access[]]*Out-of-bounds block index (7, 0)*"])
+    # So is an output block visited again after the grid left it.
+    result.stdout.fnmatch_lines(["*[[]output-revisit[]]*"])
     # A NaN read from fresh memory is explained, naming the kernel.
     result.stdout.fnmatch_lines(["*[[]uninitialized-read[]] in kernel 'unstarted*"])
     decided = re.findall(r"DECIDED (\[.*?\])", result.stdout.str())
     if mode == "tpu":
-        # test_gathered_out_of_bounds's first run (then again, in the TPU interpreter, which
-        # raises before it prints), test_gathered and test_unstarted.
-        assert decided == ["['plain']"] * 3, decided
+        # The first runs of test_gathered_out_of_bounds and test_scattered_revisits (run
+        # again in the TPU interpreter, which raises before they print), test_gathered and
+        # test_unstarted.
+        assert decided == ["['plain']"] * 4, decided
     else:
         assert decided == ["[]"] * 2, decided
 
@@ -292,8 +331,11 @@ def test_the_header_says_which_kernels_take_the_plain_interpreter(run_pytest, py
     pytester.makepyfile(test_nothing="def test_nothing(): pass")
     routed = run_pytest("--pallas-interpret=tpu", "--pallas-compile=none")
     routed.stdout.fnmatch_lines([
-        "pallas: CPU, tpu interpreter (each kernel it proves would run no differently runs in "
-        "JAX's plain interpreter*--pallas-interpret=tpu-always for none)*"])
+        "pallas: CPU, tpu interpreter, standing in for TPU v5e (1 TensorCore); a kernel the TPU "
+        "interpreter would run no differently runs in JAX's plain interpreter, one XLA loop (no "
+        "DMA, semaphore, mesh or other TPU-only primitive, no input written, every access "
+        "proved in bounds, one TensorCore per device); --pallas-interpret=tpu-always for none;*"])
     always = run_pytest("--pallas-interpret=tpu-always", "--pallas-compile=none")
     always.stdout.fnmatch_lines([
-        "pallas: CPU, tpu interpreter for every kernel (--pallas-interpret=tpu-always)*"])
+        "pallas: CPU, tpu interpreter, standing in for TPU v5e (1 TensorCore); every kernel in "
+        "the TPU interpreter (--pallas-interpret=tpu-always);*"])

@@ -259,8 +259,8 @@ def forced_interpreter_when_called() -> Iterator[bool]:
             params = {**params, "interpret": forced}
         if forced is not None and params.get("interpret") is forced:
             params = {**params, "interpret": _reads_as_the_kernel_asks(forced, params)}
-            # A kernel the TPU interpreter would run no differently: the plain path.
-            params = plain_path.routed(params)
+        # A kernel the TPU interpreter would run no differently: the plain path.
+        params = plain_path.routed(params)
         return previous(*args, **params)
 
     primitive.bind = bind

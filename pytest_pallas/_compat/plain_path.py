@@ -132,7 +132,10 @@ def is_plain(params: Any) -> bool:
 @dataclasses.dataclass
 class _Router:
     decide: Callable[[dict[str, Any]], Decision]
-    on_decision: Callable[[Decision], None] | None
+    # Each kernel's decision, by its jaxpr, grid mapping and parameters: a kernel bound again
+    # (an eager call's inner jit) is not decided, nor recorded, twice; a transformed one
+    # (vmap, jvp) is decided afresh.
+    decided: dict[Any, tuple[Any, Decision]] = dataclasses.field(default_factory=dict)
 
 
 _routers: list[_Router] = []
@@ -140,30 +143,40 @@ _lock = threading.RLock()
 
 
 def routed(params: dict[str, Any]) -> dict[str, Any]:
-    """A ``pallas_call``'s params as bound: those of a kernel whose forced interpreter
-    parameters route it, and which the active router decides for the plain path, carry
-    :func:`plain_params`. Called where the bind decides the interpreter."""
-    forced = params.get("interpret")
-    if not is_routed(forced) or forced.plain:
+    """A ``pallas_call``'s params as bound: a kernel whose interpreter parameters route it
+    (:func:`routing_params`) runs in the plain path (:func:`plain_params`) where the active
+    router decides so, else in the TPU interpreter. Called where the bind decides the
+    interpreter; anything else is returned as it is."""
+    interpret = params.get("interpret")
+    if not is_routed(interpret):
         return params
+    forced = dataclasses.replace(interpret, plain=False)
     with _lock:
         router = _routers[-1] if _routers else None
     if router is None:
-        return params
-    decision = router.decide(params)
-    if router.on_decision is not None:
-        router.on_decision(decision)
-    with _lock:
-        for each in _decision_recorders:
-            each.append(decision)
-    if decision.interpreter != "plain":
-        return params
-    return {**params, "interpret": plain_params(forced)}
+        return {**params, "interpret": forced}
+    jaxpr, grid_mapping = params.get("jaxpr"), params.get("grid_mapping")
+    try:
+        key = (id(jaxpr), id(grid_mapping), forced)
+        hash(key)
+    except TypeError:
+        key = None
+    known = router.decided.get(key) if key is not None else None
+    if known is not None:
+        decision = known[1]
+    else:
+        decision = router.decide({**params, "interpret": forced})
+        if key is not None:
+            router.decided[key] = ((jaxpr, grid_mapping), decision)  # the ids stay theirs
+        with _lock:
+            for each in _decision_recorders:
+                each.append(decision)
+    plain = decision.interpreter == "plain"
+    return {**params, "interpret": plain_params(forced) if plain else forced}
 
 
 @contextlib.contextmanager
-def kernels_routed(decide: Callable[[dict[str, Any]], Decision],
-                   on_decision: Callable[[Decision], None] | None = None) -> Iterator[bool]:
+def kernels_routed(decide: Callable[[dict[str, Any]], Decision]) -> Iterator[bool]:
     """Inside the block, a kernel bound with routing parameters (:func:`routing_params`)
     runs in the plain path when ``decide(params)`` says so, and ``pallas_call``'s lowering
     runs such a kernel as :func:`_run_plain`. Yields False (every kernel in the TPU
@@ -186,13 +199,15 @@ def kernels_routed(decide: Callable[[dict[str, Any]], Decision],
             return lowering(ctx, *in_nodes, interpret=interpret, **params)
         tpu = dataclasses.replace(interpret, plain=False)
         try:
+            if any(type(aval).__name__ != "ShapedArray" for aval in ctx.avals_in):
+                raise NotImplementedError("an operand that is not an array (a ref)")
             closed = _plain_jaxpr(ctx.avals_in, tpu, params)
             return mlir.lower_fun(_evaluated(closed), multiple_results=True)(ctx, *in_nodes)
         except Exception as error:  # noqa: BLE001  # JAX cannot build it: the TPU interpreter
             _tell_fallback(params, error)
             return lowering(ctx, *in_nodes, interpret=tpu, **params)
 
-    router = _Router(decide, on_decision)
+    router = _Router(decide)
     with _lock:
         _routers.append(router)
     mlir.register_lowering(primitive, lowered, inline=entry.inline)
@@ -275,6 +290,7 @@ _PIECES = (
     (_HLO_INTERPRETER, "_dynamic_update_slice"),
     (INTERPRETER_MODULE, "_get_randomized_grid_coordinates"),
     (INTERPRETER_MODULE, "_get_grid_point"),
+    (INTERPRETER_MODULE, "remove_memory_space_p"),
     (_INTERPRETER_UTILS, "get_uninitialized_array"),
     (_INTERPRETER_UTILS, "pad_to_block_dimension"),
     (_INTERPRETER_UTILS, "get_indices"),
@@ -300,8 +316,11 @@ def _plain_jaxpr(avals_in: Any, interpret_params: Any, params: dict[str, Any]) -
 
 
 def _evaluated(closed: Any) -> Callable[..., Any]:
+    """The traced plain run as a function of the call's operands, which may carry a memory
+    space (``pltpu.HBM``) that the TPU interpreter strips as well."""
     evaluate = jax_internals.private_attribute(_CORE, "eval_jaxpr")
-    return lambda *args: evaluate(closed.jaxpr, closed.consts, *args)
+    strip = jax_internals.private_attribute(INTERPRETER_MODULE, "remove_memory_space_p")
+    return lambda *args: evaluate(closed.jaxpr, closed.consts, *(strip.bind(a) for a in args))
 
 
 def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,

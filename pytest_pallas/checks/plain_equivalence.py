@@ -43,8 +43,9 @@ from .kernel_model import memory_space_name
 # they are, and the Pallas and state primitives the plain path discharges as the TPU
 # interpreter runs them. Anything else keeps the TPU interpreter.
 _ELEMENTWISE = frozenset("""
-    abs acos acosh add and asin asinh atan atan2 atanh cbrt ceil clamp clz convert_element_type
-    copy copy_p cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt
+    abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp clz
+    convert_element_type copy copy_p cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1
+    floor ge gt
     integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter not or
     population_count pow reduce_precision rem round rsqrt select_n shift_left
     shift_right_arithmetic shift_right_logical sign sin sinh sqrt square sub tan tanh xor
@@ -121,6 +122,12 @@ def _check_call(params: dict[str, Any]) -> None:
     grid = tuple(grid_mapping.grid)
     if not all(isinstance(size, int) for size in grid) or grid_mapping.num_dynamic_grid_bounds:
         raise NotPlain("a dynamic grid")
+    if 0 in grid:
+        raise NotPlain("an empty grid")
+    operands = (grid_mapping.num_index_operands + len(grid_mapping.block_mappings)
+                + len(grid_mapping.scratch_avals))
+    if len(jaxpr.invars) != operands:
+        raise NotPlain("kernel operands beyond its blocks and scratch (closed-over refs)")
     for mapping in grid_mapping.block_mappings:
         for dim in mapping.block_shape:
             if type(dim).__name__ not in ("Blocked", "Squeezed"):
@@ -443,7 +450,7 @@ def _counter_steps(body: Any, num_consts: int, num_carry: int) -> dict[int, int]
     defined = {eqn.outvars[0]: eqn for eqn in body.eqns if len(eqn.outvars) == 1}
     steps = {}
     for k, (var, out) in enumerate(zip(carried, body.outvars[:num_carry])):
-        eqn = defined.get(out)
+        eqn = None if type(out).__name__ == "Literal" else defined.get(out)
         if eqn is None or eqn.primitive.name not in ("add", "sub"):
             continue
         a, b = eqn.invars
@@ -544,7 +551,7 @@ _SAME_VALUES = frozenset("""
 def _arithmetic(name: str, ins: list[tuple[int, int]], boolean: bool) -> tuple[int, int] | None:
     if boolean and name in ("and", "or", "not", "xor"):
         return _logic(name, ins)
-    if name == "add":
+    if name in ("add", "add_any"):
         (a, b), (c, d) = ins
         return a + c, b + d
     if name == "sub":
