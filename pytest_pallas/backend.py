@@ -34,13 +34,14 @@ from ._compat import (
     out_of_bounds,
     pallas_call_hooks,
     partitioned_kernels,
+    plain_path,
     ref_views,
     sparsecore,
     tpu_interpreter,
     xla_cpu_options,
 )
 from ._compat.device_under_test import device_kind_of_chip
-from .checks import gpu_rules, running
+from .checks import gpu_rules, plain_equivalence, running
 from .checks.running import active_backend  # noqa: F401  (the backend's public accessor)
 from .chip_topology import SliceTopology, slice_topology
 from .settings import PallasOptions, device_count_from_xla_flags
@@ -91,6 +92,18 @@ class Backend:
     def is_compiled(self) -> bool:
         """Compiled for a device (TPU or GPU), not interpreted on the CPU."""
         return self.platform in ("tpu", "gpu")
+
+    @property
+    def plain_path(self) -> bool:
+        """Whether kernels the TPU interpreter would run no differently run in JAX's plain
+        interpreter (``checks.plain_equivalence``; ``--pallas-interpret=tpu-always`` turns it
+        off)."""
+        return plain_path.is_routed(self.interpret_params)
+
+    def with_tpu_interpreter_always(self) -> Backend:
+        """This backend with every kernel in the TPU interpreter."""
+        return dataclasses.replace(self, interpret_params=plain_path.tpu_only(
+            self.interpret_params))
 
     @property
     def name(self) -> str:
@@ -146,6 +159,7 @@ class Backend:
     @contextlib.contextmanager
     def activate(self, on_gpu_kernel: Callable[[Any], None] | None = None,
                  on_host_memory_shortage: Callable[[Any], None] | None = None,
+                 on_plain_path_doubt: Callable[[str], None] | None = None,
                  ) -> Iterator[Backend]:
         """Run the body's kernels on this backend (see the module docstring).
 
@@ -154,7 +168,9 @@ class Backend:
         TPU's numbers, the first GPU kernel turns the rest of the body to the GPU's (TF32).
         ``on_host_memory_shortage`` hears the ``interpreter_memory.HostMemoryShortage`` raised
         at the trace of a kernel whose copies in the interpreter would not fit in the host's
-        memory.
+        memory. ``on_plain_path_doubt`` hears the name of a kernel run in the plain path that
+        met what the TPU interpreter stops (``_compat.plain_path``): the body's values are
+        then not the TPU interpreter's.
         """
         if self.is_compiled:
             yield self
@@ -201,6 +217,13 @@ class Backend:
             stack.enter_context(interpreter_fixes.empty_accesses_race_with_nothing())
             # Fresh integer memory reads the chip's poison under pl.enable_poison_buffers.
             stack.enter_context(interpreter_fixes.buffers_poisoned_as_the_chip_poisons())
+            if self.plain_path:
+                # Kernels the TPU interpreter would run no differently: one XLA loop each
+                # (its lowering entered before the next, which then lowers it unchecked too).
+                stack.enter_context(optional(PLAIN_PATH, lambda: plain_path.kernels_routed(
+                    plain_equivalence.decide)))
+                if on_plain_path_doubt is not None:
+                    stack.enter_context(plain_path.plain_path_doubts(on_plain_path_doubt))
             # JAX's checks of its own invariants (jax_enable_checks, on in JAX's test cases)
             # off inside kernels: they check JAX, not the kernel, at a sixth of a test's CPU.
             stack.enter_context(optional(
@@ -278,6 +301,7 @@ def _enter_numbers(stack: contextlib.ExitStack, rounding: str) -> None:
 
 
 GPU_KERNEL_ROUTING = "GPU kernels in JAX's GPU interpreter and the plain one"
+PLAIN_PATH = "the plain path for kernels the TPU interpreter would run no differently"
 
 
 _GPU_KERNELS_RUN: contextvars.ContextVar[list | None] = contextvars.ContextVar(
@@ -339,8 +363,24 @@ def chip_slice(chip: str, tpu_info: Any, device_count: int) -> SliceTopology:
 
 
 def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
+    """What a run forces ``pallas_call``'s ``interpret=`` to: ``True`` (the plain
+    interpreter), or the TPU interpreter's parameters, which route the kernels it would run
+    no differently to the plain path (``_compat.plain_path``) unless the run asks for the
+    TPU interpreter always, for race detection or for a chip of two TensorCores per device
+    (where it runs "parallel" grid axes on both)."""
     if options.interpreter == "plain":
         return True
+    params = _tpu_interpret_params(options, tpu_info)
+    if options.tpu_interpreter_always or options.detect_races or int(tpu_info.num_cores) != 1:
+        return params
+    try:
+        return plain_path.routing_params(params)
+    except jax_internals.JaxInternalsChanged as error:
+        jax_internals.feature_off(PLAIN_PATH, error)
+        return params
+
+
+def _tpu_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
     return jax_internals.with_tile_padded_bounds(jax_internals.interpret_params(
         detect_races=options.detect_races,
         # NaN-poisoned scratch and outputs: an accumulator that is read before

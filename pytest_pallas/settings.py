@@ -14,6 +14,10 @@ import re
 
 INTERPRETERS = ("tpu", "plain")
 DEFAULT_INTERPRETER = "tpu"
+# --pallas-interpret's values: the interpreters, and the TPU one for every kernel (none of
+# them in the plain path, see checks.plain_equivalence).
+TPU_ALWAYS = "tpu-always"
+INTERPRETER_CHOICES = ("tpu", TPU_ALWAYS, "plain")
 DEFAULT_CHIP = "v5e"
 DEFAULT_DEVICES = 8
 DEFAULT_TIMEOUT_SECONDS = 300.0
@@ -43,6 +47,9 @@ class PallasOptions:
     tpu: bool = False
     gpu: bool = False  # --pallas-gpu: compiled for the GPU JAX sees
     interpreter: str = DEFAULT_INTERPRETER
+    # --pallas-interpret=tpu-always: the TPU interpreter runs every kernel, also those the
+    # plain path would run no differently (checks.plain_equivalence).
+    tpu_interpreter_always: bool = False
     chip: str = DEFAULT_CHIP  # the run's first chip (its only one, but for --pallas-chip=A,B)
     # --pallas-chip: every chip the run stands in for; each test runs once per chip.
     chips: tuple[str, ...] = (DEFAULT_CHIP,)

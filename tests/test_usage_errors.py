@@ -35,7 +35,7 @@ MODULES = {
 CASES = [
     # Options and their values.
     (["--pallas-interpret=fast"], None,
-     "--pallas-interpret='fast' is not an interpreter; use one of tpu, plain."),
+     "--pallas-interpret='fast' is not an interpreter; use one of tpu, tpu-always, plain."),
     (["--pallas-chip=v9"], None,
      "--pallas-chip='v9': 'v9' is not a TPU generation JAX knows; use v2, v3"),
     (["--pallas-chip=v5e,v9"], None,
@@ -99,6 +99,9 @@ CASES = [
     # The ini file.
     ([], "[pytest]\npallas_scope = everything\n",
      "ini option pallas_scope='everything' must be 'marked' or 'all'."),
+    ([], "[pytest]\npallas_interpret = tpu-sometimes\n",
+     "--pallas-interpret='tpu-sometimes' is not an interpreter; use one of tpu, tpu-always, "
+     "plain."),
 ]
 
 

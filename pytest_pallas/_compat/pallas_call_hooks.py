@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from . import device_kinds, jax_internals
+from . import device_kinds, jax_internals, plain_path
 from .jax_internals import PALLAS_CALL_MODULE, JaxInternalsChanged
 
 _PARTIAL_EVAL = "jax._src.interpreters.partial_eval"
@@ -285,6 +285,8 @@ def forced_interpreter_when_called() -> Iterator[bool]:
             params = {**params, "interpret": forced}
         if forced is not None and params.get("interpret") is forced:
             params = {**params, "interpret": _reads_as_the_kernel_asks(forced, params)}
+        # A kernel the TPU interpreter would run no differently: the plain path.
+        params = plain_path.routed(params)
         return previous(*args, **params)
 
     primitive.bind = bind

@@ -171,7 +171,7 @@ def describe_pallas_call(params: dict[str, Any]) -> PallasCallInfo:
                 block_dims=tuple(_block_dim(dim, pl) for dim in mapping.block_shape),
                 array_shape=tuple(mapping.array_aval.shape),
                 dtype=mapping.array_aval.dtype,
-                memory_space=_memory_space_name(mapping.transformed_block_aval.memory_space),
+                memory_space=memory_space_name(mapping.transformed_block_aval.memory_space),
                 buffer_count=getattr(pipeline_mode, "buffer_count", None),
                 revisit_any=getattr(pipeline_mode, "revisit", None) == pl.RevisitMode.ANY,
                 trivial_window=bool(mapping.has_trivial_window()),
@@ -189,7 +189,7 @@ def describe_pallas_call(params: dict[str, Any]) -> PallasCallInfo:
             parameter=parameter(first_scratch + i),
             shape=tuple(getattr(aval, "shape", ())),
             dtype=getattr(aval, "dtype", None),
-            memory_space=_memory_space_name(getattr(aval, "memory_space", None)),
+            memory_space=memory_space_name(getattr(aval, "memory_space", None)),
         )
         for i, aval in enumerate(scratch_avals)
     )
@@ -240,7 +240,7 @@ def _block_dim(dim: Any, pl: Any) -> tuple[str, int]:
     return (kind, int(dim.block_size))
 
 
-def _memory_space_name(memory_space: Any) -> str:
+def memory_space_name(memory_space: Any) -> str:
     if memory_space is None:
         return "vmem"  # Mosaic's choice for a pallas_call block on a TensorCore
     value = getattr(memory_space, "value", memory_space)
@@ -340,7 +340,7 @@ def _scoped_regions(jaxpr: Any) -> tuple[ScopedRegion, ...]:
                 ScopedAllocation(
                     shape=tuple(getattr(v.aval, "shape", ())),
                     dtype=getattr(v.aval, "dtype", None),
-                    memory_space=_memory_space_name(getattr(v.aval, "memory_space", None)),
+                    memory_space=memory_space_name(getattr(v.aval, "memory_space", None)),
                     where=where,
                 )
                 for v in body.invars

@@ -25,6 +25,7 @@ def header_line(session: PallasSession) -> str:
         session.ensure_devices()
     return "".join((
         f"pallas: {_where(session)}",
+        f"; {text}" if (text := plain_path_text(options)) else "",
         _devices(session) if interpreted else "",
         f"; {_seed(options)}",
         _declared(session) if interpreted and (options.session_opted_in or session.scope_all)
@@ -56,6 +57,20 @@ def _where(session: PallasSession) -> str:
              "plain one, for speed)" if options.conformance and not options.interpreter_chosen
              else "")
     return f"CPU, {options.interpreter} interpreter{suite}, standing in for {chips}"
+
+
+def plain_path_text(options: PallasOptions) -> str | None:
+    """Which kernels a TPU-interpreted run hands to JAX's plain interpreter, and how not to."""
+    if options.compiled or options.interpreter != "tpu":
+        return None
+    if options.tpu_interpreter_always:
+        return "every kernel in the TPU interpreter (--pallas-interpret=tpu-always)"
+    if options.detect_races:
+        return "every kernel in the TPU interpreter (race detection)"
+    return ("a kernel the TPU interpreter would run no differently runs in JAX's plain "
+            "interpreter, one XLA loop (no DMA, semaphore, mesh or other TPU-only primitive, "
+            "no input written, every access proved in bounds, one TensorCore per device); "
+            "--pallas-interpret=tpu-always for none")
 
 
 def _devices(session: PallasSession) -> str:

@@ -22,9 +22,11 @@ from ..settings import (  # noqa: F401  (the settings, read by the plugin's glue
     DEFAULT_DEVICES,
     DEFAULT_INTERPRETER,
     DEFAULT_TIMEOUT_SECONDS,
+    INTERPRETER_CHOICES,
     INTERPRETERS,
     KNOWN_CHIPS,
     PROFILES,
+    TPU_ALWAYS,
     PallasOptions,
     device_count_from_xla_flags,
 )
@@ -52,7 +54,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--pallas-interpret", metavar="MODE", default=None,
         help=f"interpreter on the CPU: 'tpu' (simulated VMEM, DMAs, semaphores, NaN-poisoned "
-        f"memory) or 'plain' (interpret=True, fastest). Default: {DEFAULT_INTERPRETER}.",
+        "memory; a kernel it would run no differently runs in JAX's plain interpreter), "
+        f"'{TPU_ALWAYS}' (the TPU interpreter for every kernel) or 'plain' (interpret=True, "
+        f"fastest). Default: {DEFAULT_INTERPRETER}.",
     )
     group.addoption(
         "--pallas-chip", metavar="NAME", default=None,
@@ -176,11 +180,14 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
                    compile_given=config.getoption("--pallas-compile") is not None)
 
     interpreter = _option(config, "--pallas-interpret", "pallas_interpret") or DEFAULT_INTERPRETER
-    if interpreter not in INTERPRETERS:
+    if interpreter not in INTERPRETER_CHOICES:
         raise pytest.UsageError(
             f"--pallas-interpret={interpreter!r} is not an interpreter; use one of "
-            f"{', '.join(INTERPRETERS)}."
+            f"{', '.join(INTERPRETER_CHOICES)}."
         )
+    tpu_interpreter_always = interpreter == TPU_ALWAYS
+    if tpu_interpreter_always:
+        interpreter = "tpu"
     if detect_races and interpreter != "tpu":
         raise pytest.UsageError(
             "--pallas-detect-races needs the TPU interpreter; drop --pallas-interpret=plain."
@@ -255,6 +262,7 @@ def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
         tpu=tpu,
         gpu=gpu,
         interpreter=interpreter,
+        tpu_interpreter_always=tpu_interpreter_always,
         chip=chip,
         chips=chips,
         chip_given=config.getoption("--pallas-chip") is not None,

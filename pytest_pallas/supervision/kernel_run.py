@@ -117,6 +117,8 @@ class KernelRun:
         self._chip_artefacts = False  # whether what it read was the chip's (§12)
         self._host_memory_shortages: list = []  # kernels too large for the host's memory
         self._unchecked_reads: list = []  # reads past a buffer the chip does not check
+        # Kernels run in the plain path that met what the TPU interpreter stops.
+        self._plain_path_doubts: list[str] = []
         self._calling = False  # the test's call has begun (its setup is over)
 
     # --- open and close -----------------------------------------------------------------
@@ -183,7 +185,8 @@ class KernelRun:
         stack.enter_context(backend_matmul_precision(backend.matmul_precision))
         stack.enter_context(backend.activate(
             on_gpu_kernel=self._heard_gpu_kernel,
-            on_host_memory_shortage=self._host_memory_shortages.append))
+            on_host_memory_shortage=self._host_memory_shortages.append,
+            on_plain_path_doubt=self._plain_path_doubts.append))
         if self.chip_under_test is not None:
             # Then the test's own "am I on a TPU?" gets the stand-in chip's answer (§9).
             stack.enter_context(optional(DEVICE_UNDER_TEST, lambda: stand_in_chip_under_test(
@@ -236,6 +239,40 @@ class KernelRun:
         except BaseException as second:
             self.after_failure(second, watchdog)
 
+    def _plain_path_doubted(self) -> bool:
+        """Whether a kernel of the call ran in the plain path and met what the TPU interpreter
+        stops (a block index out of bounds, an output block revisited): the call's outcome
+        is then not the TPU interpreter's."""
+        if not self.backend.plain_path:
+            return False
+        import jax
+
+        try:
+            jax.effects_barrier()  # the kernels' doubts are told as they run
+        except Exception:  # noqa: BLE001  # a failed computation: its error is the test's
+            pass
+        return bool(self._plain_path_doubts)
+
+    def _run_in_tpu_interpreter_always(self, watchdog: Watchdog) -> None:
+        """Run the test again with every kernel in the TPU interpreter, whose outcome is then
+        the test's (``_plain_path_doubted``). JAX's caches are cleared first: a program traced
+        with a kernel in the plain path would otherwise be served again."""
+        __tracebackhide__ = True
+        import jax
+
+        self._plain_path_doubts.clear()
+        self.close()
+        self.backend = self.backend.with_tpu_interpreter_always()
+        jax.clear_caches()
+        tpu_interpreter.reset_interpreter_state()
+        self.open()
+        try:
+            run_test_again(self.item)
+        except BaseException as second:
+            self.after_failure(second, watchdog)
+        else:
+            self.after_success(watchdog)
+
     # --- what the kernels recorded ------------------------------------------------------
 
     def gpu_kernels_run(self) -> list:
@@ -278,6 +315,8 @@ class KernelRun:
         __tracebackhide__ = True
         if watchdog.fired:
             raise watchdog.failure()
+        if self._plain_path_doubted():
+            return self._run_in_tpu_interpreter_always(watchdog)
         failure = self.kernel_exit_failure()
         if failure is not None:
             fallback = self.interpreter_fallback(failure)  # a limit of the TPU interpreter's
@@ -304,6 +343,8 @@ class KernelRun:
             return self._run_with_gpu_numbers(watchdog)
         if not isinstance(error, Exception):
             raise error
+        if self._plain_path_doubted():
+            return self._run_in_tpu_interpreter_always(watchdog)
         if self._host_memory_shortages:
             skip_at_test(diagnoses.host_memory_shortage(self._host_memory_shortages[-1]))
         if isinstance(error, ChipArtefactUnavailable):
@@ -384,7 +425,8 @@ class KernelRun:
             params = True
         else:
             params = make_interpret_params(
-                dataclasses.replace(self.options, interpreter="tpu"), backend.tpu_info)
+                dataclasses.replace(self.options, interpreter="tpu", tpu_interpreter_always=True),
+                backend.tpu_info)
         return params, diagnoses.fallback_paragraph(backend.interpreter, crash or limit, which,
                                                     crashed=crash is not None)
 

@@ -1,0 +1,341 @@
+"""The plain path: a kernel the TPU interpreter would run no differently runs as one XLA loop
+(``_compat.plain_path``), every other kernel in the TPU interpreter, with the same verdicts
+(``checks.plain_equivalence`` decides which). Each kernel here is bound inside a Pallas test,
+whose backend is the run's: the TPU interpreter for v5e, routing on."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pytest_pallas._compat import plain_path
+
+pytestmark = pytest.mark.pallas
+
+
+def where(fn, *args):
+    """(the interpreter of each kernel ``fn`` binds, their reasons, the result)."""
+    with plain_path.decisions_recorded() as decisions:
+        out = jax.block_until_ready(fn(*args))
+    return [d.interpreter for d in decisions], " ".join(d.reason for d in decisions), out
+
+
+def in_tpu_interpreter(fn, *args):
+    """``fn(*args)`` with every kernel in the TPU interpreter: the run's parameters, unrouted."""
+    from pytest_pallas.checks.running import active_backend
+
+    params = plain_path.tpu_only(active_backend().interpret_params)
+    with pltpu.force_tpu_interpret_mode(params):
+        return np.asarray(jax.block_until_ready(fn(*args)))
+
+
+def _accumulate(x_ref, o_ref, acc_ref):
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    acc_ref[...] += x_ref[...]
+
+    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
+    def _():
+        o_ref[...] = acc_ref[...] + pl.program_id(0).astype(jnp.float32)
+
+
+def row_sums(x):
+    """(n, 8 r, 128) -> (8 r, 128), grid (r, n): "parallel" rows, a VMEM accumulator."""
+    n, rows, _ = x.shape
+    return pl.pallas_call(
+        _accumulate, out_shape=jax.ShapeDtypeStruct(x.shape[1:], x.dtype), grid=(rows // 8, n),
+        in_specs=[pl.BlockSpec((None, 8, 128), lambda i, k: (k, i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, k: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((8, 128), x.dtype)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        name="row_sums")(x)
+
+
+X = jnp.arange(3 * 32 * 128, dtype=jnp.float32).reshape(3, 32, 128) / 64
+
+
+def test_a_kernel_of_loads_stores_and_arithmetic_runs_in_the_plain_interpreter():
+    interpreters, _, out = where(row_sums, X)
+    assert interpreters == ["plain"]
+    expected = np.asarray(X.sum(0)) + np.repeat(np.arange(4, dtype=np.float32), 8)[:, None]
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(out, in_tpu_interpreter(row_sums, X))
+
+
+def test_loop_counters_and_grid_arithmetic_are_proved_in_bounds():
+    def kernel(x_ref, o_ref):
+        def add_rows(j, acc):
+            return acc + x_ref[pl.ds(j * 8, 8), :]
+
+        total = jax.lax.fori_loop(0, 4, add_rows, jnp.zeros((8, 128)))
+        more = jax.lax.fori_loop(0, pl.num_programs(0) * 2, add_rows, total)
+        i = pl.program_id(0)
+        o_ref[...] = more + x_ref[pl.ds(i % 4 * 8, 8), :] + x_ref[pl.ds(i // 2 * 8, 8), :]
+
+    fn = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                        grid=(2,), in_specs=[pl.BlockSpec((32, 128), lambda i: (0, 0))],
+                        out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)))
+    interpreters, reason, out = where(fn, X[0])
+    assert interpreters == ["plain"], reason
+    np.testing.assert_array_equal(out, in_tpu_interpreter(fn, X[0]))
+
+
+def test_an_output_block_starts_from_what_the_previous_block_left_as_in_the_tpu_interpreter():
+    # Written at the first grid step only: the next blocks write back the buffer the first
+    # left (the TPU interpreter's VMEM buffer); JAX's plain interpreter would read NaN.
+    def kernel(x_ref, o_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            o_ref[...] = x_ref[...]
+
+    fn = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+                        grid=(4,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
+    interpreters, _, out = where(fn, X[0])
+    assert interpreters == ["plain"]
+    np.testing.assert_array_equal(out, np.tile(np.asarray(X[0, :8]), (4, 1)))
+    np.testing.assert_array_equal(out, in_tpu_interpreter(fn, X[0]))
+
+
+def test_fresh_memory_reads_the_tpu_interpreters_poison_an_unsigned_flag_included():
+    # An unsigned flag read before it is written: the plain interpreter's fill (the
+    # minimum, 0) would pass it as "not started"; the TPU interpreter's (the maximum) not.
+    def kernel(x_ref, o_ref, started_ref, acc_ref):
+        @pl.when(started_ref[0] == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+            started_ref[0] = jnp.uint32(1)
+
+        acc_ref[...] += x_ref[...]
+        o_ref[...] = acc_ref[...]
+
+    fn = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.int32), grid=(3,),
+        in_specs=[pl.BlockSpec((None, 8, 128), lambda k: (k, 0, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda k: (0, 0)),
+        scratch_shapes=[pltpu.SMEM((1,), jnp.uint32), pltpu.VMEM((8, 128), jnp.int32)])
+    x = jnp.ones((3, 8, 128), jnp.int32)
+    interpreters, _, out = where(fn, x)
+    assert interpreters == ["plain"]
+    assert not np.array_equal(out, np.full((8, 128), 3))  # the bug stays caught
+    np.testing.assert_array_equal(out, in_tpu_interpreter(fn, x))
+
+
+def test_a_kernel_with_a_dma_stays_in_the_tpu_interpreter():
+    def kernel(x_hbm, o_ref, buffer, semaphore):
+        copy = pltpu.make_async_copy(x_hbm, buffer, semaphore)
+        copy.start()
+        copy.wait()
+        o_ref[...] = buffer[...]
+
+    fn = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32),
+                                        pltpu.SemaphoreType.DMA])
+    interpreters, reason, out = where(fn, X[0, :8])
+    assert interpreters == ["tpu"]
+    assert "any memory" in reason
+    np.testing.assert_array_equal(out, X[0, :8])
+
+
+def test_a_kernel_that_writes_its_input_stays_in_the_tpu_interpreter():
+    def kernel(x_ref, o_ref):
+        x_ref[...] = x_ref[...] * 2
+        o_ref[...] = x_ref[...]
+
+    fn = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    interpreters, reason, out = where(fn, X[0, :8])
+    assert interpreters == ["tpu"]
+    assert "a store into an input" in reason
+    np.testing.assert_array_equal(out, X[0, :8] * 2)
+
+
+def test_an_index_read_from_memory_stays_in_the_tpu_interpreter():
+    def kernel(start_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[pl.ds(start_ref[0], 8), :]
+
+    fn = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(1,),
+            in_specs=[pl.BlockSpec((32, 128), lambda i, s: (0, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, s: (0, 0))))
+    interpreters, reason, out = where(fn, jnp.array([16], jnp.int32), X[0])
+    assert interpreters == ["tpu"]
+    assert "not known before the kernel runs" in reason
+    np.testing.assert_array_equal(out, X[0, 16:24])
+
+
+def test_a_kernel_the_plain_interpreter_cannot_build_falls_back_to_the_tpu_interpreter(
+        monkeypatch):
+    def cannot(*args, **kwargs):
+        raise NotImplementedError("no rule for this primitive")
+
+    monkeypatch.setattr(plain_path, "_run_plain", cannot)
+    interpreters, reason, out = where(row_sums, X[:, :8])
+    assert interpreters == ["plain", "tpu"]
+    assert "JAX's plain interpreter cannot run it (NotImplementedError" in reason
+    np.testing.assert_array_equal(out, np.asarray(X[:, :8].sum(0)))
+
+
+def test_vmap_and_jvp_of_a_plain_kernel_are_decided_again_and_agree():
+    def square(x):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * x_ref[...]
+
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              grid=(2,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+
+    batched = jax.vmap(square)
+    interpreters, _, out = where(batched, X[:, :16])
+    assert interpreters == ["plain", "plain"]  # the kernel, then its batched call
+    np.testing.assert_array_equal(out, in_tpu_interpreter(batched, X[:, :16]))
+    x = X[0, :16]
+    interpreters, _, (value, slope) = where(lambda x: jax.jvp(square, (x,), (x,)), x)
+    assert interpreters[-1] == "plain" and len(interpreters) >= 2  # the jvp's kernel too
+    np.testing.assert_array_equal(value, x * x)
+    np.testing.assert_array_equal(slope, 2 * x * x)
+
+
+def test_two_tensorcores_per_device_keep_the_tpu_interpreter():
+    from pytest_pallas.backend import chip_info, make_interpret_params
+    from pytest_pallas.settings import PallasOptions
+
+    def routed(**options):
+        chip = options.pop("chip", "v5e")
+        return plain_path.is_routed(make_interpret_params(
+            PallasOptions(chip=chip, **options), chip_info(chip)))
+
+    assert routed()
+    assert not routed(chip="v5p")  # "parallel" axes on two cores
+    assert not routed(detect_races=True)
+    assert not routed(tpu_interpreter_always=True)
+
+
+# --- Whole runs: verdicts, notes and the flag ---------------------------------------------
+
+KERNELS = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from pytest_pallas._compat import plain_path
+
+    pytestmark = pytest.mark.pallas
+
+    def shifted(x):
+        # Reads rows 8 * i + 8 .. 8 * i + 16 of 32: at the last grid step, past the end.
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[pl.ds(pl.program_id(0) * 8 + 8, 8), :]
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32, 128), x.dtype),
+                              grid=(4,), in_specs=[pl.BlockSpec((32, 128), lambda i: (0, 0))],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                              name="shifted")(x)
+
+    def gathered(blocks, x):
+        # Output block i is input block blocks[i]: an index map that reads scalar prefetch.
+        def kernel(blocks_ref, x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32, 128), x.dtype),
+                              grid_spec=pltpu.PrefetchScalarGridSpec(
+                                  num_scalar_prefetch=1, grid=(4,),
+                                  in_specs=[pl.BlockSpec((8, 128), lambda i, b: (b[i], 0))],
+                                  out_specs=pl.BlockSpec((8, 128), lambda i, b: (i, 0))),
+                              name="gathered")(blocks, x)
+
+    def scattered(blocks, x):
+        # Input block i goes to output block blocks[i]: an output index map reading memory.
+        def kernel(blocks_ref, x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32, 128), x.dtype),
+                              grid_spec=pltpu.PrefetchScalarGridSpec(
+                                  num_scalar_prefetch=1, grid=(4,),
+                                  in_specs=[pl.BlockSpec((8, 128), lambda i, b: (i, 0))],
+                                  out_specs=pl.BlockSpec((8, 128), lambda i, b: (b[i], 0))),
+                              name="scattered")(blocks, x)
+
+    def unstarted(x):
+        def kernel(x_ref, o_ref, acc_ref):
+            acc_ref[...] += x_ref[...]
+            o_ref[...] = acc_ref[...]
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), x.dtype),
+                              scratch_shapes=[pltpu.VMEM((8, 128), x.dtype)],
+                              name="unstarted")(x)
+
+    X = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
+
+    def test_shifted():
+        shifted(X)
+
+    def test_gathered_out_of_bounds():
+        with plain_path.decisions_recorded() as decisions:
+            out = gathered(jnp.array([0, 1, 2, 7], jnp.int32), X)
+        print("DECIDED", [d.interpreter for d in decisions])
+        np.testing.assert_array_equal(out[:8], X[:8])
+
+    def test_gathered():
+        with plain_path.decisions_recorded() as decisions:
+            out = gathered(jnp.array([3, 2, 1, 0], jnp.int32), X)
+        print("DECIDED", [d.interpreter for d in decisions])
+        np.testing.assert_array_equal(out, jnp.concatenate([X[24:], X[16:24], X[8:16], X[:8]]))
+
+    def test_scattered_revisits():
+        with plain_path.decisions_recorded() as decisions:
+            scattered(jnp.array([0, 1, 0, 1], jnp.int32), X)
+        print("DECIDED", [d.interpreter for d in decisions])
+
+    def test_unstarted():
+        with plain_path.decisions_recorded() as decisions:
+            out = unstarted(X[:8])
+        print("DECIDED", [d.interpreter for d in decisions])
+        np.testing.assert_allclose(out, X[:8])
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["tpu", "tpu-always"])
+def test_verdicts_are_the_tpu_interpreters(run_pytest, pytester, mode):
+    pytester.makepyfile(test_kernels=KERNELS)
+    result = run_pytest(f"--pallas-interpret={mode}", "--pallas-compile=none", "-s", "-rA")
+    result.assert_outcomes(passed=1, failed=4)
+    # A provably out-of-bounds read keeps the TPU interpreter, which stops it.
+    result.stdout.fnmatch_lines(["*[[]out-of-bounds-access[]]*Out-of-bounds read*"])
+    # An out-of-bounds block index read from memory: the plain path cannot know it before
+    # the kernel runs; it notices it running and the test runs again in the TPU interpreter.
+    result.stdout.fnmatch_lines(["*[[]out-of-bounds-access[]]*Out-of-bounds block index (7, 0)*"])
+    # So is an output block visited again after the grid left it.
+    result.stdout.fnmatch_lines(["*[[]output-revisit[]]*"])
+    # A NaN read from fresh memory is explained, naming the kernel.
+    result.stdout.fnmatch_lines(["*[[]uninitialized-read[]] in kernel 'unstarted*"])
+    decided = re.findall(r"DECIDED (\[.*?\])", result.stdout.str())
+    if mode == "tpu":
+        # The first runs of test_gathered_out_of_bounds and test_scattered_revisits (run
+        # again in the TPU interpreter, which raises before they print), test_gathered and
+        # test_unstarted.
+        assert decided == ["['plain']"] * 4, decided
+    else:
+        assert decided == ["[]"] * 2, decided
+
+
+def test_the_header_says_which_kernels_take_the_plain_interpreter(run_pytest, pytester):
+    pytester.makepyfile(test_nothing="def test_nothing(): pass")
+    routed = run_pytest("--pallas-interpret=tpu", "--pallas-compile=none")
+    routed.stdout.fnmatch_lines([
+        "pallas: CPU, tpu interpreter, standing in for TPU v5e (1 TensorCore); a kernel the TPU "
+        "interpreter would run no differently runs in JAX's plain interpreter, one XLA loop (no "
+        "DMA, semaphore, mesh or other TPU-only primitive, no input written, every access "
+        "proved in bounds, one TensorCore per device); --pallas-interpret=tpu-always for none;*"])
+    always = run_pytest("--pallas-interpret=tpu-always", "--pallas-compile=none")
+    always.stdout.fnmatch_lines([
+        "pallas: CPU, tpu interpreter, standing in for TPU v5e (1 TensorCore); every kernel in "
+        "the TPU interpreter (--pallas-interpret=tpu-always);*"])
