@@ -275,7 +275,9 @@ KERNELS = textwrap.dedent(
     X = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
 
     def test_shifted():
-        shifted(X)
+        # The chip does not check a VMEM load: the rows past the end read poison (contract
+        # section 12), the rows in bounds read the input.
+        np.testing.assert_array_equal(shifted(X)[:24], X[8:])
 
     def test_gathered_out_of_bounds():
         with plain_path.decisions_recorded() as decisions:
@@ -307,9 +309,10 @@ KERNELS = textwrap.dedent(
 def test_verdicts_are_the_tpu_interpreters(run_pytest, pytester, mode):
     pytester.makepyfile(test_kernels=KERNELS)
     result = run_pytest(f"--pallas-interpret={mode}", "--pallas-compile=none", "-s", "-rA")
-    result.assert_outcomes(passed=1, failed=4)
-    # A provably out-of-bounds read keeps the TPU interpreter, which stops it.
-    result.stdout.fnmatch_lines(["*[[]out-of-bounds-access[]]*Out-of-bounds read*"])
+    result.assert_outcomes(passed=2, failed=3)
+    # A provably out-of-bounds VMEM read keeps the TPU interpreter, which reads poison there
+    # as the chip reads whatever is there; the rows in bounds are the input's.
+    assert re.search(r"PASSED test_kernels.py::test_shifted", result.stdout.str())
     # An out-of-bounds block index read from memory: the plain path cannot know it before
     # the kernel runs; it notices it running and the test runs again in the TPU interpreter.
     result.stdout.fnmatch_lines(["*[[]out-of-bounds-access[]]*Out-of-bounds block index (7, 0)*"])
