@@ -50,13 +50,17 @@ def test_unmarked_test_is_left_alone(pytester):
     pytester.runpytest("-p", "no:cacheprovider", "--pallas-interpret=tpu").assert_outcomes(failed=1)
 
 
-@pytest.mark.parametrize("mode, expected", [("tpu", "InterpretParams"), ("plain", "True")])
+@pytest.mark.parametrize("mode, expected", [("tpu", "InterpretParams"),
+                                            ("tpu-always", "InterpretParams"), ("plain", "True")])
 def test_interpreter_flag_selects_the_interpreter(pytester, mode, expected):
     pytester.makepyfile(USER_KERNEL + textwrap.dedent(
         """
+        from jax.experimental.pallas import tpu as pltpu
+
         def test_params(pallas_backend):
-            print("PARAMS", type(pallas_backend.interpret_params).__name__
-                  if pallas_backend.interpret_params is not True else "True")
+            params = pallas_backend.interpret_params
+            print("PARAMS", "InterpretParams" if isinstance(params, pltpu.InterpretParams)
+                  else params)
             assert (double(jnp.ones((8, 128))) == 2).all()
         """
     ))

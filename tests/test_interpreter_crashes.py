@@ -202,11 +202,24 @@ KERNEL_ON_ONE_DEVICE = textwrap.dedent('''
 def test_a_kernel_only_some_devices_run_skips_naming_the_interpreters_barrier(pytester,
                                                                              run_pytest):
     pytester.makepyfile(test_some_devices=KERNEL_ON_ONE_DEVICE)
-    result = run_pytest("--pallas-interpret=tpu", "--pallas-devices=8", "--pallas-timeout=5",
-                        "--pallas-compile=none", "-p", "no:xdist", "-rfs", timeout=180)
+    # In the TPU interpreter for every kernel: the plain path would run add_one (no DMA,
+    # no barrier), as the next test shows.
+    result = run_pytest("--pallas-interpret=tpu-always", "--pallas-devices=8",
+                        "--pallas-timeout=5", "--pallas-compile=none", "-p", "no:xdist", "-rfs",
+                        timeout=180)
     result.assert_outcomes(skipped=1, failed=1)
     result.stdout.fnmatch_lines([
         "*KernelTimeout: pallas: kernel 'send_right at test_some_devices.py:*' * ran longer "
         "than --pallas-timeout=5s*",
         "SKIPPED*pallas: kernel 'add_one at test_some_devices.py:*' was run by 1 of the 8 "
         "devices of its mesh*JAX's TPU interpreter waits at its start for every device*"])
+
+
+def test_a_kernel_only_some_devices_run_passes_in_the_plain_path(pytester, run_pytest):
+    pytester.makepyfile(test_some_devices=KERNEL_ON_ONE_DEVICE)
+    result = run_pytest("--pallas-interpret=tpu", "--pallas-devices=8", "--pallas-timeout=5",
+                        "--pallas-compile=none", "-p", "no:xdist", "-rfs", timeout=180)
+    # add_one runs as one XLA loop on device 0 alone, as on the chip; send_right still hangs.
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*KernelTimeout: pallas: kernel 'send_right at "
+                                 "test_some_devices.py:*' * ran longer than --pallas-timeout=5s*"])
