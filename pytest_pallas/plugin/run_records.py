@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from ..suite.membership import is_conformance_item
+from .header import header_line
 from .run_state import benchmark_run, run_state
 from .session import PallasSession, session_of
 
@@ -75,7 +76,6 @@ def write_terminal_summary(session: PallasSession, terminal: Any,
     if not session.recording or not session.recorder.ops:
         return
     from ..suite.summary import write_conformance_summary
-    from .header import header_line
 
     options = session.options
     report_line = None
