@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import as_dtype
-from ..strategies import VALUE_PROFILES, generate_values
 from .error_models import ErrorModel
 
 __all__ = ["Deferred", "Operation", "OperationError", "parse_signature"]
@@ -423,6 +422,9 @@ class Operation:
         """The arguments for these sizes, dtype, value profile and seed: the ``inputs``
         builder's structured arguments, the others drawn by the value profile, then the
         profile's adjustment."""
+        # lazy: strategies imports Hypothesis; the records load at start-up (--pallas-impl)
+        from ..strategies import VALUE_PROFILES, generate_values
+
         shapes = self.argument_shapes(dims)
         built: tuple[Any, ...] = (None,) * len(shapes)
         builder = self.load_inputs()

@@ -9,7 +9,6 @@ line. Imports nothing heavy: the report's modules load only when a run recorded 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Generator
 from typing import Any
 
@@ -193,11 +192,11 @@ def session_start(session: pytest.Session) -> Generator[None, Any, Any]:
     if pallas.recording and pallas.options.report_path and is_controller(session.config):
         write_report(session.config, complete=False)
     result = yield
-    if pallas.options.session_opted_in and "hypothesis" not in sys.modules:
+    if pallas.options.session_opted_in:
         from .workers import hands_tests_to_workers, import_hypothesis_while_workers_start
 
         if hands_tests_to_workers(session.config):
-            import_hypothesis_while_workers_start()
+            import_hypothesis_while_workers_start()  # a no-op where a module imported it
     return result
 
 
