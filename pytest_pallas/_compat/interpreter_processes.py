@@ -58,7 +58,6 @@ def local_participants(mesh_devices: int, local_devices: int, global_devices: in
 def _initialize_with_local_barriers(module: Any, original: Any, token: Any, device_id: Any,
                                     num_devices: Any, *args: Any, **kwargs: Any) -> Any:
     result = original(token, device_id, num_devices, *args, **kwargs)
-
     parties = local_participants(int(num_devices), jax.local_device_count(), jax.device_count())
     with _lock:
         shared = module._get_shared_memory()
