@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from pytest_pallas.bench.fixture import request_single_threaded_xla
+from pytest_pallas.bench.table import request_single_threaded_xla
 from pytest_pallas.ops.registry import OP_NAMES, get_operation
 from pytest_pallas.plugin.run_state import benchmark_run
 

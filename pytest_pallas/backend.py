@@ -17,7 +17,9 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 from . import hosts
 from ._compat import (
@@ -43,8 +45,10 @@ from ._compat import (
 from ._compat.device_under_test import device_kind_of_chip
 from .checks import gpu_rules, plain_equivalence, running
 from .checks.running import active_backend  # noqa: F401  (the backend's public accessor)
+from .checks.vmem_footprint import tpu_info_for
 from .chip_topology import SliceTopology, slice_topology
-from .settings import PallasOptions, device_count_from_xla_flags
+from .numerics import run_rounding
+from .settings import PallasOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +132,6 @@ class Backend:
     def float32_dot_rounding(self) -> str | None:
         """What a run on the CPU rounds a default-precision float32 dot's operands to, in
         kernels and in the test's XLA dots (``numerics.run_rounding``), or None."""
-        from .numerics import run_rounding
-
         return run_rounding(self.platform, self.chip, self.numerics, gpu=self.gpu_numbers)
 
     def chip_devices(self) -> device_objects.ChipDevices:
@@ -175,7 +177,6 @@ class Backend:
         if self.is_compiled:
             yield self
             return
-        from jax.experimental.pallas import tpu as pltpu
 
         optional = jax_internals.optional_feature
         with contextlib.ExitStack() as stack:
@@ -192,7 +193,6 @@ class Backend:
                 "the stand-in chip as JAX's abstract device",
                 lambda: interpreter_fixes.chip_as_abstract_device(
                     self.device_kind, self.tpu_info.num_cores)))
-            import jax
 
             if (jax_internals.default_platform() != "cpu"
                     and hosts.user_jax_platforms() is None):
@@ -335,8 +335,6 @@ def merge_interpret_params(own: Any, forced: Any) -> tuple[Any, list[str]]:
     run adds is race detection when ``--pallas-detect-races`` asked for it.
     Returns ``(params, changes)``.
     """
-    import dataclasses
-
     changes = []
     if forced.detect_races and not own.detect_races:
         own = dataclasses.replace(own, detect_races=True)
@@ -350,8 +348,6 @@ def chip_info(chip: str) -> Any:
     Megacore chips (v4, v5p) are described as one logical device of two
     TensorCores, which is how JAX runs them by default.
     """
-    from .checks.vmem_footprint import tpu_info_for
-
     return tpu_info_for(chip)
 
 
@@ -408,8 +404,6 @@ def make_gpu_interpret_params(options: PallasOptions) -> Any:
 
 def visible_gpu_devices() -> list:
     """The GPU devices JAX sees, or [] (never raises)."""
-    import jax
-
     try:
         return list(jax.devices("gpu"))
     except RuntimeError:
@@ -418,8 +412,6 @@ def visible_gpu_devices() -> list:
 
 def visible_tpu_devices() -> list:
     """The TPU devices JAX sees, or [] (never raises)."""
-    import jax
-
     try:
         return list(jax.devices("tpu"))
     except RuntimeError:
@@ -468,7 +460,6 @@ def select_backend(
                 f"--pallas-chip={options.chip} disagrees with the TPU JAX sees ({kind}, chip "
                 f"{version.value}); drop --pallas-chip on a TPU."
             )
-        from jax.experimental.pallas import tpu as pltpu
 
         return Backend(
             platform="tpu",
@@ -479,8 +470,6 @@ def select_backend(
             device_kind=kind,
             device_count=len(devices),
         )
-
-    import jax
 
     info = chip_info(options.chip)
     cpu_devices = jax.devices("cpu")
@@ -495,33 +484,6 @@ def select_backend(
         gpu_interpret_params=make_gpu_interpret_params(options),
         numerics=options.numerics,
     )
-
-
-def request_cpu_devices(count: int, environ) -> tuple[int, str]:
-    """Ask JAX for ``count`` simulated CPU devices, if it is still possible.
-
-    Returns how many JAX will have, and a sentence describing what happened, for the
-    report header.
-    """
-    already = device_count_from_xla_flags(environ)
-    if already is not None:
-        return already, f"{already} CPU devices (from XLA_FLAGS)"
-    import sys
-
-    if "jax" not in sys.modules:
-        # Read by JAX when it is imported; avoids importing JAX at configure time.
-        environ["JAX_NUM_CPU_DEVICES"] = str(count)
-        return count, f"{count} CPU devices"
-    if jax_internals.backends_are_initialized():
-        import jax
-
-        initialised = jax.device_count("cpu")
-        return initialised, (f"{initialised} CPU devices (JAX was initialised before "
-                             "pytest-pallas)")
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", count)
-    return count, f"{count} CPU devices"
 
 
 # --- What the TPU compiler's schedule needs to become seconds --------------------------

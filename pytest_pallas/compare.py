@@ -27,11 +27,14 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .checks import mismatch
 from .checks.mismatch import bitwise_differences  # noqa: F401  (public here too)
 from .dtypes import EPSILON, MATMUL_PRECISIONS, ML_DTYPES, epsilon, matmul_epsilon
+from .ops.error_models import error_model_hint
+from .ops.registry import op_error_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +98,6 @@ def default_tolerance(
 
 
 def _smallest_normal(name: str) -> float:
-    import ml_dtypes
-
     return float(ml_dtypes.finfo(ML_DTYPES.get(name, np.dtype(name))).tiny)
 
 
@@ -324,7 +325,7 @@ def _nan_where_finite_hint(actual: np.ndarray, expected: np.ndarray) -> list[str
 
 
 def _leaves(tree: Any) -> tuple[list[tuple[str, Any]], Any]:
-    import jax
+    import jax  # lazy: importable from a conftest, before JAX starts
 
     paths_and_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     return [(jax.tree_util.keystr(path), leaf) for path, leaf in paths_and_leaves], treedef
@@ -417,7 +418,7 @@ def describe_uninitialized_read(count: int | None, kernels: Sequence[str]) -> st
     ``count`` is how many NaN sit where the reference is finite; None when only
     the failure's text is known (a comparator other than ``assert_allclose``).
     """
-    from .checks.violations import UNINITIALIZED_READ, UNINITIALIZED_READ_FIX
+    from .checks.violations import UNINITIALIZED_READ, UNINITIALIZED_READ_FIX  # lazy: as jax above
 
     kernels = list(dict.fromkeys(kernels))
     what = (f"{count} NaN where the reference is finite" if count is not None
@@ -482,8 +483,6 @@ def assert_allclose(
         matmul_precision = _BACKEND_MATMUL_PRECISION.get()
     extra, reason = 0.0, ""
     if op is not None:
-        from .ops.registry import op_error_model
-
         if inputs is None:
             raise ValueError(f"assert_allclose(op={op!r}) needs inputs=(...), the op's "
                              "arguments, to size its error model")
@@ -530,8 +529,6 @@ def assert_allclose(
             failed_shapes.append(tuple(np.shape(a)))
     if failures:
         if op is None and rtol is None and atol is None and not exact:
-            from .ops.error_models import error_model_hint
-
             hint = error_model_hint(failed_worst,
                                     reduction_length_given=reduction_length is not None,
                                     kernels=traced_kernel_titles(),

@@ -14,10 +14,14 @@ decision must be made before JAX starts) nor pytest (the wings may use it).
 from __future__ import annotations
 
 import dataclasses
+import glob
 import importlib.util
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, MutableMapping
+
+from .settings import device_count_from_xla_flags
 
 # Set beside JAX_PLATFORMS when the plugin set it, so that a pytest-xdist worker (which
 # inherits its controller's environment) and an inner pytest run can tell the plugin's
@@ -139,8 +143,6 @@ def host_has_tpu() -> bool:
     installed, the chips ``TPU_VISIBLE_CHIPS`` leaves visible); this one whether libtpu's
     runtime, once loaded, finds a chip and so needs its own view of the host.
     """
-    import glob
-
     for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
         try:
             with open(path) as handle:
@@ -304,3 +306,27 @@ def available_memory_bytes(meminfo: str = "/proc/meminfo") -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def request_cpu_devices(count: int, environ) -> tuple[int, str]:
+    """Ask JAX for ``count`` simulated CPU devices, if it is still possible.
+
+    Returns how many JAX will have, and a sentence describing what happened, for the
+    report header.
+    """
+    already = device_count_from_xla_flags(environ)
+    if already is not None:
+        return already, f"{already} CPU devices (from XLA_FLAGS)"
+    jax = sys.modules.get("jax")
+    if jax is None:
+        # Read by JAX when it is imported; avoids importing JAX at configure time.
+        environ["JAX_NUM_CPU_DEVICES"] = str(count)
+        return count, f"{count} CPU devices"
+    from ._compat import jax_internals  # lazy: JAX is imported by now; hosts loads at start-up
+
+    if jax_internals.backends_are_initialized():
+        initialised = jax.device_count("cpu")
+        return initialised, (f"{initialised} CPU devices (JAX was initialised before "
+                             "pytest-pallas)")
+    jax.config.update("jax_num_cpu_devices", count)
+    return count, f"{count} CPU devices"

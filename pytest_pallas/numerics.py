@@ -230,6 +230,7 @@ def is_rounded_dot(equation: Any, rounding: str = "bfloat16") -> bool:
         return any(_is_float32(var) for var in equation.invars[1:3])
     if name != "dot_general":
         return False
+    # lazy: numerics loads with the plugin (its header)
     from ._compat.chip_matmuls import goes_through_the_matrix_unit, rounded_operands
 
     lhs, rhs = (getattr(var, "aval", None) for var in equation.invars[:2])
@@ -267,7 +268,7 @@ def _jaxprs_in(value: Any) -> Iterable[Any]:
 
 
 def _is_float32(var: Any) -> bool:
-    import numpy as np
+    import numpy as np  # lazy: as above
 
     try:
         return np.dtype(var.aval.dtype) == np.float32
@@ -299,7 +300,7 @@ def kernels_with_rounded_dots(rounding: str = "bfloat16") -> Iterator[list[str]]
     """Inside the block, the name of each kernel traced that holds a float32 dot whose
     operands ``rounding``'s hardware rounds is added to the list yielded: TPU kernels under
     ``"bfloat16"`` (GPU kernels are left out), every kernel under ``"tensorfloat32"``."""
-    from ._compat import gpu_interpreter, pallas_call_hooks
+    from ._compat import gpu_interpreter, pallas_call_hooks  # lazy: as above
 
     found: list[str] = []
 

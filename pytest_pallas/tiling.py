@@ -25,17 +25,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from .dtypes import as_dtype
+
 LANES = 128
 SUBLANES = 8
 
 
 def bits_of(dtype: Any) -> int | None:
     """Bits per element as Mosaic stores it (booleans as int32); None for extended dtypes."""
-    import numpy as np
-
     if isinstance(dtype, str):
-        from .dtypes import as_dtype
-
         try:
             dtype = as_dtype(dtype)
         except ValueError:

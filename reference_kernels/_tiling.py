@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from pytest_pallas.tiling import LANES, native_sublanes, round_up, spread
 
 __all__ = ["LANES", "check_block", "native_sublanes", "output_struct", "pad_to",
@@ -23,8 +27,6 @@ def check_block(name: str, block: Any, dim_name: str, dim: int, multiple: int, w
                 clip: bool = False) -> int:
     """Validate a caller's block size: a positive int, a multiple of ``multiple`` (``why``) or
     the full dimension. With ``clip``, a block at least as large as ``dim`` becomes ``dim``."""
-    import numpy as np
-
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block <= 0:
         raise ValueError(f"{name} must be a positive int, got {block!r}")
     block = int(block)
@@ -60,8 +62,6 @@ def resolve_matmul_blocks(m: int, k: int, n: int, dtype: Any, block_m: Any, bloc
     output blocks (whole 128-lane tiles). ``lhs`` and ``rhs`` name those blocks'
     owners in the errors; ``k_note`` adds to block_k's reason.
     """
-    import jax.numpy as jnp
-
     cap_m, cap_k, cap_n = caps
     block_m = resolve_block("block_m", block_m, "m", m, native_sublanes(dtype),
                             f"TPU sublane tiling of {jnp.dtype(dtype).name}, the second-minor "
@@ -86,8 +86,6 @@ def resolve_row_col_blocks(rows: int, cols: int, dtype: Any, block_rows: Any, bl
     a given block is validated by :func:`check_block` and clipped to its
     dimension (a block at least as large covers it in one).
     """
-    import jax.numpy as jnp
-
     (cap_rows, cap_cols), (rows_name, cols_name) = caps, names
     sublanes = native_sublanes(dtype)
     if block_rows is None:
@@ -106,8 +104,6 @@ def resolve_row_col_blocks(rows: int, cols: int, dtype: Any, block_rows: Any, bl
 
 def pad_to(array: Any, shape: tuple[int, ...]) -> Any:
     """``array`` zero-padded at the end of each axis to ``shape`` (whole blocks)."""
-    import jax.numpy as jnp
-
     if array.shape == shape:
         return array
     return jnp.pad(array, [(0, target - size) for size, target in zip(array.shape, shape)])
@@ -120,8 +116,6 @@ def output_struct(shape: tuple[int, ...], dtype: Any, *operands: Any) -> Any:
     varies across the mesh axes: as its operands do, together. Outside
     shard_map this is the empty set and is ignored.
     """
-    import jax
-
     varying = frozenset().union(*(jax.typeof(x).manual_axis_type.varying for x in operands))
     return jax.ShapeDtypeStruct(
         shape, dtype, manual_axis_type=jax.sharding.ManualAxisType(varying=varying)

@@ -61,6 +61,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
@@ -440,7 +441,6 @@ def reduce_scatter_error_allowance(blocks: Sequence[np.ndarray] | np.ndarray) ->
     dtype = blocks[0].dtype
     if not np.issubdtype(dtype, np.inexact) and dtype.name != "bfloat16":
         return 0.0
-    import ml_dtypes
 
     unit_roundoff = float(ml_dtypes.finfo(dtype).eps) / 2
     magnitude = np.sum([np.abs(b.astype(np.float64)) for b in blocks], axis=0)

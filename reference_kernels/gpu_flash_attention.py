@@ -85,7 +85,7 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, block_kv: int,
 
 @functools.partial(jax.jit, static_argnames=("block_q", "block_kv"))
 def _flash(q, k, v, *, block_q: int, block_kv: int):
-    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # lazy: needs absl (optional)
 
     s, d = q.shape
     t, _ = k.shape

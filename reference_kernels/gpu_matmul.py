@@ -93,7 +93,7 @@ def _kernel(x_ref, y_ref, o_ref, acc_ref, *, num_k_blocks: int):
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k"))
 def _matmul(x, y, *, block_m: int, block_n: int, block_k: int):
-    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # lazy: needs absl (optional)
 
     m, k = x.shape
     _, n = y.shape

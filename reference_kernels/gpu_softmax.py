@@ -68,7 +68,7 @@ def smem_fits(x: Any) -> bool:
 @jax.jit
 def softmax_gpu_smem(x: jax.Array) -> jax.Array:
     """Softmax of an array that fits SMEM, in one thread block: TMA in, compute, TMA out."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # lazy: needs absl (optional)
 
     _check(x)
     if not smem_fits(x):
@@ -101,7 +101,7 @@ def _blocked_kernel(x_ref, o_ref):
 
 @functools.partial(jax.jit, static_argnames=("block_rows",))
 def _blocked(x, *, block_rows: int):
-    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # lazy: needs absl (optional)
 
     rows, cols = x.shape
     padded = -(-rows // block_rows) * block_rows

@@ -413,3 +413,82 @@ def test_every_package_of_the_source_is_installed():
              for path in (ROOT / "pytest_pallas").rglob("__init__.py")}
     found |= set(_INSTALLED_AS.values())
     assert found <= listed, f"packages pyproject.toml does not install: {sorted(found - listed)}"
+
+
+# Laziness at the edge only (docs/design.md, "Where imports wait"): the modules pytest loads
+# in every run, the plugin's glue and the package's ``__init__``, import JAX and the heavy
+# modules inside their hooks, once the run uses Pallas. Every module behind them imports JAX,
+# NumPy and its neighbours at the top; an import that must wait (a module loaded before JAX
+# starts, an entry point that sets JAX's environment first) says why, on its line or the
+# comment line just above it: ``# lazy: <why>``.
+EDGE = ("pytest_pallas.plugin",)  # and the package's own __init__
+LAZY_MARKER = "# lazy:"
+_HEAVY_TOP_LEVELS = ("jax", "jaxlib", "numpy", "ml_dtypes")
+
+
+def is_edge(module: str) -> bool:
+    return module == "pytest_pallas" or any(
+        module == prefix or module.startswith(prefix + ".") for prefix in EDGE)
+
+
+def _in_a_function(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    while (node := parents.get(id(node))) is not None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return True
+    return False
+
+
+def lazy_imports_behind_the_edge(root: Path) -> list[str]:
+    """Function-level imports of JAX, NumPy or a module of the package, outside the edge,
+    without a ``# lazy:`` reason."""
+    modules = _modules(root)
+    found = []
+    for module, (path, is_package) in sorted(modules.items()):
+        if is_edge(module):
+            continue
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines), str(path))
+        parents = {id(child): parent for parent in ast.walk(tree)
+                   for child in ast.iter_child_nodes(parent)}
+        skipped = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                names = [_absolute(module, is_package, node)]
+            if not any(name.split(".")[0] in (*_HEAVY_TOP_LEVELS, "pytest_pallas")
+                       for name in names) or not _in_a_function(node, parents):
+                continue
+            above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+            marked = any(LAZY_MARKER in line
+                         for line in lines[node.lineno - 1:node.end_lineno]) or (
+                above.startswith(LAZY_MARKER))
+            if not marked:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: "
+                             f"{lines[node.lineno - 1].strip()}")
+    return found
+
+
+def test_lazy_imports_live_at_the_edge_only():
+    found = lazy_imports_behind_the_edge(ROOT)
+    assert not found, (
+        "function-level imports behind the plugin's edge: import at the top, or say why "
+        f"the import waits with '{LAZY_MARKER} <why>': " + "; ".join(found))
+
+
+def test_a_lazy_import_behind_the_edge_is_found(tmp_path):
+    package = _package_with(tmp_path, "ops", "plugin")
+    (package / "ops" / "inputs.py").write_text("CASES = ()\n")
+    (package / "ops" / "operation.py").write_text(
+        "import re\n\n\n"
+        "def draw():\n    import numpy as np\n    import json\n    return np, json\n\n\n"
+        "def cases():\n    from .inputs import CASES\n    return CASES\n\n\n"
+        "def estimate():\n    from jax.experimental import pallas as pl  # lazy: a conftest\n"
+        "    # lazy: the reason, on the line above\n    import jax\n    return pl, jax\n")
+    (package / "plugin" / "hooks.py").write_text(
+        "def pytest_configure(config):\n    import jax\n    from ..ops import inputs\n")
+    assert lazy_imports_behind_the_edge(tmp_path) == [
+        "pytest_pallas/ops/operation.py:5: import numpy as np",
+        "pytest_pallas/ops/operation.py:11: from .inputs import CASES"]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 
+import jax
+
 from .jax_internals import JaxInternalsChanged, private_attribute
 
 _ERROR_HANDLING_MODULE = "jax._src.pallas.mosaic.error_handling"
@@ -21,8 +23,6 @@ _ERROR_HANDLING_MODULE = "jax._src.pallas.mosaic.error_handling"
 @functools.cache
 def chip_compile_errors() -> tuple[type[BaseException], ...]:
     """``(MosaicError, JaxRuntimeError)``, or what this JAX still has of them."""
-    import jax
-
     found: list[type[BaseException]] = []
     try:
         found.append(private_attribute(_ERROR_HANDLING_MODULE, "MosaicError"))

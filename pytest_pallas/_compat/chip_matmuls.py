@@ -29,9 +29,15 @@ callback (``acc + np.matmul(a, b)``, jax 0.10.2 ``mosaic_gpu/interpret/gpu_callb
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+import jax
+import numpy
+import numpy as np
+from jax.lax import Precision
 
 from . import jax_internals
 from .jax_internals import JaxInternalsChanged
@@ -85,7 +91,6 @@ def float32_dots_exact() -> Iterator[None]:
 def _block(rounding: str | None) -> Iterator[None]:
     """Push ``rounding``; the flag follows it while it is the run's own (never the user's)."""
     global _restore
-    import jax
 
     with _lock:
         if not _active and rounding is not None:
@@ -114,8 +119,6 @@ def rounding_now() -> str | None:
 
 
 def _install(flag: str) -> Any:
-    import jax
-
     mlir = jax_internals.private_attribute(_MLIR)
     primitive = jax_internals.private_attribute(_LAX, "dot_general_p")
     table = getattr(mlir, "_platform_specific_lowerings", None)
@@ -251,8 +254,6 @@ def rounded_operands(rounding: str, precision: Any) -> tuple[bool, bool]:
     takes rounded: on a TPU each operand at None or ``DEFAULT``; on a GPU both, when either
     is at None, ``DEFAULT`` or ``HIGH`` (Triton's ``input_precision=TF32``; XLA's TF32 at
     both)."""
-    from jax.lax import Precision
-
     if rounding == "bfloat16" and getattr(precision, "name", None) in _ONE_BFLOAT16_PASS:
         return True, True  # the algorithm says so on any backend; XLA's CPU ignores it
     per_operand = _per_operand(precision, Precision)
@@ -293,8 +294,6 @@ def _is_bfloat16(aval: Any) -> bool:
 
 
 def _dtype_name(aval: Any) -> str | None:
-    import numpy as np
-
     try:
         return np.dtype(aval.dtype).name
     except TypeError:  # an extended dtype (a key, a semaphore)
@@ -305,8 +304,6 @@ def round_mantissa(values: Any, rounding: str) -> Any:
     """A NumPy float32 array with its mantissa rounded to ``rounding``'s bits, to nearest,
     ties to even (as XLA's ``reduce_precision``); NaN and infinities kept. For host code
     (a callback), where no XLA program may run."""
-    import numpy as np
-
     values = np.asarray(values)
     drop = 23 - MANTISSA_BITS[rounding]
     raw = values.view(np.uint32)
@@ -338,8 +335,6 @@ class _RoundingNumPy:
 def _computes_with_np_matmul(module: Any) -> bool:
     """Whether ``module``'s source computes its products with its global ``np``'s ``matmul``
     (jax 0.10.2: in ``wgmma`` itself; jax 0.12: in the pending wgmma it applies later)."""
-    import inspect
-
     try:
         return "np.matmul(" in inspect.getsource(module)
     except (OSError, TypeError):  # no source shipped: the swap cannot be vouched for
@@ -352,8 +347,6 @@ def gpu_wgmma_rounded() -> Iterator[None]:
     Mosaic GPU's ``wgmma`` of float32 operands with TF32 operands, as Mosaic GPU compiles it
     (``wgmma.py``: a float32 operand's element type is ``FloatTF32Type``). Raises
     ``JaxInternalsChanged`` when the interpreter no longer computes it with ``np.matmul``."""
-    import numpy
-
     callbacks = jax_internals.private_attribute(_GPU_CALLBACKS)
     current = getattr(callbacks, "np", None)
     if not (hasattr(callbacks, "wgmma") and _computes_with_np_matmul(callbacks)) or not (

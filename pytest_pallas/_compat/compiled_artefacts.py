@@ -32,6 +32,10 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
+import jax.stages
+import numpy as np
+
 from .jax_internals import JaxInternalsChanged, as_compiled_for_the_chip
 
 # (class of jax.stages, method): what reads the compiled program.
@@ -67,8 +71,6 @@ def chip_artefacts_read(read: list[str], chip: ChipCompiler | None = None
     """Inside the block, each call of a :data:`READERS` method on the test's own objects
     appends its name (``"Compiled.cost_analysis"``) to ``read``; with ``chip``, the reader
     answers for the chip's twin of the program (see the module docstring). Yields ``read``."""
-    import jax.stages
-
     origins: dict[int, tuple[Any, Any]] = {}  # id(object) -> (object, what it came from)
     twins: dict[int, Any] = {}
     stack = contextlib.ExitStack()
@@ -128,8 +130,6 @@ def _replace(stack: contextlib.ExitStack, owner: Any, name: str, value: Any) -> 
 def _make_twin(stage: Any, origins: dict[int, tuple[Any, Any]], chip: ChipCompiler,
                reader: str) -> Any:
     """The chip's ``Lowered`` or ``Compiled`` standing for the test's ``stage``."""
-    import jax.stages
-
     compiled = isinstance(stage, jax.stages.Compiled)
     lowered = origins[id(stage)][1] if compiled else stage
     traced = origins[id(lowered)][1]
@@ -150,8 +150,6 @@ def _make_twin(stage: Any, origins: dict[int, tuple[Any, Any]], chip: ChipCompil
 def _lowered_for_the_chip(traced: Any, devices: Callable[[int], Sequence[Any]] | None) -> Any:
     """``traced``'s program lowered for the TPU, its kernels as Mosaic: over libtpu's
     ``devices`` (then compilable), or, without them, over the traced program's own devices."""
-    import jax
-
     params = _lowering_parameters(traced)
     closed = params["jaxpr"]
     in_shardings, out_shardings = params["in_shardings"], params["out_shardings"]
@@ -226,8 +224,6 @@ def _rewritten(value: Any, rewrite: Callable[[Any, dict[str, Any]], dict[str, An
 def _devices_needed(value: Any) -> int:
     """One more than the highest device index a sharding or mesh in ``value`` names; 0 where
     none names a device."""
-    import jax
-
     highest = -1
 
     def visit(item: Any) -> None:
@@ -256,9 +252,6 @@ def _devices_needed(value: Any) -> int:
 def _on_chip_devices(value: Any, devices: Sequence[Any]) -> Any:
     """A mesh or sharding over CPU devices as the same over the chip's ``devices`` (CPU device
     ``i`` standing for the chip's ``i``); other values as they are."""
-    import jax
-    import numpy as np
-
     if isinstance(value, jax.sharding.Mesh):
         mapped = np.vectorize(lambda device: devices[device.id], otypes=[object])(value.devices)
         return jax.sharding.Mesh(mapped, value.axis_names, axis_types=value.axis_types)

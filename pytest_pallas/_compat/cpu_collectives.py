@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 
+from jax._src.lib import _jax
+
 from .jax_internals import JaxInternalsChanged
 
 _LOOPBACK = "127.0.0.1"
@@ -19,8 +21,6 @@ _LOOPBACK = "127.0.0.1"
 
 def gloo_on_loopback() -> None:
     """Make JAX's gloo collectives of this process listen on 127.0.0.1 (once)."""
-    from jax._src.lib import _jax
-
     make = getattr(_jax, "make_gloo_tcp_collectives", None)
     if make is None:
         raise JaxInternalsChanged(

@@ -9,6 +9,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
+from jax.experimental.pallas import tpu as pltpu
+
 from . import jax_internals
 from .jax_internals import JaxInternalsChanged
 
@@ -17,8 +20,6 @@ _TPU_INFO = "jax._src.pallas.mosaic.tpu_info"
 
 def chip_versions() -> dict[str, Any]:
     """The chip names JAX knows (``"v5e"``, ``"7x"``, ...) mapped to ``pltpu.ChipVersion``."""
-    from jax.experimental.pallas import tpu as pltpu
-
     return {version.value: version for version in pltpu.ChipVersion}
 
 
@@ -72,12 +73,9 @@ def chip_answering_on_this_device(tpu_info_factory: Callable[[], Any]) -> Iterat
 
     The TPU interpreter's tile padding asks the chip for its tiling.
     """
-    from jax.experimental.pallas import tpu as pltpu
-
     try:
         pltpu.get_tpu_info()
     except Exception:  # noqa: BLE001  # no chip answers here: stand in for one
-        import jax
 
         with device_kind_answers_as(jax.devices()[0].device_kind, tpu_info_factory):
             yield

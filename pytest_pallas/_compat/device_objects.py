@@ -30,6 +30,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
+
 from .jax_internals import JaxInternalsChanged
 
 # The modules of JAX and jaxlib that see the chip: Pallas's own (the interpreter asks the
@@ -78,8 +80,6 @@ def _asked_by_jax(depth: int) -> bool:
 def devices_answering_for(chip: ChipDevices) -> Iterator[None]:
     """Inside the block, device objects answer for ``chip`` to everyone but JAX's machinery
     (see the module docstring); everything is restored on exit."""
-    import jax
-
     device = jax.devices()[0]
     device_class, client_class = type(device), type(device.client)
     for owner, name in ((device_class, "platform"), (device_class, "device_kind"),
@@ -147,8 +147,6 @@ def _replace_on_class(stack: contextlib.ExitStack, owner: type, name: str, own: 
 def _memory_stats(device: Any, bytes_limit: int) -> dict[str, int]:
     """The chip's HBM as a TPU device's ``memory_stats()`` reports it; in use, the bytes of
     the live arrays' shards on this device."""
-    import jax
-
     in_use = sum(shard.data.nbytes for array in jax.live_arrays()
                  for shard in array.addressable_shards if shard.device == device)
     return {"bytes_limit": bytes_limit, "bytes_in_use": in_use, "peak_bytes_in_use": in_use,

@@ -30,6 +30,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
+
 from .device_objects import ChipDevices, devices_answering_for
 from .interpreter_fixes import chip_as_abstract_device
 from .jax_internals import JaxInternalsChanged
@@ -78,8 +80,6 @@ def stand_in_chip_under_test(
     Cloud TPU (True). ``devices``: what JAX's device objects then report (none: they stay
     the CPU's).
     """
-    import jax
-
     device_kind = device_kind_of_chip(chip)
     with contextlib.ExitStack() as stack:
         test_util = sys.modules.get(TEST_UTIL_MODULE)

@@ -23,8 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Iterator
 from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
 
 from .jax_internals import JaxInternalsChanged, private_attribute
 
@@ -55,8 +61,6 @@ _MXUS = _Mxus()
 
 
 def _stage(rhs: Any, *, mxu: int, register: int) -> None:
-    import numpy as np
-
     if (mxu, register) in _MXUS.staged:
         raise ExplicitMxuMisuse(
             f"matmul_push_rhs to staging register {register} of MXU {mxu}, which already "
@@ -74,8 +78,6 @@ def _load(*, mxu: int, register: int) -> None:
 
 
 def _weights(*, mxu: int, dtype: Any) -> Any:
-    import numpy as np
-
     weights = _MXUS.weights.get(mxu)
     if weights is None:
         raise ExplicitMxuMisuse(f"matmul_acc_lhs on MXU {mxu}, which has no right-hand side "
@@ -88,16 +90,12 @@ def _weights(*, mxu: int, dtype: Any) -> Any:
 
 
 def _accumulate(product: Any, *, mxu: int, address: int) -> None:
-    import numpy as np
-
     total = _MXUS.accumulators.get((mxu, address))
     _MXUS.accumulators[(mxu, address)] = (np.array(product) if total is None
                                           else total + np.asarray(product))
 
 
 def _pop(*, mxu: int, address: int, shape: tuple[int, int], dtype: Any) -> Any:
-    import numpy as np
-
     total = _MXUS.accumulators.pop((mxu, address), None)
     if total is None:  # an accumulator starts at zero, as matmul_pop leaves it
         return np.zeros(shape, np.dtype(dtype))
@@ -109,8 +107,6 @@ def _pop(*, mxu: int, address: int, shape: tuple[int, int], dtype: Any) -> Any:
 
 
 def _host(function: Any, result: Any, *args: Any, **params: Any) -> Any:
-    from jax.experimental import io_callback
-
     return io_callback(functools.partial(function, **params), result, *args, ordered=True)
 
 
@@ -120,9 +116,6 @@ def _push_rhs(rhs: Any, *, staging_register: int, mxu_index: int, transpose: boo
 
 
 def _acc_lhs(lhs: Any, *, acc_addr: int, mxu_index: int, load_staged_rhs: int | None) -> list:
-    import jax
-    import jax.numpy as jnp
-
     if load_staged_rhs is not None:
         _host(_load, None, mxu=mxu_index, register=load_staged_rhs)
     weights = _host(_weights, jax.ShapeDtypeStruct((lhs.shape[-1], RHS_SIDE), lhs.dtype),
@@ -134,8 +127,6 @@ def _acc_lhs(lhs: Any, *, acc_addr: int, mxu_index: int, load_staged_rhs: int | 
 
 
 def _pop_acc(*, acc_addr: int, shape: tuple[int, int], dtype: Any, mxu_index: int) -> Any:
-    import jax
-
     return _host(_pop, jax.ShapeDtypeStruct(tuple(shape), dtype), mxu=mxu_index,
                  address=acc_addr, shape=tuple(shape), dtype=dtype)
 
@@ -151,8 +142,6 @@ def addressed_accumulators(primitives: Any = None) -> bool:
     """Whether this JAX's explicit MXU addresses its accumulators by number
     (``matmul_acc_lhs(acc_addr=...)``, jax 0.10 and 0.11), the API supplied here. JAX 0.12
     passes accumulator refs instead and adds FIFO primitives."""
-    import inspect
-
     if primitives is None:
         try:
             primitives = private_attribute(_PRIMITIVES_MODULE)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
+import traceback
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -348,9 +350,6 @@ def gpu_module_assertion(error: BaseException) -> str | None:
     """One line if ``error`` is an assertion of one of JAX's shipped GPU kernel modules
     (``jax.experimental.pallas.ops.gpu``) about the host, raised before any kernel is built
     (``attention_mgpu``: ``assert cuda_versions is not None`` on a CPU-only jaxlib)."""
-    import os
-    import traceback
-
     current: BaseException | None = error
     seen: set[int] = set()
     while current is not None and id(current) not in seen:

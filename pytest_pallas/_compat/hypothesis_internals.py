@@ -20,6 +20,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from hypothesis import seed as seeded
+from hypothesis import settings
+
 _SETTINGS = "_hypothesis_internal_use_settings"
 _SEED = "_hypothesis_internal_use_seed"
 _OWN_SETTINGS = "_hypothesis_internal_settings_applied"
@@ -49,9 +52,6 @@ def seed_with_run_settings(function: Any, seed: int | None,
     (a conformance property that runs a fifth of the profile's examples, say). ``seed=None``:
     no seed, the settings' own draw (a derandomized suite's examples).
     """
-    from hypothesis import seed as seeded
-    from hypothesis import settings
-
     saved = {name: function.__dict__.get(name, _ABSENT) for name in (_SETTINGS, _SEED)}
     if make_settings is not None:
         setattr(function, _SETTINGS, make_settings(settings.default))
@@ -75,16 +75,12 @@ def seed_with_run_settings(function: Any, seed: int | None,
 def change_settings(function: Any, **changes: Any) -> None:
     """Change settings of the ``@given`` test ``function`` for its next run (after the
     plugin has given it the run's profile): ``phases=...``, ``database=None``, ..."""
-    from hypothesis import settings
-
     current = getattr(function, _SETTINGS, None) or settings.default
     setattr(function, _SETTINGS, settings(current, **changes))
 
 
 def current_profile_name() -> str:
     """The name of the loaded Hypothesis settings profile ("default" if it cannot be read)."""
-    from hypothesis import settings
-
     current = getattr(settings, "get_current_profile_name", None)
     if callable(current):
         return current()

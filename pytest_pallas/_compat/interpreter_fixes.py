@@ -9,9 +9,18 @@ both ends of the supported range in ``tests/test_interpreter_compat.py``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import inspect
 from collections.abc import Iterator
 from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from .jax_internals import (
     PIPELINE_MODULE,
@@ -55,7 +64,6 @@ def interpreter_callbacks_on_host_arrays() -> Iterator[bool]:
     except (JaxInternalsChanged, AttributeError):
         yield False
         return
-    import numpy as np
 
     @functools.wraps(original)
     def io_callback_impl(*args: Any, callback: Any, **params: Any) -> Any:
@@ -94,7 +102,6 @@ def own_interpret_params_kept_on_meshes(
     try:
         pallas = private_attribute("jax.experimental.pallas")
         context = private_attribute("jax._src.config", "pallas_tpu_interpret_mode_context_manager")
-        from jax.experimental.pallas import tpu as pltpu
     except (JaxInternalsChanged, AttributeError, ImportError):
         yield False
         return
@@ -307,8 +314,6 @@ def empty_accesses_race_with_nothing() -> Iterator[bool]:
     racing with the copy of the next row. Such an access is not recorded. Yields False
     where the detector cannot be wrapped.
     """
-    import inspect
-
     try:
         state_class = private_attribute(f"{_INTERPRETER_PACKAGE}.race_detection_state",
                                "RaceDetectionState")
@@ -339,15 +344,11 @@ _TPU_PRIMITIVES = "jax._src.pallas.mosaic.primitives"
 
 
 def _unsigned(bits: int) -> Any:
-    import jax.numpy as jnp
-
     return jnp.dtype(f"uint{bits}")
 
 
 def value_bits(dtype: Any) -> int:
     """The width of ``dtype``'s values (4 for int4, which takes a byte in memory)."""
-    import jax.numpy as jnp
-
     return (jnp.finfo(dtype).bits if jnp.issubdtype(dtype, jnp.floating)
             else jnp.iinfo(dtype).bits)
 
@@ -356,9 +357,6 @@ def _pack_elementwise_on_cpu(*xs: Any, packed_dtype: Any) -> Any:
     """``pltpu.pack_elementwise`` as Mosaic computes it: each source narrowed to
     ``packed_dtype`` (float32 to bfloat16 rounds to nearest even; integers keep their low
     bits), the first in the lowest bits of the word."""
-    import jax.numpy as jnp
-    from jax import lax
-
     wide_bits, narrow_bits = value_bits(xs[0].dtype), value_bits(packed_dtype)
     word = jnp.zeros(xs[0].shape, _unsigned(wide_bits))
     for position, x in enumerate(xs):
@@ -375,9 +373,6 @@ def _unpack_elementwise_on_cpu(x: Any, *, index: int, packed_dtype: Any,
                                unpacked_dtype: Any) -> Any:
     """``pltpu.unpack_elementwise``: the ``index``-th narrow value of each word, widened to
     ``unpacked_dtype`` (a signed integer sign-extended, bfloat16 to float32 exactly)."""
-    import jax.numpy as jnp
-    from jax import lax
-
     wide_bits, narrow_bits = value_bits(unpacked_dtype), value_bits(packed_dtype)
     floating = jnp.issubdtype(packed_dtype, jnp.floating)
     word = lax.bitcast_convert_type(x, _unsigned(wide_bits))
@@ -396,8 +391,6 @@ def _unpack_elementwise_on_cpu(x: Any, *, index: int, packed_dtype: Any,
 def _stochastic_round_on_cpu(x: Any, random_bits: Any, *, target_dtype: Any) -> Any:
     """``x`` rounded to one of its two neighbours in ``target_dtype``: up with probability the
     distance from the lower one over the gap, drawn from ``random_bits`` (uint32)."""
-    import jax.numpy as jnp
-
     nearest = x.astype(target_dtype)
     as_x = nearest.astype(x.dtype)
     lower = jnp.where(as_x > x, jnp.nextafter(nearest, jnp.finfo(target_dtype).min), nearest)
@@ -454,8 +447,6 @@ _INTERPRET_PALLAS_CALL = f"{_INTERPRETER_PACKAGE}.interpret_pallas_call"
 
 def _broadcast_reads(indexer: Any) -> tuple[Any, list[tuple[int, int]]]:
     """``indexer`` with each zero-stride slice read once, and (result axis, size) of each."""
-    import dataclasses
-
     slice_class = private_attribute("jax._src.indexing", "Slice")
     indices, broadcasts, axis = [], [], 0
     for index in indexer.indices:
@@ -497,7 +488,6 @@ def zero_stride_reads_broadcast() -> Iterator[bool]:
             if not broadcasts:
                 return reader(token, device_id, local_core_id, memory_space, buffer_id,
                               transforms, *args, **kwargs)
-            import numpy as np
 
             token, value = reader(token, device_id, local_core_id, memory_space, buffer_id,
                                   (*transforms[:-1], indexer), *args, **kwargs)
@@ -582,7 +572,6 @@ def core_threads_off_the_kernels_device() -> Iterator[bool]:
     except (JaxInternalsChanged, AttributeError):
         yield False
         return
-    import jax
 
     def on_the_last_device(function: Any) -> Any:
         @functools.wraps(function)
@@ -604,9 +593,6 @@ def _chip_poison(dtype: Any) -> Any:
     """The value Mosaic's lowering poisons an integer buffer with: only the top bit set
     (``_poison_memref`` in jax/_src/pallas/mosaic/lowering.py, jax 0.10 to 0.12), which is
     a signed type's minimum and 2**(bits - 1) for an unsigned one."""
-    import jax.numpy as jnp
-    import numpy as np
-
     info = jnp.iinfo(dtype)
     return info.min if info.min < 0 else np.asarray(1 << (info.bits - 1)).astype(dtype)[()]
 
@@ -631,7 +617,6 @@ def buffers_poisoned_as_the_chip_poisons() -> Iterator[bool]:
     try:
         module = private_attribute(_INTERPRETER_UTILS)
         original = module.get_uninitialized_value
-        from jax.experimental import pallas as pl
 
         option = pl.enable_poison_buffers
     except (JaxInternalsChanged, AttributeError, ImportError):
@@ -640,8 +625,6 @@ def buffers_poisoned_as_the_chip_poisons() -> Iterator[bool]:
 
     @functools.wraps(original)
     def get_uninitialized_value(dtype: Any, uninitialized_memory: Any) -> Any:
-        import jax.numpy as jnp
-
         if (uninitialized_memory == "nan" and jnp.issubdtype(dtype, jnp.integer)
                 and option.value):
             return _chip_poison(dtype)

@@ -15,6 +15,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from . import pallas_call_hooks
 from .jax_internals import JaxInternalsChanged
 
@@ -39,8 +41,6 @@ class HostMemoryShortage(MemoryError):
 
 
 def _nbytes(aval: Any) -> int:
-    import numpy as np
-
     try:
         return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
     except (AttributeError, TypeError):  # a semaphore, a token

@@ -18,6 +18,8 @@ import functools
 import threading
 from typing import Any
 
+import jax
+
 from . import jax_internals
 from .jax_internals import INTERPRETER_MODULE, JaxInternalsChanged
 
@@ -56,8 +58,6 @@ def local_participants(mesh_devices: int, local_devices: int, global_devices: in
 def _initialize_with_local_barriers(module: Any, original: Any, token: Any, device_id: Any,
                                     num_devices: Any, *args: Any, **kwargs: Any) -> Any:
     result = original(token, device_id, num_devices, *args, **kwargs)
-    import jax
-
     parties = local_participants(int(num_devices), jax.local_device_count(), jax.device_count())
     with _lock:
         shared = module._get_shared_memory()

@@ -21,6 +21,8 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
+
 from .jax_internals import JaxInternalsChanged, private_attribute
 
 _PALLAS_CALL = "jax._src.pallas.pallas_call"
@@ -31,8 +33,6 @@ _MLIR = "jax._src.interpreters.mlir"
 def jax_checks_off_in_kernels() -> Iterator[None]:
     """Inside the block, Pallas traces a kernel's body and lowers a ``pallas_call`` with
     ``jax_enable_checks`` off (see the module docstring); everything is restored on exit."""
-    import jax
-
     pallas_call = private_attribute(_PALLAS_CALL)
     mlir = private_attribute(_MLIR)
     trace_kernel = getattr(pallas_call, "_trace_kernel_to_jaxpr", None)

@@ -23,14 +23,15 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+import numpy as np
+
 from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
 
 _THREAD_MAP = "jax._src.pallas.mosaic.interpret.thread_map"
 
 
 def _evaluate(jaxpr: Any, consts: Any, *args: Any) -> None:
-    import jax
-
     jax.core.eval_jaxpr(jaxpr, consts, *args)
 
 
@@ -44,8 +45,6 @@ def per_core_programs_compiled_once() -> Iterator[bool]:
     except (JaxInternalsChanged, AttributeError):
         yield False
         return
-    import jax
-    import numpy as np
 
     compiled: dict[tuple, tuple[Any, Any]] = {}
     compiling = threading.Lock()

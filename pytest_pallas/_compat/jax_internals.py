@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dataclasses as _dataclasses
 import importlib
 import os
+import re
+import sys
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -100,6 +104,7 @@ def emit_pipeline_replaced(replacement: Callable[..., Any]) -> Iterator[None]:
     """Within the block, ``pltpu.emit_pipeline`` and the name in JAX's pipeline module (which
     JAX's own helpers call) are ``replacement``; the public name only where it is JAX's
     function (another wrapper, a harness's, is left to its owner)."""
+    # lazy: imported before JAX starts (keep_jax_on_cpu)
     from jax.experimental.pallas import tpu as pltpu
 
     module = private_attribute(PIPELINE_MODULE)
@@ -147,7 +152,7 @@ def interpret_params(**fields: Any) -> Any:
     plugin fails a racy kernel itself, with a ``data-race`` message, so it
     asks for the recording behaviour wherever this JAX can be told.
     """
-    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas import tpu as pltpu  # lazy: before JAX starts, as above
 
     known = {field.name for field in dataclasses.fields(pltpu.InterpretParams)}
     if fields.get("detect_races") and "on_race" in known:
@@ -163,7 +168,7 @@ def tensorcore_mesh(axis_name: str, num_cores: int) -> Any:
     deprecated and ``pltpu.TensorCoreMesh(axis_name=..., num_cores=...)`` is
     the spelling.
     """
-    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas import tpu as pltpu  # lazy: before JAX starts, as above
 
     mesh_class = getattr(pltpu, "TensorCoreMesh", None)  # not exported by jax 0.10
     if dataclasses.is_dataclass(mesh_class) and "num_cores" in {
@@ -183,8 +188,6 @@ def with_tile_padded_bounds(params: Any) -> Any:
     SMEM unpadded); a read past the padding still raises. Unchanged on a JAX
     without that field.
     """
-    import dataclasses as _dataclasses
-
     fields = ({f.name for f in _dataclasses.fields(params)}
               if _dataclasses.is_dataclass(params) else set())
     if "buffer_bounds" not in fields:
@@ -205,8 +208,6 @@ def restrict_imported_jax_to_cpu() -> str | None:
     the platform JAX already started on when that is not the CPU (too late to change: its
     backends exist), else None. A JAX that is not imported reads the environment itself.
     """
-    import sys
-
     jax = sys.modules.get("jax")
     if jax is None or not hasattr(jax, "config"):
         return None
@@ -293,9 +294,6 @@ _NO_CPU_RULE = "MLIR translation rule for primitive"
 def interpreter_crash(error: BaseException) -> str | None:
     """One line naming the failure if ``error`` is a crash inside one of JAX's Pallas
     interpreters (not a check of theirs, not the kernel's own error); else None."""
-    import re
-    import traceback
-
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -482,7 +480,7 @@ def as_compiled_for_the_chip(closed: Any) -> Callable[..., Any]:
 
 def manual_mesh_axes() -> tuple[tuple[str, int], ...]:
     """The mesh axes (name, size) of the ``shard_map`` being traced now; () outside one."""
-    import jax
+    import jax  # lazy: before JAX starts, as above
 
     get_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
     if get_mesh is None:
@@ -503,7 +501,7 @@ def outside_current_trace() -> Iterator[None]:
     traced (inside ``shard_map``, say); that compile is a computation of its
     own and must not see the enclosing trace's state.
     """
-    import jax
+    import jax  # lazy: before JAX starts, as above
 
     core = private_attribute(CORE_MODULE)
     context = getattr(core, "trace_ctx", None)
@@ -559,8 +557,6 @@ def _in_bounds_masked_swap(text: str) -> str | None:
     slices axis 0: a masked store of rows 0:8, columns 0:2 into an (8, 4, 128)
     buffer is refused as out of bounds (JAX's ragged paged attention makes one).
     """
-    import re
-
     found = re.search(_MASKED_SWAP, text)
     if not found:
         return None

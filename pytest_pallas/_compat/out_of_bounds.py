@@ -18,10 +18,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+
+from . import tpu_interpreter
 from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
 
 _INTERPRETER = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
@@ -257,7 +261,6 @@ def _record(module: Any, kind: str, space: str, device_id: Any, local_core_id: A
     with _recorders_lock:
         if not _recorders:
             return
-    from . import tpu_interpreter
 
     running = tpu_interpreter.running_interpreted_kernels()
     where = _where(source_info)
@@ -275,8 +278,6 @@ def _record(module: Any, kind: str, space: str, device_id: Any, local_core_id: A
 def _index_text(transforms: Any) -> str:
     """``[16]``, ``[24:32, 0:128]``: the read's range as the interpreter computed it."""
     try:
-        import jax
-
         rnge = private_attribute(_UTILS).to_range(jax.tree.map(int, transforms))
     except Exception:  # noqa: BLE001  # a note's detail: left out when it cannot be read
         return "an index"
@@ -304,8 +305,6 @@ def _buffer_shape(module: Any, space: str, device_id: Any, local_core_id: Any,
 def _past(transforms: Any, shape: tuple[int, ...]) -> bool:
     """Whether the range ``transforms`` select leaves ``shape``."""
     try:
-        import jax
-
         utils = private_attribute(_UTILS)
         rnge = utils.to_range(jax.tree.map(int, transforms))
         rnge = rnge + tuple(slice(0, d) for d in shape[len(rnge):])
@@ -319,8 +318,6 @@ def _where(source_info: Any) -> str:
     if source_info is None:
         return ""
     try:
-        import os
-
         frame = private_attribute(_SOURCE_INFO).user_frame(source_info.traceback)
         path = os.path.relpath(frame.file_name)
         path = frame.file_name if path.startswith("..") else path

@@ -14,7 +14,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from . import device_kinds, jax_internals, plain_path
+import jax
+import numpy as np
+from jax import export
+from jax.experimental.pallas import tpu as pltpu
+
+from . import device_kinds, interpreter_fixes, jax_internals, plain_path
 from .jax_internals import PALLAS_CALL_MODULE, JaxInternalsChanged
 
 _PARTIAL_EVAL = "jax._src.interpreters.partial_eval"
@@ -223,8 +228,6 @@ def own_interpret_params_kept(
     forced TPU interpret mode runs with ``merge(own, forced)[0]``; ``changed(kernel name,
     changes)`` hears what the merge changed. Yields False (and keeps JAX's behaviour:
     forced parameters win) when this JAX's pallas_call cannot be wrapped."""
-    from jax.experimental.pallas import tpu as pltpu
-
     try:
         module = jax_internals.private_attribute(PALLAS_CALL_MODULE)
         original = module._pallas_call
@@ -305,8 +308,6 @@ def _reads_as_the_kernel_asks(forced: Any, params: dict[str, Any]) -> Any:
     as on the chip, where libtpu then emits no bounds check, a DMA's included
     (``_compat.out_of_bounds``): what it reads there is uninitialised
     (``out_of_bounds_reads="uninitialized"``), not a stop."""
-    import dataclasses
-
     if not getattr(params.get("compiler_params"), "disable_bounds_checks", False):
         return forced
     if getattr(forced, "out_of_bounds_reads", None) != "raise" or not dataclasses.is_dataclass(
@@ -322,10 +323,6 @@ def exported_pallas_call(params: dict[str, Any], avals: Sequence[Any], tpu_info:
     An ``Exported`` holds a local function (``_get_vjp``, for differentiation,
     which the schedule does not need) that pickle refuses; it is dropped.
     """
-    import jax
-    from jax import export
-    from jax.experimental.pallas import tpu as pltpu
-
     def call(*args: Any) -> Any:
         return jax_internals.bind_pallas_call(params, *args)
 
@@ -347,12 +344,6 @@ def exported_equation(equation: Any, tpu_info: Any) -> Any:
     The chip answers ``pltpu.get_tpu_info()`` and stands as JAX's abstract device
     meanwhile: a TensorCore mesh's lowering reads both.
     """
-    import jax
-    from jax import export
-    from jax.experimental.pallas import tpu as pltpu
-
-    from . import interpreter_fixes
-
     def call(*args: Any) -> Any:
         return equation.primitive.bind(*args, **equation.params)
 
@@ -441,9 +432,6 @@ def observe_emit_pipelines(observer: Callable[[PipelineSeen], None]) -> Iterator
 def _body_over_indices(body: Any, refs: Any, kwargs: dict[str, Any],
                        grid: tuple[Any, ...]) -> Any:
     """``body``'s jaxpr whose inputs are the pipeline's grid indices, or None."""
-    import jax
-    import numpy as np
-
     if not all(isinstance(size, (int, np.integer)) for size in grid):
         return None
     try:

@@ -35,6 +35,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from jax.experimental.pallas import tpu as pltpu
+
 from .jax_internals import (
     InterpreterLimit,
     JaxInternalsChanged,
@@ -76,7 +78,6 @@ def partitioned_kernels_interpreted() -> Iterator[bool]:
         init_signature = inspect.signature(original_init)
         if "partition" not in init_signature.parameters or not hasattr(entry, "rule"):
             raise AttributeError("custom_partitioning's callback info changed shape")
-        from jax.experimental.pallas import tpu as pltpu
     except (JaxInternalsChanged, AttributeError, KeyError, ImportError, TypeError,
             ValueError):
         yield False
@@ -162,8 +163,6 @@ _KERNEL_PRIMITIVES = ("pallas_call", *mesh_kernel_primitive_names())
 def _ordered_by_interpreted_kernels_only(closed_jaxpr: Any, ordered_effect: Any) -> bool:
     """Whether ``closed_jaxpr`` has the ordered IO effect, and only from kernels run in JAX's
     TPU interpreter (whose ``interpret=`` is a ``pltpu.InterpretParams``)."""
-    from jax.experimental.pallas import tpu as pltpu
-
     def only_kernels(jaxpr: Any) -> bool:
         found = False
         for equation in getattr(jaxpr, "eqns", ()):

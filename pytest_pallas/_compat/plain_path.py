@@ -41,6 +41,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import io_callback
+from jax.experimental.pallas import tpu as pltpu
+
 from . import jax_internals
 from .jax_internals import INTERPRETER_MODULE, JaxInternalsChanged
 
@@ -76,8 +82,6 @@ def _routed_params_class() -> Any:
     parameters are part of jit's key)."""
     global _routed_class
     if _routed_class is None:
-        from jax.experimental.pallas import tpu as pltpu
-
         base = pltpu.InterpretParams
         if not dataclasses.is_dataclass(base):
             raise JaxInternalsChanged(
@@ -107,7 +111,6 @@ def tpu_only(params: Any) -> Any:
     interpreter."""
     if not is_routed(params):
         return params
-    from jax.experimental.pallas import tpu as pltpu
 
     names = {f.name for f in dataclasses.fields(pltpu.InterpretParams)}
     return pltpu.InterpretParams(**{name: getattr(params, name) for name in names})
@@ -308,8 +311,6 @@ _PIECES = (
 
 def _plain_jaxpr(avals_in: Any, interpret_params: Any, params: dict[str, Any]) -> Any:
     """The plain run of one kernel, traced: a closed jaxpr of its operands."""
-    import jax
-
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals_in]
     return jax.make_jaxpr(functools.partial(
         _run_plain, interpret_params=interpret_params, **params))(*shapes)
@@ -328,10 +329,6 @@ def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
     """One kernel's run as the TPU interpreter runs it (see the module docstring), for a
     kernel ``checks.plain_equivalence`` admitted: a static grid, no mesh, one core, no
     aliased operand, blocked or squeezed block dimensions, no input written."""
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.experimental import io_callback
-
     hlo = jax_internals.private_attribute(_HLO_INTERPRETER)
     tpu = jax_internals.private_attribute(INTERPRETER_MODULE)
     utils = jax_internals.private_attribute(_INTERPRETER_UTILS)
@@ -480,8 +477,6 @@ def _evaluate(jaxpr: Any, consts: Any, *args: Any, fill: Callable[..., Any]) -> 
     traced again here (through ``lax.switch``, ``lax.scan``, ``lax.while_loop`` or inline),
     so that its program ids are this grid point's and its scoped buffers start as ``fill``
     makes them."""
-    from jax import lax
-
     env: dict[Any, Any] = {}
 
     def read(atom: Any) -> Any:
@@ -526,8 +521,6 @@ def _evaluate_closed(closed: Any, *args: Any, fill: Callable[..., Any]) -> list[
 
 
 def _scan(params: dict[str, Any], invals: list[Any], fill: Callable[..., Any]) -> list[Any]:
-    from jax import lax
-
     num_consts, num_carry = params["num_consts"], params["num_carry"]
     consts, init, xs = invals[:num_consts], invals[num_consts:num_consts + num_carry], \
         invals[num_consts + num_carry:]
@@ -542,8 +535,6 @@ def _scan(params: dict[str, Any], invals: list[Any], fill: Callable[..., Any]) -
 
 
 def _while(params: dict[str, Any], invals: list[Any], fill: Callable[..., Any]) -> list[Any]:
-    from jax import lax
-
     cond_n, body_n = params["cond_nconsts"], params["body_nconsts"]
     cond_consts, body_consts, init = invals[:cond_n], invals[cond_n:cond_n + body_n], \
         invals[cond_n + body_n:]

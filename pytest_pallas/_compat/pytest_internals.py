@@ -20,6 +20,8 @@ import functools
 from typing import Any, NoReturn
 
 import pytest
+from _pytest.python import CallSpec
+from _pytest.unittest import TestCaseFunction
 
 
 def skip_at_test(reason: str) -> NoReturn:
@@ -71,9 +73,6 @@ def item_per_parameter(item: pytest.Item, labels: tuple[str, ...]) -> list[pytes
     (``-k v6e`` selects it). A ``unittest.TestCase`` item makes its instance from its name,
     so its copies make theirs from the method's own name (``originalname``).
     """
-    from _pytest.python import CallSpec
-    from _pytest.unittest import TestCaseFunction
-
     if not isinstance(item, pytest.Function) or type(item) not in (pytest.Function,
                                                                    TestCaseFunction):
         return None
@@ -95,8 +94,6 @@ def item_per_parameter(item: pytest.Item, labels: tuple[str, ...]) -> list[pytes
 
 @functools.cache
 def _parametrized_test_case_function() -> type:
-    from _pytest.unittest import TestCaseFunction
-
     class ParametrizedTestCaseFunction(TestCaseFunction):
         """A ``TestCaseFunction`` whose name carries a parameter: its ``TestCase`` is made
         for the method it names without it."""

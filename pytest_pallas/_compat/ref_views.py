@@ -29,6 +29,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .interpreter_fixes import value_bits
 from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
 
 INTERPRETER_MODULE = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
@@ -47,8 +52,6 @@ def _split_at_first_view(transforms: Any) -> tuple[tuple[Any, ...], tuple[Any, .
 
 def _bitcast(array: Any, dtype: Any) -> Any:
     """``array`` bitcast to ``dtype`` as Mosaic does: a width change packs the second-minor axis."""
-    import numpy as np
-
     dtype = np.dtype(dtype)
     if _is_sub_byte(array.dtype) or _is_sub_byte(dtype):
         # NumPy holds a 4-bit value in a byte: the views below would pack bytes, not nibbles.
@@ -72,10 +75,6 @@ def _bitcast(array: Any, dtype: Any) -> Any:
 
 
 def _is_sub_byte(dtype: Any) -> bool:
-    import jax.numpy as jnp
-
-    from .interpreter_fixes import value_bits
-
     numeric = jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)
     return bool(numeric) and value_bits(dtype) < 8
 
@@ -104,8 +103,6 @@ def _apply_views(views: tuple[Any, ...], block: Any, to_range: Any) -> Any:
 
 def _write_through_views(views: tuple[Any, ...], block: Any, value: Any, to_range: Any) -> Any:
     """``block`` with ``value`` written through ``views`` (a new array; ``block`` is kept)."""
-    import numpy as np
-
     if not views:
         return np.asarray(value, block.dtype).reshape(block.shape)
     transform, rest = views[0], views[1:]
@@ -122,15 +119,11 @@ def _write_through_views(views: tuple[Any, ...], block: Any, value: Any, to_rang
 
 
 def _all_bits(shape: tuple[int, ...], dtype: Any) -> Any:
-    import numpy as np
-
     unsigned = np.dtype(f"u{np.dtype(dtype).itemsize}")
     return np.full(shape, np.iinfo(unsigned).max, unsigned).view(dtype)
 
 
 def dtype_bits(array: Any) -> Any:
-    import numpy as np
-
     return array.view(np.dtype(f"u{array.dtype.itemsize}"))
 
 
@@ -141,8 +134,6 @@ def _boxes(mask: Any) -> list[tuple[slice, ...]]:
     from its bounding box at once; otherwise runs of equal rows along the first axis share
     their boxes.
     """
-    import numpy as np
-
     if mask.ndim == 0:
         return [()] if bool(mask) else []
     if not mask.any():
@@ -178,8 +169,6 @@ def _read_boxes(views: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any
                 to_range: Any) -> tuple[tuple[slice, ...], ...]:
     """The boxes of a block of ``block_shape`` and ``dtype`` that a read through ``views``
     sees."""
-    import numpy as np
-
     key = (_geometry(views), block_shape, dtype)
     boxes = _read_boxes_seen.get(key)
     if boxes is None:
@@ -193,8 +182,6 @@ def _read_boxes(views: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any
 
 def _geometry(views: tuple[Any, ...]) -> tuple[Any, ...]:
     """``views`` (transforms whose indices are ints) as a hashable key."""
-    import jax
-
     leaves, structure = jax.tree.flatten(views)
     return structure, tuple(leaves)
 
@@ -204,8 +191,6 @@ class _ViewWrite:
 
     def __init__(self, views: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any,
                  value: Any, mask: Any, to_range: Any) -> None:
-        import numpy as np
-
         zeros = np.zeros(block_shape, dtype)
         view_shape, view_dtype = np.shape(value), np.asarray(value).dtype
         self.addressed = _written_elements(views, tuple(block_shape), np.dtype(dtype),
@@ -229,8 +214,6 @@ def _written_elements(views: tuple[Any, ...], block_shape: tuple[int, ...], dtyp
     """Which elements of a block a write of a ``view_shape`` value through ``views`` sets,
     found by writing all-ones bits into zeros (an element with some but not all of its bits
     set is part of a packed word, which the write would have to read): once per geometry."""
-    import numpy as np
-
     key = (_geometry(views), block_shape, dtype, view_shape, view_dtype)
     addressed = _written_seen.get(key)
     if addressed is None:
@@ -250,8 +233,6 @@ def _written_elements(views: tuple[Any, ...], block_shape: tuple[int, ...], dtyp
 
 def _addressed_by_read(views: tuple[Any, ...], block: Any, to_range: Any) -> Any:
     """Which elements of ``block`` a read through ``views`` sees (a whole packed word for part)."""
-    import numpy as np
-
     seen = _apply_views(views, block, to_range)
     marked = _write_through_views(views, np.zeros_like(block),
                                   _all_bits(seen.shape, seen.dtype), to_range)
@@ -292,8 +273,6 @@ def _wrongly_refused(mask: Any, in_bounds_shape: tuple[int, ...]) -> bool:
     slices the first axis: a masked store of rows 0:8 into an (8, 2, 128) block is
     refused because axis 1 has 2 elements. The fix upstream indexes axis i.
     """
-    import numpy as np
-
     as_jax_checks = np.ones(mask.shape, bool)
     for size in in_bounds_shape:
         as_jax_checks[size:] = False
@@ -323,8 +302,6 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
     except (JaxInternalsChanged, AttributeError):
         yield False
         return
-    import jax
-    import numpy as np
 
     def buffer_of(device_id: Any, local_core_id: Any, memory_space: Any, buffer_id: Any) -> Any:
         space = space_names[int(memory_space)]

@@ -34,6 +34,13 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src import callback
+from jax.experimental.pallas import tpu as pltpu
+
 from .interpreter_threads import per_core_programs_compiled_once
 from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
 from .pytest_internals import skip_at_test
@@ -214,8 +221,6 @@ def _fetch_and_add(token: Any, device_id: Any, local_core_id: Any, buffer_id: An
                    memory_space: str) -> tuple[Any, Any]:
     """``plsc.fetch_and_add``: add ``value`` at ``index`` of subcore ``subcore``'s SMEM buffer
     (of this subcore's SparseCore), atomically; the value before."""
-    import numpy as np
-
     shared = _interpreter()._get_shared_memory()
     target = int(local_core_id) // subcores * subcores + int(subcore)
     key = (memory_space, int(buffer_id), int(device_id), target)
@@ -231,8 +236,6 @@ def _fetch_and_add(token: Any, device_id: Any, local_core_id: Any, buffer_id: An
 
 
 def _is_mesh_axis_index(eqn: Any, layout: Layout) -> bool:
-    from jax import lax
-
     if eqn.primitive is not lax.axis_index_p:
         return False
     name = eqn.params["axis_name"]
@@ -315,8 +318,6 @@ class _Evaluation:
     # -- the rules ---------------------------------------------------------------------------
 
     def axis_index(self, eqn: Any) -> Any:
-        import jax.numpy as jnp
-
         layout, core_id = self.layout, self.ctx.local_core_id
         position = {layout.core_axis: core_id // layout.subcores}
         if layout.subcore_axis is not None:
@@ -329,8 +330,6 @@ class _Evaluation:
 
     def _callback(self, function: Any, result: Any, token: Any, *args: Any, **params: Any
                   ) -> Any:
-        from jax._src import callback
-
         interpreter = _interpreter()
         token_type = interpreter.TOKEN_SHAPE_DTYPE
         wrapped = interpreter.fail_on_exception(functools.partial(function, **params))
@@ -345,9 +344,6 @@ class _Evaluation:
     def parallel_loop(self, eqn: Any, invals: list, token: Any) -> tuple[Any, list]:
         """``plsc.parallel_loop``: its iterations in order, one after the other (a schedule the
         chip may take: they are independent by the loop's contract)."""
-        import jax.numpy as jnp
-        from jax import lax
-
         lower, upper, step, consts, carry = eqn.params["tree"].unflatten(invals)
         body_jaxpr = eqn.params["jaxpr"]
         interpret = _interpreter()._interpret_jaxpr  # this wrapper, for the body's own
@@ -377,8 +373,6 @@ class _Evaluation:
               ) -> tuple[Any, Any]:
         """The whole of ``ref`` (of ``aval``, the equation's first operand's by default) seen
         through ``transforms``, by the interpreter's own read."""
-        import jax
-
         state = private_attribute("jax._src.state")
         interpreter = _interpreter()
         aval = eqn.invars[0].aval if aval is None else aval
@@ -390,8 +384,6 @@ class _Evaluation:
             token, self.ctx.device_id, self.ctx.local_core_id, space, ref, tuple(transforms))
 
     def _write(self, eqn: Any, ref: Any, transforms: Any, value: Any, token: Any) -> Any:
-        import jax
-
         interpreter = _interpreter()
         space = self._memory_space(eqn.invars[0].aval, eqn.primitive.name)
         token, _ = jax.experimental.io_callback(
@@ -410,8 +402,6 @@ class _Evaluation:
     def gather(self, eqn: Any, invals: list, token: Any) -> tuple[Any, list]:
         """``plsc.load_gather``: ``ref[indices[0][k], indices[1][k], ...]`` in lane ``k``; a
         lane the mask leaves out is undefined."""
-        import jax.numpy as jnp
-
         ref, transforms, indices, mask = eqn.params["tree"].unflatten(invals)
         token, whole = self._read(eqn, ref, transforms, token)
         out = whole[tuple(indices)]
@@ -422,8 +412,6 @@ class _Evaluation:
     def scatter(self, eqn: Any, invals: list, token: Any) -> tuple[Any, list]:
         """``plsc.store_scatter`` and ``addupdate_scatter``: lane ``k`` of ``x`` to (added to)
         ``ref[indices[0][k], ...]``; lanes the mask leaves out write nothing."""
-        import jax.numpy as jnp
-
         ref, transforms, indices, x, mask = eqn.params["tree"].unflatten(invals)
         token, whole = self._read(eqn, ref, transforms, token)
         indices = list(indices)
@@ -436,8 +424,6 @@ class _Evaluation:
     def load(self, eqn: Any, invals: list, token: Any) -> tuple[Any, list]:
         """``plsc.load_expanded``: the ``i``-th set lane of the mask holds the ``i``-th element
         of ``ref``; the others are undefined."""
-        import jax.numpy as jnp
-
         has_mask = eqn.params["has_mask"]
         ref, *rest = invals
         flat, mask = (rest[:-1], rest[-1]) if has_mask else (rest, None)
@@ -455,8 +441,6 @@ class _Evaluation:
         """``plsc.store_compressed``, ``addupdate`` and ``addupdate_compressed``: the
         ``i``-th set lane of the mask to (added to) the ``i``-th element of ``ref``; without a
         mask, every lane to its own. Returns what ``ref`` held."""
-        import jax.numpy as jnp
-
         has_mask = eqn.params["has_mask"]
         ref, x, *rest = invals
         flat, mask = (rest[:-1], rest[-1]) if has_mask else (rest, None)
@@ -477,8 +461,6 @@ class _Evaluation:
     def _index_values(self, eqn: Any, index: Any, var: Any, token: Any) -> tuple[Any, Any]:
         """The values of an indexed copy's index (an array, a ref, a ref's view, or
         ``plsc.Indices`` of one), read where a ref holds them."""
-        import jax.numpy as jnp
-
         state_types = private_attribute("jax._src.state.types")
         if hasattr(index, "ignored_value") and hasattr(index, "values"):
             return self._index_values(eqn, index.values, var.values, token)
@@ -533,9 +515,6 @@ class _Evaluation:
         return token, []
 
     def fetch_and_add(self, eqn: Any, invals: list, token: Any) -> tuple[Any, list]:
-        import jax
-        import jax.numpy as jnp
-
         ref, value, *indices, subcore = invals
         index = jnp.stack([jnp.asarray(i, jnp.int32) for i in indices]) if indices else (
             jnp.zeros((0,), jnp.int32))
@@ -580,7 +559,6 @@ def sparsecore_kernels_interpreted(on_limit: Any = skip_at_test) -> Iterator[boo
         original_core_of = interpreter._local_core_id_or_zero_if_hbm
         params_class = private_attribute(
             "jax._src.pallas.mosaic.interpret.params", "InterpretParams")
-        from jax.experimental.pallas import tpu as pltpu
 
         private_attribute(SC_CORE, "VectorSubcoreMesh")
         private_attribute(SC_PRIMITIVES, "barrier_p")

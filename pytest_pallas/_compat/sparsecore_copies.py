@@ -16,7 +16,11 @@ adding DMAs do; the race detector does not see its write.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
+
+import jax
+import numpy as np
 
 from .jax_internals import private_attribute
 
@@ -71,8 +75,6 @@ def _indexed_entry(transforms: tuple) -> tuple[int, int] | None:
 def plan_copy(eqn: Any) -> CopyPlan | None:
     """The :class:`CopyPlan` of a ``dma_start`` equation, or None for a copy JAX's
     interpreter runs as the chip does (not indexed by an array or a ref, not adding)."""
-    import math
-
     state = private_attribute("jax._src.state")
     indexing = private_attribute("jax._src.state.indexing")
     primitives = private_attribute("jax._src.pallas.mosaic.primitives")
@@ -135,9 +137,6 @@ def copy_rows(token: Any, device_id: Any, local_core_id: Any, src_space: Any, sr
     """Run the copy ``plan`` describes, whole, and signal its semaphores (a callback of the
     interpreter's, its operands as the interpreter's ``dma_start`` gets them, the index
     entry holding the index values)."""
-    import jax
-    import numpy as np
-
     interpreter = private_attribute(INTERPRETER)
     utils = private_attribute("jax._src.pallas.mosaic.interpret.utils")
     shared = interpreter._get_shared_memory()

@@ -17,7 +17,10 @@ kernel's, and the kernel then runs as before.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
+
+from jax.experimental.pallas import tpu as pltpu
 
 from .jax_internals import JaxInternalsChanged, private_attribute
 
@@ -35,8 +38,6 @@ _REFUSALS = (NotImplementedError, ValueError, TypeError)
 
 
 def _raised_by_mosaic(error: BaseException) -> bool:
-    import traceback
-
     lowering = private_attribute(LOWERING)
     if isinstance(error, lowering.LoweringException):
         return True
@@ -62,7 +63,6 @@ def mosaic_refusal(ctx: Any, params: dict[str, Any]) -> BaseException | None:
         core = private_attribute("jax._src.core")
         pallas_core = private_attribute("jax._src.pallas.core")
         sharding_impls = private_attribute("jax._src.sharding_impls")
-        from jax.experimental.pallas import tpu as pltpu
     except (JaxInternalsChanged, AttributeError, ImportError):
         return None
     jaxpr, mesh = params["jaxpr"], params["mesh"]

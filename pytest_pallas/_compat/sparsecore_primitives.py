@@ -16,6 +16,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import jax.numpy as jnp
+from jax import lax
+
 from .jax_internals import JaxInternalsChanged, private_attribute
 
 SC_PRIMITIVES = "jax._src.pallas.mosaic.sc_primitives"
@@ -24,9 +27,6 @@ SC_PRIMITIVES = "jax._src.pallas.mosaic.sc_primitives"
 def _bitcast(x: Any, *, dtype: Any) -> Any:
     """``plsc.bitcast``: the bytes of ``x`` read as ``dtype``, the minor dimension grown or
     shrunk by the ratio of the widths (what ``numpy.ndarray.view`` does, little-endian)."""
-    import jax.numpy as jnp
-    from jax import lax
-
     old, new = jnp.dtype(x.dtype).itemsize, jnp.dtype(dtype).itemsize
     if old == new:
         return lax.bitcast_convert_type(x, dtype)
@@ -41,8 +41,6 @@ def _scan_count(x: Any, mask: Any) -> list:
     """``plsc.scan_count``: at each valid lane, how many valid lanes up to it (itself
     included) hold its value; and whether it is the last valid lane holding it. Lanes not
     valid count 0 and are no last occurrence."""
-    import jax.numpy as jnp
-
     same = (x[:, None] == x[None, :]) & mask[None, :] & mask[:, None]
     lanes = jnp.arange(x.shape[0])
     before = lanes[None, :] <= lanes[:, None]
@@ -54,9 +52,6 @@ def _scan_count(x: Any, mask: Any) -> list:
 def _masked_scan(x: Any, mask: Any, *, combine: Any) -> Any:
     """A masked cumulative scan over the minor axis: each lane holds ``combine`` of the
     valid lanes up to it; a lane before the first valid one holds its own ``x``."""
-    import jax.numpy as jnp
-    from jax import lax
-
     def step(carry: Any, lane: Any) -> Any:
         total, seen = carry
         value, valid = lane
@@ -70,14 +65,10 @@ def _masked_scan(x: Any, mask: Any, *, combine: Any) -> Any:
 
 
 def _masked_cummax(x: Any, mask: Any) -> Any:
-    import jax.numpy as jnp
-
     return _masked_scan(x, mask, combine=jnp.maximum)
 
 
 def _masked_cummin(x: Any, mask: Any) -> Any:
-    import jax.numpy as jnp
-
     return _masked_scan(x, mask, combine=jnp.minimum)
 
 
@@ -89,9 +80,6 @@ def _masked_sort(keys: Any, values: Any, *maybe_mask: Any, descending: bool) -> 
     """``plsc.sort_key_val``: the valid lanes first, sorted by key (stably: equal keys keep
     their order, descending too), then the others in their order; with a mask, the mask of
     the result (its first ``count`` lanes)."""
-    import jax.numpy as jnp
-    from jax import lax
-
     lanes = jnp.arange(keys.shape[0], dtype=jnp.int32)
     valid = maybe_mask[0] if maybe_mask else jnp.ones(keys.shape, bool)
     # The chip compares integers as the key's own type (signed int32 with its sign bit flipped
@@ -119,9 +107,6 @@ def _pack_format(format: Any) -> str:
 def _narrowed(x: Any, dtype: Any) -> Any:
     """``x`` in the packed element type: a float rounded (to nearest even), an integer's low
     bits."""
-    import jax.numpy as jnp
-    from jax import lax
-
     if jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.floating):
         return x.astype(dtype)
     bits = jnp.dtype(dtype).itemsize * 8
@@ -131,8 +116,6 @@ def _narrowed(x: Any, dtype: Any) -> Any:
 
 
 def _packed_dtype(a: Any, preferred_element_type: Any) -> Any:
-    import jax.numpy as jnp
-
     if preferred_element_type is not None:
         return jnp.dtype(preferred_element_type)
     return jnp.dtype(jnp.bfloat16 if a.dtype == jnp.float32 else jnp.int16)
@@ -141,8 +124,6 @@ def _packed_dtype(a: Any, preferred_element_type: Any) -> Any:
 def _pack(a: Any, b: Any, *, format: Any, preferred_element_type: Any) -> Any:
     """``plsc.pack``: ``a`` and ``b`` narrowed, interleaved ``[a0, b0, a1, b1, ...]`` or
     compressed ``[a0, a1, ..., b0, b1, ...]`` (as an ``(n, 2)`` array), per the docstring."""
-    import jax.numpy as jnp
-
     dtype = _packed_dtype(a, preferred_element_type)
     a, b = _narrowed(a, dtype), _narrowed(b, dtype)
     if _pack_format(format) == "interleaved":
@@ -153,8 +134,6 @@ def _pack(a: Any, b: Any, *, format: Any, preferred_element_type: Any) -> Any:
 def _unpack(ab: Any, *, format: Any, preferred_element_type: Any) -> list:
     """``plsc.unpack``: the two arrays ``pack`` made, widened (bfloat16 exactly, an integer
     sign-extended)."""
-    import jax.numpy as jnp
-
     if preferred_element_type is not None:
         dtype = jnp.dtype(preferred_element_type)
     else:
@@ -172,8 +151,6 @@ def _unpack(ab: Any, *, format: Any, preferred_element_type: Any) -> list:
 def _population_count(x: Any, *, reduce: int) -> Any:
     """``plsc.all_reduce_population_count``: how many lanes of ``x`` are set, in every lane
     of the result."""
-    import jax.numpy as jnp
-
     count = jnp.sum(x.astype(jnp.int32))
     return jnp.full((x.shape[0] // reduce,), count, jnp.int32)
 
@@ -181,8 +158,6 @@ def _population_count(x: Any, *, reduce: int) -> Any:
 def _first_set(x: Any, *, reduce: int) -> Any:
     """``plsc.all_reduce_ffs``: the index of ``x``'s first set lane (its size if none), in every
     lane of the result."""
-    import jax.numpy as jnp
-
     lanes = jnp.arange(x.shape[0], dtype=jnp.int32)
     first = jnp.min(jnp.where(x, lanes, x.shape[0])).astype(jnp.int32)
     return jnp.full((x.shape[0] // reduce,), first, jnp.int32)

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from jax.experimental.pallas import tpu as pltpu
+
 from . import interpreter_barriers, jax_internals
 from .jax_internals import INTERPRETER_MODULE, JaxInternalsChanged
 from .pallas_call_hooks import observer_lock
@@ -30,8 +32,6 @@ def reset_interpreter_state() -> None:
     A kernel that raised while being interpreted leaves this state behind, and
     the next interpreted kernel would then fail; public API since jax 0.7.
     """
-    from jax.experimental.pallas import tpu as pltpu
-
     pltpu.reset_tpu_interpret_mode_state()
     with observer_lock:
         _running_kernels.clear()

@@ -27,6 +27,9 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+import numpy as np
+
 from . import jax_internals
 
 # LLVM's optimisation level: the one option that makes the compiled code itself slower.
@@ -69,9 +72,6 @@ def _accepted_options() -> dict[str, Any]:
 
 
 def _accepted(options: dict[str, Any]) -> bool:
-    import jax
-    import numpy as np
-
     try:
         jax.jit(_probe, compiler_options=options).lower(np.float32(0)).compile()
     except Exception as error:  # noqa: BLE001  # XLA's own error type moves between releases

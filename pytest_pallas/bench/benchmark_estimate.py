@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .estimate import EstimateUnavailable, estimate
+
 
 def tpu_estimates(fn: Callable[..., Any], args: Sequence[Any],
                   chips: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``extra_info["tpu_estimate"]``: per chip, the estimate of ``fn(*args)`` or its error."""
-    from .estimate import EstimateUnavailable, estimate
-
     found: dict[str, dict[str, Any]] = {}
     for chip in chips:
         try:

@@ -28,6 +28,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import numpy as np
+
+from .._compat import device_kinds, jax_internals, pallas_call_hooks
+from ..backend import chip_info, chip_timing
+from ..checks import compile_check, jaxpr_analysis, kernel_model
+from ..checks.chip_tracing import tracing_for_chip
+from . import kernel_grid as _kernel_grid
+
 INSTALL = "pip install 'pytest-pallas[tpu]'"
 # A compile of one large kernel takes seconds; a child still busy after this is stuck.
 _CHILD_TIMEOUT_SECONDS = 900
@@ -86,8 +95,6 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
     CPU could never hold are estimated too. Raises :class:`EstimateUnavailable`
     (one line, naming the fix) without libtpu or for a chip it does not compile for.
     """
-    from ..checks import compile_check
-
     libtpu = compile_check.libtpu_version()
     if libtpu is None:
         raise EstimateUnavailable(f"estimate() needs libtpu, the TPU compiler: {INSTALL}")
@@ -96,11 +103,6 @@ def estimate(fn: Callable[..., Any], *args: Any, chip: str = "v5e", **kwargs: An
             f"estimate(chip={chip!r}): the TPU compiler compiles for "
             f"{', '.join(compile_check.COMPILER_CHIPS)}; pick one of those ({INSTALL}).")
     compile_check.quiet_libtpu_environment()
-
-    from .._compat import device_kinds, jax_internals, pallas_call_hooks
-    from ..backend import chip_info, chip_timing
-    from ..checks import jaxpr_analysis, kernel_model
-    from . import kernel_grid as _kernel_grid
 
     timing = chip_timing(chip)
     info = chip_info(chip)
@@ -208,11 +210,6 @@ def _traced_for_chip(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     and kernels trace for Mosaic, not for an interpreter a surrounding test forces.
     Each ``pltpu.emit_pipeline`` the kernels run is appended to ``pipelines``.
     """
-    import jax
-
-    from .._compat import pallas_call_hooks
-    from ..checks.chip_tracing import tracing_for_chip
-
     # A device kind of this trace's own: JAX keys its trace caches on the abstract
     # device, so a jitted kernel is traced again and its emit_pipelines are seen.
     device_kind = f"{jax.devices()[0].device_kind} (estimate {next(_TRACE_NUMBERS)})"
@@ -260,8 +257,6 @@ def _kernel_estimate(name: str, grid: tuple[int, ...], schedule: Any,
     ``params`` are a ``pallas_call``'s (its grid and BlockSpecs give the pipeline's
     copies); None for a kernel on a mesh, whose copies are its own DMAs in the dump.
     """
-    import numpy as np
-
     notes = list(schedule.notes)
     grid_steps = int(np.prod(grid)) if grid else 1
     grid_loop = any(loop.grid for loop in schedule.loops)
@@ -337,8 +332,6 @@ def _weighted_step(schedule: Any, params: dict[str, Any] | None, grid: tuple[int
     pipelines) by its trip count, each of its iterations taking the longer of its
     own schedule and the copies it issues.
     """
-    import numpy as np
-
     notes: list[str] = []
     start, end = schedule.loop_start, schedule.loop_end
     inner = [loop for loop in schedule.loops
@@ -362,8 +355,6 @@ def _region_weights(schedule: Any, inner: list[Any], params: dict[str, Any] | No
     """Per bundle of the step, the share of runs that execute it: a ``pl.when`` region of
     the kernel by the share of grid steps that run it, one inside a loop by the loop's own
     region shares (each note on what could not be weighted appended to ``notes``)."""
-    import numpy as np
-
     start, end = schedule.loop_start, schedule.loop_end
     weight = np.ones(end - start)
 
@@ -411,8 +402,6 @@ def _region_weights(schedule: Any, inner: list[Any], params: dict[str, Any] | No
 def _stall_cycles(schedule: Any) -> Any:
     """Per bundle of the step, the cycles a block's latency stalls past the bundles that
     follow it before the next block."""
-    import numpy as np
-
     start, end = schedule.loop_start, schedule.loop_end
     stalls = np.zeros(end - start)
     placed = sorted((b for b in schedule.blocks if b.address is not None
@@ -441,8 +430,6 @@ class _StepLoops:
 
     def span(self, lo: int, hi: int, of: Any = None) -> tuple[float, str, float]:
         """Seconds of bundles [lo, hi) run once, what bounds them, the bytes their loops copy."""
-        import numpy as np
-
         timing = self._timing
         children = [loop for loop, up in zip(self._inner, self._parents) if up is of]
         own = np.ones(hi - lo, dtype=bool)

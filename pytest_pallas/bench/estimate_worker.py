@@ -25,7 +25,9 @@ def main() -> None:
         os.environ["LIBTPU_INIT_ARGS"] = " ".join(filter(None, [
             os.environ.get("LIBTPU_INIT_ARGS", ""),
             f"--xla_jf_dump_to={dump} --xla_mosaic_dump_to={dump}"]))
+        # lazy: the compile check imports JAX, after LIBTPU_INIT_ARGS is set (entry point)
         from ..checks import compile_check
+
         compile_check.quiet_libtpu_environment()
         results = [_compile_and_read(exported, request["chip"], request["delay_slots"], dump)
                    for exported in request["kernels"]]
@@ -35,11 +37,12 @@ def main() -> None:
 
 
 def _compile_and_read(exported: object, chip: str, delay_slots: int, dump: str) -> object:
+    # lazy: this process imports JAX only after main() sets LIBTPU_INIT_ARGS
     import jax
-    from jax.sharding import SingleDeviceSharding
+    from jax.sharding import SingleDeviceSharding  # lazy: as jax above
 
-    from .._compat import libtpu_dump
-    from ..checks import compile_check
+    from .._compat import libtpu_dump  # lazy: as jax above
+    from ..checks import compile_check  # lazy: as jax above
 
     for name in os.listdir(dump):
         os.remove(os.path.join(dump, name))

@@ -22,7 +22,8 @@ either alone. On a GPU (``--pallas-gpu``) the roofline is the GPU's: dense bfloa
 FLOP/s and HBM bytes/s from ``pytest_pallas.gpu`` (H100 and H200, each constant with
 its source), times the devices; a GPU not in that table gets no roofline.
 
-This module imports no JAX at import time; the terminal table is ``bench.table``.
+The terminal table, and XLA made single-threaded before JAX starts, are ``bench.table``
+(which imports no JAX).
 """
 
 from __future__ import annotations
@@ -31,47 +32,26 @@ import dataclasses
 import functools
 import math
 import os
+import shlex
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import pytest
 
-from .._compat import jax_internals
 from .._compat.benchmark_internals import round_budget, timer_of, use_timer
 from ..checks.honesty import faster_than_roofline
 from ..gpu import CACHE_FLUSH_BYTES, gpu_facts
+from ..ops import registry
 from ..ops import registry as _ops
 from ..ops.operation import Operation
+from ..suite.report import environment_facts
+from .benchmark_estimate import tpu_estimates
 from .roofline import Roofline, gpu_roofline, performance_facts, roofline_of
-from .table import SINGLE_THREADED_XLA, BenchmarkRun
-
-
-def request_single_threaded_xla(run: BenchmarkRun, environ=os.environ) -> str:
-    """Make XLA's CPU code single-threaded for this run's benchmarks, if still possible.
-
-    XLA reads ``XLA_FLAGS`` when JAX creates its CPU client, so this must run before
-    the first JAX computation; the plugin calls it at collection when a test uses
-    ``pallas_benchmark``, and at configure time under ``--benchmark-only`` when a
-    Pallas flag has it create the backend then.
-    A user's XLA_FLAGS that sets ``intra_op_parallelism_threads`` is left alone.
-    Returns (and records in ``run``, for ``extra_info``) how XLA runs.
-    """
-    if run.xla_threads is not None:
-        return run.xla_threads
-    flags = environ.get("XLA_FLAGS", "")
-    if "intra_op_parallelism" in flags:
-        state = "as XLA_FLAGS sets"
-    elif "jax" in sys.modules and jax_internals.backends_are_initialized():
-        state = "multi-threaded"
-    else:
-        environ["XLA_FLAGS"] = f"{flags} {SINGLE_THREADED_XLA}".strip()
-        state = "single-threaded"
-    run.xla_threads = state
-    return state
-
+from .table import BenchmarkRun
 
 _DEFAULT: Any = object()
 
@@ -97,8 +77,6 @@ def xla_version(operation: str) -> Callable:
     >>> xla_version("add")(jnp.ones(3), jnp.ones(3))
     Array([2., 2., 2.], dtype=float32)
     """
-    from ..ops import registry
-
     op = registry.OPERATIONS.get(operation)
     function = op.load_xla() if op is not None else None
     if function is None:
@@ -120,9 +98,6 @@ def random_array(key: Any, shape: tuple[int, ...], dtype: Any = "float32") -> An
     >>> random_array(jax.random.key(0), (2, 3), "bfloat16").dtype
     dtype(bfloat16)
     """
-    import jax
-    import jax.numpy as jnp
-
     dtype = jnp.dtype(dtype)
     if jnp.issubdtype(dtype, jnp.integer):
         return jax.random.randint(key, shape, -1000, 1001, dtype=dtype)
@@ -191,8 +166,6 @@ class PallasBenchmark:
         Seeded from ``--pallas-seed`` and the test id, so a rerun with the same
         seed benchmarks the same data.
         """
-        import jax
-
         key = jax.random.fold_in(jax.random.key(self._seed), self._draws)
         self._draws += 1
         return random_array(key, tuple(shape), dtype)
@@ -228,8 +201,6 @@ class PallasBenchmark:
           devices: how many logical devices the call spans (scales the roofline).
           kwargs: keyword arguments of ``fn`` and ``xla_fn`` (``activation=``, ``shift=``).
         """
-        import jax
-
         # ``operation`` may be a record or a name: from here on, ``op`` is the record (None
         # for a label of the user's own) and ``op_name`` its name.
         if isinstance(operation, Operation):
@@ -263,8 +234,6 @@ class PallasBenchmark:
                                        self.benchmark.stats.stats.median)
         info["judge_findings"] = [finding.line()] if finding is not None else []
         if self.estimate_chips:
-            from .benchmark_estimate import tpu_estimates
-
             info["tpu_estimate"] = tpu_estimates(bound, args, self.estimate_chips)
         # extra_info is the dict pytest-benchmark serialises: update it, never replace it.
         self.benchmark.extra_info.update(info)
@@ -278,8 +247,6 @@ class PallasBenchmark:
                       args: tuple, kwargs: dict[str, Any]) -> tuple[Any, _Rounds]:
         """Time ``kernel`` in pytest-benchmark's rounds, the XLA baseline (``xla_fn``) before
         each, outside the kernel's timed region; the kernel's result and how it was timed."""
-        import jax
-
         timer = timer_of(self.benchmark)
         first_call_seconds = _time_call(timer, kernel, args)  # tracing, compiling, running
         baseline = None if xla_fn is None else jax.jit(functools.partial(xla_fn, **kwargs))
@@ -356,8 +323,6 @@ class PallasBenchmark:
         None elsewhere (a TPU has no such cache; on the CPU the kernel is interpreted)."""
         if not self.backend.is_gpu:
             return None
-        import jax
-        import jax.numpy as jnp
 
         buffer = jnp.zeros((CACHE_FLUSH_BYTES // 4,), jnp.int32)
         overwrite = jax.jit(lambda b: b + 1, donate_argnums=0)
@@ -369,10 +334,6 @@ class PallasBenchmark:
         return flush
 
     def _describe(self, op_name, implementation, args, kwargs, blocks, devices):
-        import jax
-
-        from ..suite.report import environment_facts
-
         leaves = [leaf for leaf in jax.tree.leaves(args) if hasattr(leaf, "shape")]
         info: dict[str, Any] = {
             "operation": op_name,
@@ -400,9 +361,6 @@ class PallasBenchmark:
 
 def timer_chosen(config: pytest.Config, node: Any) -> bool:
     """Whether the user picked pytest-benchmark's timer (flag, addopts or marker)."""
-    import os
-    import shlex
-
     marker = node.get_closest_marker("benchmark") if node is not None else None
     if marker is not None and "timer" in marker.kwargs:
         return True
@@ -415,8 +373,6 @@ def timer_chosen(config: pytest.Config, node: Any) -> bool:
 
 
 def _time_call(timer: Callable[[], float], function: Callable, args: tuple) -> float:
-    import jax
-
     started = timer()
     jax.block_until_ready(function(*args))
     return timer() - started

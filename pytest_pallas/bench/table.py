@@ -8,15 +8,42 @@ This module imports no JAX: the plugin makes a ``BenchmarkRun`` when a run has a
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import pytest
 
+from .._compat import jax_internals
 from .._compat.benchmark_internals import benchmark_session
 
 # XLA's CPU code on one thread, as the interpreted kernels mostly run: otherwise the
 # kernel/XLA ratio that the gate judges would change with the runner's core count.
 SINGLE_THREADED_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def request_single_threaded_xla(run: BenchmarkRun, environ=os.environ) -> str:
+    """Make XLA's CPU code single-threaded for this run's benchmarks, if still possible.
+
+    XLA reads ``XLA_FLAGS`` when JAX creates its CPU client, so this must run before
+    the first JAX computation; the plugin calls it at collection when a test uses
+    ``pallas_benchmark``, and at configure time under ``--benchmark-only`` when a
+    Pallas flag has it create the backend then.
+    A user's XLA_FLAGS that sets ``intra_op_parallelism_threads`` is left alone.
+    Returns (and records in ``run``, for ``extra_info``) how XLA runs.
+    """
+    if run.xla_threads is not None:
+        return run.xla_threads
+    flags = environ.get("XLA_FLAGS", "")
+    if "intra_op_parallelism" in flags:
+        state = "as XLA_FLAGS sets"
+    elif "jax" in sys.modules and jax_internals.backends_are_initialized():
+        state = "multi-threaded"
+    else:
+        environ["XLA_FLAGS"] = f"{flags} {SINGLE_THREADED_XLA}".strip()
+        state = "single-threaded"
+    run.xla_threads = state
+    return state
 
 
 def format_seconds(seconds: float) -> str:
@@ -50,6 +77,7 @@ def format_roofline(fraction: float | None, bound: str | None) -> str:
 
 def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     """The rows of the table printed at the end of a benchmark run."""
+    # lazy: the estimate imports JAX; the table loads before JAX starts
     from .benchmark_estimate import estimate_cell, estimate_columns
 
     estimated = estimate_columns(records)  # chips with the TPU compiler's estimate

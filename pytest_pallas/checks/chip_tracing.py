@@ -8,6 +8,8 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from jax.experimental.pallas import tpu as pltpu
+
 from .._compat import (
     compiled_artefacts,
     device_kinds,
@@ -15,6 +17,8 @@ from .._compat import (
     jax_internals,
     pallas_call_hooks,
 )
+from . import compile_check
+from .vmem_footprint import tpu_info_for
 
 STAND_IN_AS_ABSTRACT_DEVICE = "the stand-in chip as JAX's abstract device"
 
@@ -28,8 +32,6 @@ def tracing_for_chip(device_kind: str, info: Any, *,
     and observers a harness installed (which would check the same kernels with their own
     options) are suspended. ``replace_stand_in``: see
     ``_compat.interpreter_fixes.chip_as_abstract_device``."""
-    from jax.experimental.pallas import tpu as pltpu
-
     with (
         pltpu.force_tpu_interpret_mode(None),
         device_kinds.device_kind_answers_as(device_kind, lambda: info),
@@ -46,13 +48,10 @@ def chip_compiler(chip: str, device_kind: str) -> compiled_artefacts.ChipCompile
     """How a test's compiled artefacts are made for ``chip`` (``_compat.compiled_artefacts``):
     traced as the TPU compiler sees the chip, over libtpu's devices of it where libtpu is
     installed."""
-    from .compile_check import libtpu_version, topology_devices
-    from .vmem_footprint import tpu_info_for
-
     info = tpu_info_for(chip)
     devices = None
-    if libtpu_version() is not None:
-        devices = functools.partial(topology_devices, chip)
+    if compile_check.libtpu_version() is not None:
+        devices = functools.partial(compile_check.topology_devices, chip)
     return compiled_artefacts.ChipCompiler(
         chip=chip, devices=devices,
         lowering=lambda: tracing_for_chip(device_kind, info, replace_stand_in=True))

@@ -37,7 +37,14 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
+import numpy as np
+from jax.experimental import topologies
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
 from .._compat import device_kinds, gpu_interpreter, jax_internals, pallas_call_hooks
+from ..hosts import installed_libtpu
 from . import jaxpr_analysis, kernel_model
 from .libtpu_environment import host_has_tpu, quiet_libtpu_environment_for  # noqa: F401
 from .violations import MIB, Violation, raised_by_the_lowering, rule_violation
@@ -70,8 +77,6 @@ _TOPOLOGY_SHAPES = {
 def libtpu_version() -> str | None:
     """The installed libtpu's version, or None when libtpu is not installed (not imported:
     see ``hosts.installed_libtpu``)."""
-    from ..hosts import installed_libtpu
-
     return installed_libtpu()
 
 
@@ -104,8 +109,6 @@ _topology_lock = threading.Lock()
 
 def topology_devices(chip: str, needed: int = 1) -> Sequence[Any]:
     """TPU devices of ``chip`` (a name of :data:`COMPILER_CHIPS`), at least ``needed`` of them."""
-    from jax.experimental import topologies
-
     name = COMPILER_CHIPS[chip]
     last_error: Exception | None = None
     for shape in _TOPOLOGY_SHAPES[name]:
@@ -270,9 +273,6 @@ class NotTheCompiler(RuntimeError):
 
 def _compile(params: dict[str, Any], avals: Sequence[Any], chip: str,
              mesh_axes: tuple[tuple[str, int], ...]) -> None:
-    import jax
-    from jax.experimental.pallas import tpu as pltpu
-
     needed = 1
     for _, size in mesh_axes:
         needed *= size
@@ -286,9 +286,6 @@ def _compile(params: dict[str, Any], avals: Sequence[Any], chip: str,
         return jax_internals.bind_pallas_call(params, *args)
 
     if mesh_axes:
-        import numpy as np
-        from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
         mesh = Mesh(np.array(devices[:needed]).reshape([size for _, size in mesh_axes]),
                     tuple(name for name, _ in mesh_axes))
         # Every device gets operands of the traced (per-device) shape.
@@ -301,8 +298,6 @@ def _compile(params: dict[str, Any], avals: Sequence[Any], chip: str,
         target = jax.shard_map(call, mesh=mesh, in_specs=in_specs, out_specs=spec,
                                check_vma=False)
     else:
-        from jax.sharding import SingleDeviceSharding
-
         sharding = SingleDeviceSharding(devices[0])
         shapes = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]
         # The outputs on the chip too: a kernel without operands would otherwise be

@@ -28,6 +28,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from .._compat import jax_internals
 from .jaxpr_analysis import sub_jaxprs
 
@@ -221,8 +223,6 @@ def _equation_flops(equation: Any, integers: bool) -> float:
 def _kind(var: Any) -> str:
     """NumPy's kind letter of a variable's dtype ("f", "i", ...; "" for a PRNG key, a
     semaphore or a literal without one); bfloat16 reads as "f"."""
-    import numpy as np
-
     dtype = getattr(getattr(var, "aval", None), "dtype", None)
     if dtype is None:
         return ""

@@ -23,7 +23,9 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
 import numpy as np
+from jax.experimental.pallas import tpu as pltpu
 
 from pytest_pallas._compat import (
     device_kinds,
@@ -138,8 +140,6 @@ def check_kernel(
         x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
         check_kernel(matmul, x, x, block_shape=(512, 512), chip="v5e")
     """
-    import jax
-
     options = check_options or CheckOptions()
     info = tpu_info_for(_chip_or_the_tests(chip))
     # lower_for_tpu=False asks for the static rules alone, unless use_compiler says otherwise.
@@ -194,8 +194,6 @@ def _as_the_chip_compiles(target: Callable[..., Any], args: Sequence[Any],
     pallas_call as Mosaic compiles it, even one built under a forced interpreter (jax 0.10
     records a forced interpreter in a pallas_call when it is built, so one made inside a
     Pallas test keeps it). ``target`` as it is where this JAX's jaxprs cannot be rewritten."""
-    import jax
-
     try:
         return jax_internals.as_compiled_for_the_chip(closed), tuple(jax.tree.leaves(args))
     except jax_internals.JaxInternalsChanged as error:
@@ -243,8 +241,6 @@ def _compile_each(calls: Sequence[Any], reports: list[KernelReport], chip: str) 
 def _pallas_calls_in(target: Callable[..., Any], args: Sequence[Any]) -> list[tuple[Any, Any]]:
     """Every pallas_call tracing ``target(*args)`` makes, as ``PallasCallInfo``s, in order,
     each with which of its outputs the program uses."""
-    import jax
-
     closed = jax.make_jaxpr(target)(*args)
     return [(kernel_model.describe_pallas_call(params), used)
             for params, used in jaxpr_analysis.pallas_call_uses_in(closed)]
@@ -257,8 +253,6 @@ def _traced_arguments(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[
     ``jax.ShapeDtypeStruct``; anything else (block sizes, flags) is passed as is,
     the way ``static_argnums`` would.
     """
-    import jax
-
     def is_array(leaf: Any) -> bool:
         return hasattr(leaf, "shape") and hasattr(leaf, "dtype")
 
@@ -281,8 +275,6 @@ def _traced_arguments(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[
 
 
 def _lower_for_tpu(target: Callable[..., Any], args: Sequence[Any], info: Any, name: str) -> None:
-    import jax
-
     try:
         jax.jit(target).trace(*args).lower(lowering_platforms=("tpu",))
     except Exception as error:  # Mosaic's reasons are in the message
@@ -521,8 +513,6 @@ def check_uninitialized_reads(
         out = check_uninitialized_reads(my_sum, x)
         assert_allclose(out, x.sum(0))
     """
-    import jax
-
     kernels = _kernel_titles(fn, args, kwargs)
     poisoned, zeroed = run_on_poisoned_and_zeroed_memory(
         lambda: jax.block_until_ready(fn(*args, **kwargs)), interpret_params)
@@ -547,8 +537,6 @@ def run_on_fresh_memory(call: Callable[[], Any], memory: str,
                         interpret_params: Any = None) -> Any:
     """``call()`` in the TPU interpreter with fresh memory filled with ``memory``: "nan"
     (NaN, the integer maximum, True) or "zero"; race detection off."""
-    from jax.experimental.pallas import tpu as pltpu
-
 
     backend = active_backend()
     if not isinstance(interpret_params, pltpu.InterpretParams):
@@ -631,8 +619,6 @@ def uninitialized_read_violation(kernel: str, poisoned: Any, zeroed: Any) -> Vio
 def first_difference(one: Any, other: Any) -> tuple[str, Any, Any, Any] | None:
     """The first output where two results of one kernel differ in shape, dtype or any bit:
     ``(label, one's array, other's array, mask of differing elements)``; None if they agree."""
-    import jax
-
 
     one_leaves = jax.tree_util.tree_flatten_with_path(one)[0]
     other_leaves = jax.tree.leaves(other)

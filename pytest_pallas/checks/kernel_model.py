@@ -9,8 +9,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
 from .._compat import jax_internals
 from .._compat.jax_internals import CORE_MODULE, SOURCE_INFO_MODULE, JaxInternalsChanged
+from . import index_maps
 from .jaxpr_analysis import sub_jaxprs
 
 if TYPE_CHECKING:
@@ -106,10 +113,6 @@ class PallasCallInfo:
 
 def describe_pallas_call(params: dict[str, Any]) -> PallasCallInfo:
     """Turn a pallas_call equation's params into a :class:`PallasCallInfo`."""
-    import numpy as np
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
     try:
         grid_mapping = params["grid_mapping"]
         kernel_jaxpr = params["jaxpr"]
@@ -281,10 +284,6 @@ def _is_literal(atom: Any) -> bool:
 
 def _evaluate_index_map(index_map: Any, num_grid_axes: int, grid_points: np.ndarray) -> np.ndarray:
     """The block indices of ``index_map`` at each grid point: one row per point."""
-    import numpy as np
-
-    from . import index_maps
-
     points = np.asarray(grid_points, dtype=np.int32)
     points = points.reshape(max(1, len(points)), num_grid_axes)
     columns = None
@@ -306,10 +305,6 @@ def _evaluate_index_map_in_jax(index_map: Any, num_grid_axes: int, points: np.nd
                                ) -> list[Any]:
     """JAX's own evaluation, for an index map ``index_maps`` does not model (it reads a
     scalar prefetch operand, say, which is taken as zeros)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
     evaluate = jax_internals.private_attribute(CORE_MODULE, "eval_jaxpr")
     extra = [
         np.zeros(getattr(aval, "shape", ()), getattr(aval, "dtype", np.int32))

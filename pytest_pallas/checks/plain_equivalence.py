@@ -34,6 +34,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+from jax import tree_util
+
 from .._compat import jax_internals
 from .._compat.plain_path import Decision
 from .jaxpr_analysis import sub_jaxprs
@@ -175,8 +178,6 @@ class _Ref:
 
 
 def _constant(value: Any) -> tuple[int, int] | None:
-    import numpy as np
-
     array = np.asarray(value)
     if array.size == 0 or array.dtype.kind not in "iub":
         return None
@@ -335,8 +336,6 @@ class _Reader:
     # --- loads and stores ----------------------------------------------------------------
 
     def access(self, eqn: Any, name: str, ins: list[Any]) -> list[Any]:
-        from jax import tree_util
-
         ref = ins[0]
         if not isinstance(ref, _Ref):
             raise NotPlain(f"a {name} of something not a kernel ref")
@@ -496,8 +495,6 @@ def _loop_limit(cond: Any, num_consts: int, carry: int, consts: list[Any],
 
 
 def _fits(value: tuple[int, int], aval: Any) -> Any:
-    import numpy as np
-
     try:
         dtype = np.dtype(aval.dtype)
     except TypeError:

@@ -57,6 +57,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import tiling
 from . import vmem_footprint  # noqa: F401  (registers the VMEM rule)
 from .violations import (
@@ -266,8 +268,6 @@ def _grid_order(call: PallasCallInfo, *, max_grid_points: int
     ``max_grid_points`` points; larger grids are judged from which grid axes
     each output's index map reads. Returns ``(violations, skipped notes)``.
     """
-    import numpy as np
-
     notes: list[str] = []
     if any(g is None for g in call.grid):
         return [], ["grid-order checks: the grid has dynamic dimensions"]
@@ -337,8 +337,6 @@ def _axes_text(call: PallasCallInfo, axes: Iterable[int]) -> str:
 
 
 def _out_of_bounds(call, operand, blocks, points) -> Violation | None:
-    import numpy as np
-
     if blocks.shape[1] != len(operand.block_dims):
         return None
     kinds = [kind for kind, _ in operand.block_dims]
@@ -373,8 +371,6 @@ def _out_of_bounds(call, operand, blocks, points) -> Violation | None:
 
 
 def _parallel_race(call, operand, grid, parallel_axes, ids, blocks, points) -> Violation | None:
-    import numpy as np
-
     if not parallel_axes:
         return None
     keys = np.ravel_multi_index(points[:, parallel_axes].T, [grid[a] for a in parallel_axes])
@@ -405,8 +401,6 @@ def _parallel_race(call, operand, grid, parallel_axes, ids, blocks, points) -> V
 
 
 def _revisit(call, operand, grid, ids, blocks, points) -> Violation | None:
-    import numpy as np
-
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
     run_ids = ids[starts]
     seen: dict[int, int] = {}

@@ -6,11 +6,13 @@ registered where it is defined; the run-time rules' names.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import tiling
+from .._compat.chip_errors import as_chip_compile_error
 
 if TYPE_CHECKING:
     from pytest_pallas.checks.kernel_model import BlockOperand, PallasCallInfo
@@ -168,8 +170,6 @@ def rule_violation(violations: Sequence[Violation], *,
     matter), also the error JAX raises on the chip for that (``_compat.chip_errors``), so a
     test that expects the chip's rejection sees it."""
     if by_the_compiler or any(v.rule in compile_time_rules() for v in violations):
-        from .._compat.chip_errors import as_chip_compile_error
-
         lowering = next((_builtin_exception(v.raised) for v in violations if v.raised), None)
         return as_chip_compile_error(TpuRuleViolation, lowering)(violations)
     return TpuRuleViolation(violations)
@@ -177,8 +177,6 @@ def rule_violation(violations: Sequence[Violation], *,
 
 def _builtin_exception(name: str) -> type[Exception] | None:
     """Python's own exception type called ``name`` (what Mosaic's lowering raises), or None."""
-    import builtins
-
     found = getattr(builtins, name, None)
     return found if isinstance(found, type) and issubclass(found, Exception) else None
 

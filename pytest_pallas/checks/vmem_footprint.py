@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from jax.experimental.pallas import tpu as pltpu
+
 from .. import tiling
 from .violations import (
     MIB,
@@ -41,8 +43,6 @@ def tpu_info_for(chip: Any = "v5e") -> Any:
         >>> tpu_info_for("v5e").vmem_capacity_bytes // 2**20
         128
     """
-    from jax.experimental.pallas import tpu as pltpu
-
     if isinstance(chip, pltpu.TpuInfo):
         return chip
     try:

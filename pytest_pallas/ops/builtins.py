@@ -36,6 +36,12 @@ from typing import Any
 
 import numpy as np
 
+from .error_models import (
+    activation_allowance,
+    attention_allowance,
+    paged_attention_model,
+    rms_norm_allowance,
+)
 from .operation import FLOAT_DTYPES, Deferred, Operation, load
 
 _KERNELS = "pytest_pallas.reference_kernels"
@@ -65,8 +71,6 @@ def logit_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, 
     attention, mha, mqa or flash_attention: k and v shared by the heads (mqa) or by groups
     of them (flash attention's g kv heads) are repeated to q's heads; ``sm_scale`` scales
     the logits."""
-    from .error_models import attention_allowance
-
     q, k, v = case.args[:3]
     if np.ndim(k) < np.ndim(q):  # mqa: k and v shared by the heads
         k, v = np.asarray(k)[:, None], np.asarray(v)[:, None]
@@ -80,8 +84,6 @@ def logit_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, 
 def activation_rounding_allowance(case: Any, backend_precision: str) -> tuple[float, str]:
     """The activation's rounding (``ops.error_models.activation_allowance``) for a case of the
     suite."""
-    from .error_models import activation_allowance
-
     activation = case.kwargs.get("activation")
     name = repr(activation) if isinstance(activation, Deferred) else activation
     name = getattr(name, "__name__", name)  # jax.nn.gelu given as a function
@@ -93,7 +95,6 @@ def rms_norm_rounding_allowance(case: Any, backend_precision: str) -> tuple[floa
     """rms_norm's rsqrt and products (``ops.error_models.rms_norm_allowance``) for a case of
     the suite."""
     del backend_precision
-    from .error_models import rms_norm_allowance
 
     x, w = case.args[:2]
     return rms_norm_allowance(x, w, eps=float(case.kwargs.get("eps", 1e-6)))
@@ -112,8 +113,6 @@ _LOGIT_OFFSET_FACTORS = (-128.0, 2.0)
 
 
 def offset_logits(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    import numpy as np
-
     q, k, *rest = (np.array(arg, copy=True) for arg in args)
     q[..., 0] = _LOGIT_OFFSET_FACTORS[0]
     k[..., 0] = _LOGIT_OFFSET_FACTORS[1]
@@ -122,8 +121,7 @@ def offset_logits(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def ppermute_oracle(x: Any, *, shift: int, devices: int) -> Any:
     """The global result: device i's block is the one device (i - shift) mod n held."""
-    import numpy as np
-
+    # lazy: JAX; ops load in a conftest, before JAX starts
     from ..reference_kernels.collectives import ppermute_reference
 
     blocks = np.split(x, devices, axis=0)
@@ -201,8 +199,6 @@ def paged_attention_allowance(case: Any, backend_precision: str) -> Any:
     """Attention's model per sequence (``ops.error_models.paged_attention_model``): the logit
     rounding over each sequence's visible keys, and the most keys one sequence sees as the
     reduction length; ``case.kwargs`` are its ``op_params``."""
-    from .error_models import paged_attention_model
-
     return paged_attention_model(case.args, matmul_precision=backend_precision,
                                  params=case.kwargs)
 
@@ -232,7 +228,7 @@ def all_gather_shapes(dims: dict[str, Any]) -> tuple[list[tuple[int, ...]], tupl
 
 def all_gather_oracle(x: Any, *, devices: int) -> Any:
     """The global result: every device returns all blocks in mesh order."""
-    from ..reference_kernels.collectives import all_gather_reference
+    from ..reference_kernels.collectives import all_gather_reference  # lazy: as ppermute's
 
     gathered = all_gather_reference(np.split(x, devices, axis=0))
     return np.concatenate([gathered] * devices, axis=0)
@@ -246,7 +242,7 @@ def reduce_scatter_shapes(dims: dict[str, Any]) -> tuple[list[tuple[int, ...]], 
 
 def reduce_scatter_oracle(x: Any, *, devices: int) -> Any:
     """The global result: rows block i of the sum of the devices' x, stacked over i."""
-    from ..reference_kernels.collectives import reduce_scatter_reference
+    from ..reference_kernels.collectives import reduce_scatter_reference  # lazy: as ppermute's
 
     scattered = reduce_scatter_reference(np.split(x, devices, axis=0))
     return scattered.reshape(-1, *scattered.shape[2:])

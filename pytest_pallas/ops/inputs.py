@@ -24,8 +24,10 @@ import numpy as np
 from hypothesis import strategies as st
 
 from .. import strategies
+from ..tiling import LANES, native_sublanes
 from .domains import Domain
 from .operation import SHAPE, Operation
+from .structural_sweep import PROFILES, assignments
 
 # Buckets of the kinds a signature does not give (attention's head and sequence sizes are
 # the records' ``sizes``).
@@ -249,7 +251,6 @@ def block_multiple(op: Operation, dim: str, dtype: str, multiple: int | None) ->
     dimension's kind (lanes 128, the dtype's native sublanes, 1 for a batch-like axis)."""
     if multiple is not None:
         return multiple
-    from ..tiling import LANES, native_sublanes
 
     kind = op.dimension_kind(dim)
     if kind in ("minor", "reduction"):
@@ -356,7 +357,6 @@ def sweep_count(op: Operation, domain: Domain) -> int:
 def _structural(op: Operation, domain: Domain) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     if op.is_elementwise or not _dtypes_for(op, domain):
         return []
-    from .structural_sweep import assignments
 
     sizes = _budgeted_sizes(op, domain)
     ragged = {dim: _sweep_size(sizes[dim], op.dimension_kind(dim), 0, own_sizes=dim in op.sizes,
@@ -370,7 +370,6 @@ def _structural_case(op: Operation, domain: Domain, index: int) -> Case | None:
     structural = _structural(op, domain)
     if index >= len(structural):
         return None
-    from .structural_sweep import PROFILES
 
     dtype = _dtypes_for(op, domain)[0]
     profiles = [p for p in PROFILES if p in _profiles_for(op, dtype)] or _profiles_for(op, dtype)

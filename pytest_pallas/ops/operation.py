@@ -44,6 +44,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from ..dtypes import as_dtype
+from .error_models import ErrorModel
+
 __all__ = ["Deferred", "Operation", "OperationError", "parse_signature"]
 
 FLOAT_DTYPES = ("float32", "bfloat16")
@@ -417,8 +422,7 @@ class Operation:
         """The arguments for these sizes, dtype, value profile and seed: the ``inputs``
         builder's structured arguments, the others drawn by the value profile, then the
         profile's adjustment."""
-        import numpy as np
-
+        # lazy: strategies imports Hypothesis; the records load at start-up (--pallas-impl)
         from ..strategies import VALUE_PROFILES, generate_values
 
         shapes = self.argument_shapes(dims)
@@ -449,6 +453,7 @@ class Operation:
         xla = self.load_xla()
         if xla is None:
             return None
+        # lazy: JAX; ops load in a conftest, before JAX starts
         from jax.experimental import pallas as pl
 
         return pl.estimate_cost(xla, *args, **params)
@@ -461,11 +466,6 @@ class Operation:
         ``case.dims``; None where a dimension is unknown), the precision its inner matmul
         rounds in (``low_precision_matmul``) and whether it compares bit for bit. The
         conformance suite and ``assert_allclose(op=...)`` both judge by it."""
-        import numpy as np
-
-        from ..dtypes import as_dtype
-        from .error_models import ErrorModel
-
         found = load(self.allowance)(case, matmul_precision) if self.allowance else (0.0, "")
         model = found if isinstance(found, ErrorModel) else ErrorModel(float(found[0]), found[1])
         length = model.reduction_length
@@ -486,8 +486,6 @@ class Operation:
         """The dimension sizes ``inputs`` (the op's arguments) show: each argument's core
         dimensions are its trailing axes. ``given`` adds sizes the shapes do not say (a
         collective's ``devices``: its arguments are global arrays)."""
-        import numpy as np
-
         dims = {name: int(size) for name, size in dict(given or {}).items()
                 if name in self.dimensions}
         if self.collective or self.shapes is not None or self.is_elementwise:
@@ -507,8 +505,6 @@ class Operation:
     def _check_oracle(self, where: str) -> None:
         """Call the oracle once on small float64 inputs: it must take them and return the
         signature's result shape."""
-        import numpy as np
-
         if not callable(self.oracle):
             raise OperationError(f"{where}: oracle is a {type(self.oracle).__name__}, not a "
                                  "function; give the float64 NumPy version of the op.")

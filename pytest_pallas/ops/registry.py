@@ -12,7 +12,10 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+
 from .builtins import BUILT_IN
+from .error_models import COMPARATOR_MODELS
 from .operation import Operation, OperationError
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in BUILT_IN}
@@ -67,10 +70,6 @@ def op_error_model(op: Any, inputs: Sequence[Any], *, matmul_precision: str = "f
     ones). A reduction over a dimension the call does not give is sized by the caller's
     ``reduction_length``.
     """
-    import numpy as np
-
-    from .error_models import COMPARATOR_MODELS
-
     if isinstance(op, str) and op not in OPERATIONS and op in COMPARATOR_MODELS:
         return COMPARATOR_MODELS[op](inputs, matmul_precision=matmul_precision, params=params)
     if not isinstance(op, Operation):

@@ -11,41 +11,32 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 
 def add(x: Any, y: Any) -> Any:
     return x + y
 
 
 def sum_leading_axis(x: Any) -> Any:
-    import jax.numpy as jnp
-
     return jnp.sum(x, axis=0, dtype=jnp.float32).astype(x.dtype)
 
 
 def matmul(x: Any, y: Any) -> Any:
-    import jax.numpy as jnp
-
     return jnp.matmul(x, y, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 def matmul_activation(x: Any, y: Any, *, activation: Any) -> Any:
-    import jax.numpy as jnp
-
     product = jnp.matmul(x, y, preferred_element_type=jnp.float32)
     return (product if activation is None else activation(product)).astype(x.dtype)
 
 
 def softmax(x: Any) -> Any:
-    import jax
-    import jax.numpy as jnp
-
     return jax.nn.softmax(x.astype(jnp.float32), axis=-1).astype(x.dtype)
 
 
 def attention(q: Any, k: Any, v: Any) -> Any:
-    import jax
-    import jax.numpy as jnp
-
     f32 = jnp.float32
     # Leading axes batch; a size-1 axis of k and v (mqa's heads) broadcasts.
     logits = jnp.einsum("...sd,...td->...st", q, k, preferred_element_type=f32)
@@ -59,14 +50,10 @@ def mqa(q: Any, k: Any, v: Any) -> Any:
 
 
 def copy(x: Any) -> Any:
-    import jax.numpy as jnp
-
     return jnp.copy(x)
 
 
 def ppermute(x: Any, *, axis_name: Any, shift: int) -> Any:
-    import jax
-
     n = jax.lax.axis_size(axis_name)
     return jax.lax.ppermute(x, axis_name, [(i, (i + shift) % n) for i in range(n)])
 
@@ -74,9 +61,6 @@ def ppermute(x: Any, *, axis_name: Any, shift: int) -> Any:
 def flash_attention(q: Any, k: Any, v: Any, *, causal: bool, sm_scale: float) -> Any:
     """k and v repeated to the query heads, float32 logits and softmax, the causal mask by
     ``jnp.where``."""
-    import jax
-    import jax.numpy as jnp
-
     h, g = q.shape[1], k.shape[1]
     k, v = jnp.repeat(k, h // g, axis=1), jnp.repeat(v, h // g, axis=1)
     s, t = q.shape[2], k.shape[2]
@@ -89,9 +73,6 @@ def flash_attention(q: Any, k: Any, v: Any, *, causal: bool, sm_scale: float) ->
 
 def rms_norm(x: Any, w: Any, *, eps: float) -> Any:
     """In float32, rounded once to x's dtype."""
-    import jax
-    import jax.numpy as jnp
-
     x32 = x.astype(jnp.float32)
     inverse = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return (x32 * inverse * w.astype(jnp.float32)).astype(x.dtype)
@@ -100,9 +81,6 @@ def rms_norm(x: Any, w: Any, *, eps: float) -> Any:
 def grouped_matmul(lhs: Any, rhs: Any, group_sizes: Any) -> Any:
     """Every row times every group's rhs, the wrong groups masked away (g times the flops of
     the op: what a dense formulation costs)."""
-    import jax
-    import jax.numpy as jnp
-
     ends = jnp.cumsum(group_sizes)
     group_of_row = jnp.searchsorted(ends, jnp.arange(lhs.shape[0]), side="right")
     products = jnp.einsum("mk,gkn->gmn", lhs, rhs, preferred_element_type=jnp.float32)
@@ -113,8 +91,6 @@ def grouped_matmul(lhs: Any, rhs: Any, group_sizes: Any) -> Any:
 def quantized_matmul(x: Any, w: Any, scale: Any) -> Any:
     """w converted to x's dtype (exact: int8 fits bfloat16's 8-bit mantissa), the product in
     float32, then the column scale."""
-    import jax.numpy as jnp
-
     product = jnp.matmul(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
     return (product * scale).astype(x.dtype)
 
@@ -122,9 +98,6 @@ def quantized_matmul(x: Any, w: Any, scale: Any) -> Any:
 def paged_attention(q: Any, k_pages: Any, v_pages: Any, lengths: Any, page_indices: Any) -> Any:
     """Every sequence's pages gathered to a dense (b, g, capacity, d) cache, the positions past
     each length masked, attention in float32."""
-    import jax
-    import jax.numpy as jnp
-
     b, h, d = q.shape
     g = k_pages.shape[0]
     k = k_pages[:, page_indices].reshape(g, b, -1, d).swapaxes(0, 1)
@@ -139,12 +112,8 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, lengths: Any, page_indic
 
 
 def all_gather(x: Any, *, axis_name: Any) -> Any:
-    import jax
-
     return jax.lax.all_gather(x, axis_name, tiled=True)
 
 
 def reduce_scatter(x: Any, *, axis_name: Any) -> Any:
-    import jax
-
     return jax.lax.psum_scatter(x, axis_name, tiled=True)

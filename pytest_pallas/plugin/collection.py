@@ -76,7 +76,7 @@ def _before_pallas_tests(session: PallasSession, config: pytest.Config,
         quiet_libtpu_environment_for(options.libtpu)
     if not options.compiled and any(
             "pallas_benchmark" in getattr(item, "fixturenames", ()) for item in ours):
-        from ..bench.fixture import request_single_threaded_xla
+        from ..bench.table import request_single_threaded_xla
 
         request_single_threaded_xla(benchmark_run(config))
     # The suite's own conformance properties are sized on the run's profile; another suite

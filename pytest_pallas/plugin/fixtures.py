@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from ..suite.membership import class_binding
 from .run_state import benchmark_run, run_state
 from .session import session_of as _session
 from .skips import device_shortfall
@@ -78,7 +79,6 @@ def conformance(request: pytest.FixtureRequest):
     """The conformance harness: draws inputs for an op and checks the chosen implementation."""
     from ..strategies import PROFILE_MOST_DEVICES
     from ..suite.harness import Conformance
-    from ..suite.membership import class_binding
 
     pallas = _session(request.config)
     # The door: the implementation comes from the class (``conformance_tests``) or, for a

@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from ..numerics import header_text
 from ..settings import PallasOptions
+from .session import session_of
+from .versions import untested_jax_note
 
 if TYPE_CHECKING:
     from .session import PallasSession
@@ -17,8 +20,6 @@ if TYPE_CHECKING:
 
 def header_line(session: PallasSession) -> str:
     """The header's ``pallas:`` line."""
-    from ..numerics import header_text
-
     options = session.options
     interpreted = not options.compiled
     if interpreted:
@@ -129,8 +130,6 @@ def report_header(config: pytest.Config) -> list[str] | None:
     """pytest's header lines of the plugin, for a run whose header shows them (a Pallas
     flag, ``pallas_scope = all`` or ``--pallas-compile``): the ``pallas:`` line, where JAX
     runs, the workers the plugin chose, a JAX outside the tested range."""
-    from .session import session_of
-    from .versions import untested_jax_note
     from .workers import device_split_note, header_note
 
     session = session_of(config)
@@ -144,8 +143,6 @@ def report_header(config: pytest.Config) -> list[str] | None:
 
 def collection_finish_lines(config: pytest.Config) -> list[str] | None:
     """Where JAX runs, for a run whose header said nothing (no Pallas flag, Pallas tests)."""
-    from .session import session_of
-
     session = session_of(config)
     if session.header_shown:
         return None  # the header said it

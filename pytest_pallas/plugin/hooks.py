@@ -11,7 +11,16 @@ from __future__ import annotations
 
 import pytest
 
-from . import collection, header, options, run_records, startup, test_protocol, worker_events
+from . import (
+    collection,
+    header,
+    hookspecs,
+    options,
+    run_records,
+    startup,
+    test_protocol,
+    worker_events,
+)
 from .fixtures import (  # noqa: F401  (pytest finds the plugin's fixtures here)
     conformance,
     device_mesh,
@@ -26,8 +35,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from . import hookspecs
-
     pluginmanager.add_hookspecs(hookspecs)
 
 

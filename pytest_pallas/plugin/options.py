@@ -30,7 +30,7 @@ from ..settings import (  # noqa: F401  (the settings, read by the plugin's glue
     PallasOptions,
     device_count_from_xla_flags,
 )
-from . import versions
+from . import implementations, versions
 from .persistent_cache import add_ini_option as add_persistent_cache_option
 
 # Where a pytest-xdist worker finds its controller's seed (config.workerinput).
@@ -170,8 +170,6 @@ def _option(config: pytest.Config, name: str, ini: str | None = None):
 def parse_options(config: pytest.Config, environ=os.environ) -> PallasOptions:
     """Validate every Pallas option of ``config``; raise ``pytest.UsageError`` on the first
     bad one."""
-    from . import implementations  # pure Python: parses OP=MODULE:ATTR without importing
-
     tpu = bool(config.getoption("--pallas-tpu"))
     gpu = bool(config.getoption("--pallas-gpu"))
     detect_races = bool(config.getoption("--pallas-detect-races"))

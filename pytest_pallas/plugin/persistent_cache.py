@@ -18,7 +18,11 @@ Off with ``-p no:cacheprovider`` (no cache directory) or the ini option
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+
+from .versions import installed_version
 
 INI_OPTION = "pallas_persistent_cache"
 _VERDICTS_KEY = "pallas/compile-verdicts"
@@ -59,15 +63,11 @@ def enable_jax_cache(config: pytest.Config) -> str | None:
 
 
 def _verdicts_key() -> str:
-    from .versions import installed_version
-
     return "/".join([_VERDICTS_KEY, *(f"{name}-{installed_version(name) or 'none'}"
                                       for name in ("jax", "jaxlib", "libtpu"))])
 
 
 def _stored_verdicts(config: pytest.Config) -> dict:
-    import dataclasses
-
     from ..checks.compile_check import CompileVerdict
 
     stored = config.cache.get(_verdicts_key(), None)
@@ -95,8 +95,6 @@ def load_verdicts(config: pytest.Config) -> int:
 
 def save_verdicts(config: pytest.Config) -> None:
     """This run's verdicts added to the stored ones (pytest-xdist workers each add theirs)."""
-    import dataclasses
-
     from ..checks.compile_check import remembered_verdicts
 
     verdicts = remembered_verdicts()

@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from .session import session_of
+
 # A worker's environment: which process it is (``K/N``), where the coordinator listens,
 # the exchange directory, and the index of the first test it runs.
 PROCESS_ENV = "PYTEST_PALLAS_PROCESS"
@@ -79,7 +81,6 @@ class ProcessController:
         for name in os.listdir(self.exchange):
             if name != "order.json":
                 os.remove(os.path.join(self.exchange, name))
-        from .session import session_of
 
         seed = session_of(self.config).options.seed
         # The controller alone stops early (-x, --maxfail): a worker that stopped would
@@ -161,8 +162,6 @@ class ProcessController:
         return len(session.items)
 
     def _timeout(self) -> float:
-        from .session import session_of
-
         return session_of(self.config).options.timeout_seconds
 
     def _problem(self, index: int, results: list[_Results], finished: list[bool],

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
 import pytest
+
+from .session import session_of
 
 
 class ProcessWorker:
@@ -71,8 +74,6 @@ class ProcessWorker:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Before the test body: every process is about to run the same test with the same
         seed, or the test fails with one line (a collective would wait forever)."""
-        from .session import session_of
-
         index = self.position[item.nodeid]
         mine = f"{item.nodeid} (seed {session_of(item.config).key_seed(item.nodeid)})"
         path = os.path.join(self.exchange, f"agree-{index}-{self.index}")
@@ -113,8 +114,6 @@ def _wait_for(path: str) -> str:
 
 def _end_with_the_controller() -> None:
     """A worker whose controller died (killed before it could stop its workers) ends too."""
-    import threading
-
     controller = os.getppid()
 
     def watch() -> None:

@@ -28,6 +28,8 @@ import os
 
 import pytest
 
+from ..settings import DEFAULT_DEVICES
+from .options import WORKER_SEED_KEY
 from .process_controller import (
     COORDINATOR_ENV,
     EXCHANGE_ENV,
@@ -98,8 +100,6 @@ def _check_combination(config: pytest.Config, count: int) -> None:
 
 
 def _devices(config: pytest.Config) -> int:
-    from ..settings import DEFAULT_DEVICES
-
     value = config.getoption("--pallas-devices", default=None) or config.getini("pallas_devices")
     try:
         return int(value) if value else DEFAULT_DEVICES
@@ -108,8 +108,6 @@ def _devices(config: pytest.Config) -> int:
 
 
 def _configure_worker(config: pytest.Config, index: int, count: int) -> None:
-    from .options import WORKER_SEED_KEY
-
     # Like a pytest-xdist worker: the controller's seed; records travel with the reports to
     # the controller, which alone writes the report.
     config.workerinput = {WORKER_SEED_KEY: int(os.environ[SEED_ENV]),

@@ -9,13 +9,13 @@ line. Imports nothing heavy: the report's modules load only when a run recorded 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Generator
 from typing import Any
 
 import pytest
 
 from ..suite.membership import is_conformance_item
+from .header import header_line
 from .run_state import benchmark_run, run_state
 from .session import PallasSession, session_of
 
@@ -75,7 +75,6 @@ def write_terminal_summary(session: PallasSession, terminal: Any,
     if not session.recording or not session.recorder.ops:
         return
     from ..suite.summary import write_conformance_summary
-    from .header import header_line
 
     options = session.options
     report_line = None
@@ -193,11 +192,11 @@ def session_start(session: pytest.Session) -> Generator[None, Any, Any]:
     if pallas.recording and pallas.options.report_path and is_controller(session.config):
         write_report(session.config, complete=False)
     result = yield
-    if pallas.options.session_opted_in and "hypothesis" not in sys.modules:
+    if pallas.options.session_opted_in:
         from .workers import hands_tests_to_workers, import_hypothesis_while_workers_start
 
         if hands_tests_to_workers(session.config):
-            import_hypothesis_while_workers_start()
+            import_hypothesis_while_workers_start()  # a no-op where a module imported it
     return result
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .. import hosts
 from ..settings import PallasOptions
 from ..suite.membership import conformance_op_name, is_conformance_item
 from .chips import chip_of
@@ -101,7 +102,6 @@ class PallasSession:
         every host (see ``hosts``); the user's JAX_PLATFORMS wins."""
         if self.platform_decision is not None or self.options.compiled:
             return
-        from .. import hosts
 
         self.platform_decision = hosts.keep_jax_on_cpu(os.environ, hosts.host_accelerators())
         if not self.platform_decision.by_user:
@@ -133,19 +133,18 @@ class PallasSession:
 
     def undo_keep_jax_on_cpu(self) -> None:
         if self.platform_decision is not None:
-            from .. import hosts
-
             hosts.undo_keep_jax_on_cpu(os.environ, self.platform_decision)
 
     def ensure_devices(self) -> None:
-        from ..backend import request_cpu_devices
-        from ..checks.compile_check import quiet_libtpu_environment
+        """Before JAX starts: the modules it reads from (``hosts``, ``libtpu_environment``)
+        import no JAX."""
+        from ..checks.libtpu_environment import quiet_libtpu_environment_for
 
         if self.devices_note is None:
             self.keep_jax_on_cpu()
             # Before JAX starts: libtpu, when installed, loads with JAX's backends.
-            quiet_libtpu_environment(os.environ)
-            self.devices_requested_count, self.devices_note = request_cpu_devices(
+            quiet_libtpu_environment_for(hosts.installed_libtpu(), os.environ)
+            self.devices_requested_count, self.devices_note = hosts.request_cpu_devices(
                 self.options.devices, os.environ)
 
     def simulated_devices(self) -> int | None:

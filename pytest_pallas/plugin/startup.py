@@ -19,7 +19,10 @@ from . import options as options_module
 from . import run_records
 from .chips import ChipTally
 from .hypothesis_settings import load_hypothesis_profile
-from .options import RESUME_ENV
+from .implementations import resolve_all
+from .options import RESUME_ENV, report_directory_to_create
+from .persistent_cache import register
+from .processes import configure as configure_processes
 from .processes import worker_process
 from .run_state import benchmark_run, run_state
 from .session import MARKERS, SESSION_KEY, PallasSession
@@ -31,8 +34,6 @@ def before_configure(config: pytest.Config) -> None:
     option = config.option
     processes = option.pallas_processes or worker_process()
     if processes:
-        from .processes import configure as configure_processes
-
         configure_processes(config)  # before pytest_configure: JAX joins the other processes
     if option.pallas_tpu and not hasattr(config, "workerinput"):
         from .tpu_slice import configure as configure_slice
@@ -163,13 +164,11 @@ def _configure_opted_in(config: pytest.Config, session: PallasSession) -> None:
     # is reported as fast as any other usage error.
     user_callables = {}
     if parsed.implementations:
-        from .implementations import resolve_all
-
         user_callables = resolve_all(parsed.implementations)
     if not parsed.compiled and config.getoption("--benchmark-only", default=False):
         # Before the backend below creates JAX's CPU client, which reads XLA_FLAGS (without
         # a Pallas flag, the collection of a pallas_benchmark test does it in time).
-        from ..bench.fixture import request_single_threaded_xla
+        from ..bench.table import request_single_threaded_xla
 
         request_single_threaded_xla(benchmark_run(config))
     # A controller of pytest-xdist workers compiles and runs nothing: it leaves JAX to them,
@@ -182,8 +181,6 @@ def _configure_opted_in(config: pytest.Config, session: PallasSession) -> None:
         # collection (exit 4).
         session.backend  # noqa: B018
     if not distributed:
-        from .persistent_cache import register
-
         register(config)  # compilations kept in pytest's cache directory across runs
     # Every run records what conformance tests it runs: the packaged suite's, and those of
     # a conformance_tests class in the user's own modules. With a Pallas flag the recorder
@@ -197,7 +194,6 @@ def _configure_opted_in(config: pytest.Config, session: PallasSession) -> None:
 def _configure_conformance(config: pytest.Config, session: PallasSession,
                            user_callables: dict, distributed: bool) -> None:
     from .conformance_ops import bind_implementations, selected_ops
-    from .options import report_directory_to_create
 
     user_targets = dict(session.options.implementations)
     session.conformance_ops = selected_ops(session.options.ops, tuple(user_targets))

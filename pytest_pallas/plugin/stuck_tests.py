@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -27,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from .._compat.pytest_internals import captured_output, count_in_terminal_summary
 from ..suite.membership import is_conformance_item
 from .failure_section import failure_section
 from .options import RESUME_ENV
@@ -65,8 +67,6 @@ def end_stuck_test(item: pytest.Item, text: str, seconds: float) -> None:
 
 def _failed_report(item: pytest.Item, text: str, seconds: float) -> pytest.TestReport:
     """The stuck test's failed call, with what it printed and the plugin's section."""
-    from .._compat.pytest_internals import captured_output
-
     sections = [(f"Captured {name} call", value)
                 for name, value in zip(("stdout", "stderr"), captured_output(item.config))
                 if value]
@@ -133,8 +133,6 @@ def folder_for_workers(config: pytest.Config) -> str:
 
 
 def remove_folder(config: pytest.Config) -> None:
-    import shutil
-
     folder = run_state(config).stuck_tests_folder
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
@@ -335,7 +333,6 @@ class Resumption:
         if self.replayed:
             return
         self.replayed = True
-        from .._compat.pytest_internals import count_in_terminal_summary
 
         config = self.config
         terminal = config.pluginmanager.get_plugin("terminalreporter")

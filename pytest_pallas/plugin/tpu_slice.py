@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 
 import pytest
 
 from ..slice_hosts import SliceHosts, slice_hosts
+from .options import WORKER_SEED_KEY
+from .processes import join_processes
 
 
 def configure(config: pytest.Config) -> SliceHosts | None:
@@ -27,7 +30,6 @@ def configure(config: pytest.Config) -> SliceHosts | None:
         raise pytest.UsageError(
             f"on a multi-host TPU slice ({hosts.describe}) every host runs each test once, "
             "in one process; drop pytest-xdist's -n.")
-    from .processes import join_processes
 
     # JAX's own default (jax/_src/clusters/cloud_tpu_cluster.py): process 0's host, port
     # 8482; JAX_COORDINATOR_ADDRESS, when set, wins in jax.distributed as it does in JAX.
@@ -36,8 +38,6 @@ def configure(config: pytest.Config) -> SliceHosts | None:
     seed = agreed_seed(config.getoption("--pallas-seed"))
     config.option.pallas_seed = str(seed)
     if hosts.process != 0:
-        from .options import WORKER_SEED_KEY
-
         # Like a pytest-xdist worker: process 0 alone writes the report.
         config.workerinput = {WORKER_SEED_KEY: seed, "workerid": f"host{hosts.process}"}
     config.pluginmanager.register(SliceOrder(hosts), "pallas-tpu-slice")
@@ -46,8 +46,6 @@ def configure(config: pytest.Config) -> SliceHosts | None:
 
 def agreed_seed(given: str | None) -> int:
     """Process 0's seed (its --pallas-seed, or its draw), on every host."""
-    import random
-
     import numpy as np
     from jax.experimental import multihost_utils
 

@@ -29,11 +29,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from ..ops.domains import SupportsError
 from ..ops.inputs import VALUES_PER_SIGNATURE, SweepSlot, sweep_slots
 from ..ops.operation import Operation
+from ..ops.registry import OPERATIONS
+from .implementation import bind_function
 from .membership import CLASS_ATTRIBUTE, CONFORMANCE_DIRECTORY
 
 __all__ = ["conformance_tests", "packaged_tests"]
@@ -47,8 +50,6 @@ def _examples_setting(examples: int | None, count: Callable[[int], int]) -> Call
     """Settings that run ``count(total)`` Hypothesis examples, ``total`` being ``examples``
     or, when None, the profile's count (known only when the test runs)."""
     def make(default: Any) -> Any:
-        from hypothesis import settings
-
         total = examples if examples is not None else default.max_examples
         return settings(default, max_examples=count(total))
 
@@ -143,8 +144,6 @@ def _with_sweep_decorator(slots: int) -> Callable:
 def _packaged_ops(kernel_module: str) -> list[Operation]:
     """The ops of packaged module ``test_<kernel_module>``: those whose reference kernel lives
     in that kernel module; ``test_operations`` has every op no other packaged module has."""
-    from ..ops.registry import OPERATIONS
-
     own = {name[len("test_"):-len(".py")] for name in os.listdir(CONFORMANCE_DIRECTORY)
            if name.startswith("test_") and name.endswith(".py")}
     chosen = []
@@ -182,9 +181,6 @@ def conformance_tests(op: Operation, implementation: Callable, **settings: Any) 
     ``module:function``), ``examples`` (examples of the value property, instead
     of the Hypothesis profile's; the other properties run a fifth of it).
     """
-    from ..ops.domains import SupportsError
-    from .implementation import bind_function
-
     unknown = sorted(set(settings) - {"label", "examples"})
     if unknown:
         raise TypeError(f"conformance_tests() got unknown setting(s) {', '.join(unknown)}; "

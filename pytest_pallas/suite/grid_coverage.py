@@ -23,6 +23,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True)
 class AxisRun:
@@ -44,8 +46,6 @@ def axis_runs(info: Any, argument_names: Sequence[tuple[str, ...]] = (),
     shapes drawn) and ``result_names`` name the dimension an axis walks when the
     operand is an argument or the result of the op unchanged.
     """
-    import numpy as np  # here: the report (loaded in every run) imports this module
-
     grid = tuple(info.grid)
     own_axes = [a for a in range(len(grid)) if a not in set(info.vmapped_axes)]
     static = [a for a in own_axes if grid[a] is not None]

@@ -12,12 +12,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
+import pytest
 from hypothesis import note, target
 from hypothesis import strategies as st
+from jax.experimental.pallas import tpu as pltpu
 
 from .._compat import jax_internals, pallas_call_hooks
 from ..backend import Backend, gpu_interpreters_used
@@ -32,6 +37,7 @@ from ..checks.kernel_check import (
 from ..compare import bitwise_differences, without_uninitialized_read_hint
 from ..ops import inputs as op_inputs
 from ..ops.domains import Domain
+from ..ops.operation import DEVICES
 from ..supervision.timeout import TimeoutInterrupt
 from . import grid_coverage, judge, properties
 from .implementation import Implementation
@@ -40,8 +46,6 @@ from .report import VALUE_PROPERTIES, ConformanceRecorder
 
 def _failure_summary(error: Exception) -> str:
     """One line for the report: the timeout's own message, not XLA's wrapping of it."""
-    import re
-
     text = str(error)
     match = re.search(r"(?:Kernel|Pallas)Timeout: (.*)", text)
     if match:
@@ -160,8 +164,6 @@ class Conformance:
         """
         __tracebackhide__ = True
         if self._plain_breadth():
-            from jax.experimental.pallas import tpu as pltpu
-
             try:
                 with pltpu.force_tpu_interpret_mode(True), self._failures_unrecorded():
                     return call()
@@ -169,7 +171,6 @@ class Conformance:
                 crash = jax_internals.interpreter_crash(error)
                 if crash is not None:
                     self._plain_crash = crash
-                    import warnings
 
                     warnings.warn(PlainInterpreterCannotRun(
                         f"{self.operation.name}: JAX's plain interpreter cannot run this kernel "
@@ -192,8 +193,6 @@ class Conformance:
         """The input of one example: drawn, or the sweep's (None past the op's last)."""
         implementation = self.implementation
         if self.operation.collective and self.backend.interpreter == "plain":
-            import pytest
-
             # JAX's plain interpreter has no remote DMAs: it crashes inside JAX on them.
             pytest.skip(f"{self.operation.name}: remote copies between devices run only in the "
                         "TPU interpreter; drop --pallas-interpret=plain to check this op")
@@ -216,7 +215,6 @@ class Conformance:
         domain = self.implementation.domain
         if self.most_drawn_devices is None or not self.operation.collective:
             return domain
-        from ..ops.operation import DEVICES
 
         most = min(domain.max_size.get(DEVICES, self.most_drawn_devices), self.most_drawn_devices)
         return dataclasses.replace(domain, max_size={**domain.max_size, DEVICES: most})
@@ -267,7 +265,6 @@ class Conformance:
         __tracebackhide__ = True
         self._checks(prop)
         implementation = self.implementation
-        import jax
 
         try:
             return properties.run(implementation.function, case, self._compiled)
@@ -289,8 +286,6 @@ class Conformance:
             if not self._quiet:
                 self.recorder.outcome(self._row, prop, False, summary)
             if "--pallas-timeout" in summary:
-                import pytest
-
                 # pytest.fail is a BaseException: Hypothesis stops at once
                 # instead of re-running a hung kernel while it shrinks.
                 pytest.fail(f"[{self.operation.name}: {prop}] {summary}\ninput: {case!r}",
@@ -412,8 +407,6 @@ class Conformance:
         """Every output element written (NaN- vs zero-poisoned outputs agree) and the same twice."""
         __tracebackhide__ = True
         if self.backend.is_compiled:
-            import pytest
-
             pytest.skip("written/deterministic: output poisoning needs an interpreter (run "
                         "without --pallas-tpu or --pallas-gpu)")
 
@@ -496,9 +489,6 @@ class Conformance:
     def check_vmap(self, data: st.DataObject) -> None:
         """The op under ``jax.vmap`` equals the op on each slice."""
         __tracebackhide__ = True
-        import functools
-
-        import jax
 
         case = self.draw(data)
         self._judge_program(case)

@@ -21,9 +21,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import re
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from ..checks import honesty
@@ -51,8 +53,6 @@ def traced_function(implementation: Callable, case: Case) -> tuple[Callable, tup
 
 
 def _abstract(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    import jax
-
     return tuple(jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype
                                       if not hasattr(a, "dtype") else a.dtype) for a in args)
 
@@ -115,8 +115,6 @@ def program_verdict(implementation: Callable, case: Case, *, compare_traces: boo
 
     Raises ``CannotTrace`` when tracing the implementation raises; any other exception is
     the judge's own (a JAX whose programs it cannot read)."""
-    import jax
-
     function, args = traced_function(implementation, case)
     abstract = _abstract(args)
     try:
@@ -141,8 +139,6 @@ def _judge(closed: Any, case: Case, args: tuple[Any, ...]) -> ProgramVerdict:
 
 def _fingerprint(closed: Any) -> str:
     """Text equal for two traces of the same program (constants' bytes included)."""
-    import re
-
     # A kernel's interpret setting is the run's choice, not the implementation's.
     text = re.sub(r"\binterpret=[^\n]*", "", str(closed))
     digest = hashlib.sha256(text.encode())
@@ -157,8 +153,6 @@ def _fingerprint(closed: Any) -> str:
 def _larger_case_args(case: Case) -> tuple[Any, ...] | None:
     """Abstract arguments of the op with every size doubled (devices kept): another
     signature to interleave with ``case``'s; None if the op cannot be sized so."""
-    import jax
-
     op = case.operation
     dims: dict[str, Any] = {}
     for name, size in case.dims.items():
@@ -182,8 +176,6 @@ def state_findings(implementation: Callable, case: Case,
                    rounds: int = STATE_PROBE_ROUNDS) -> list[Finding]:
     """Trace ``implementation`` on ``case``'s shapes ``rounds`` times, interleaved with traces
     on larger shapes: every trace of one set of shapes must give the same program."""
-    import jax
-
     function, args = traced_function(implementation, case)
     shapes = {"the case's shapes": _abstract(args)}
     larger = _larger_case_args(case)

@@ -15,9 +15,13 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import ml_dtypes
 import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec
 
+from .._compat.xla_cpu_options import fast_compile_options
 from ..compare import compare_arrays
 from ..ops.inputs import Case
 from ..ops.operation import DEVICES, resolve_params
@@ -96,8 +100,6 @@ def run(implementation: Callable, case: Case, compiled: dict | None = None) -> A
     use is part of jit's cache key, so a plain-interpreted executable never answers for
     a TPU-interpreted call.
     """
-    import jax
-
     if case.operation.collective:
         return _run_collective(implementation, case)
     function = _jitted(implementation, {**call_kwargs(case), **case.blocks}, compiled)
@@ -109,10 +111,6 @@ def suite_jit(function: Callable, *, long_run: bool = False) -> Any:
     """``jax.jit(function)`` as the suite compiles an implementation: on the CPU, with XLA's
     options that compile an interpreted kernel fastest (``_compat.xla_cpu_options``);
     ``long_run`` keeps LLVM's optimiser for a program that runs long (a vmapped batch)."""
-    import jax
-
-    from .._compat.xla_cpu_options import fast_compile_options
-
     return jax.jit(function, compiler_options=fast_compile_options(long_run=long_run) or None)
 
 
@@ -134,8 +132,6 @@ AXIS_NAME = "ring"
 
 
 def _run_collective(implementation: Callable, case: Case) -> Any:
-    import jax
-
     return jax.block_until_ready(suite_jit(collective_function(implementation, case))(
         *case.args))
 
@@ -143,14 +139,9 @@ def _run_collective(implementation: Callable, case: Case) -> Any:
 def collective_function(implementation: Callable, case: Case) -> Callable:
     """The collective op's implementation inside ``shard_map`` over the case's devices,
     taking and returning the global arrays."""
-    import jax
-    from jax.sharding import Mesh, PartitionSpec
-
     count = case.dims[DEVICES]
     devices = jax.devices()
     if count > len(devices):
-        import pytest
-
         pytest.skip(f"{case.op_name} on {count} devices: JAX sees {len(devices)}; run with "
                     f"--pallas-devices={count}")
     mesh = Mesh(np.array(devices[:count]), (AXIS_NAME,))
@@ -163,8 +154,6 @@ def collective_function(implementation: Callable, case: Case) -> Callable:
 
 def describe_output(result: Any) -> str:
     try:
-        import jax
-
         kind = "jax.Array" if isinstance(result, jax.Array) else type(result).__name__
     except ImportError:  # pragma: no cover - jax is a dependency
         kind = type(result).__name__
@@ -176,8 +165,6 @@ def describe_output(result: Any) -> str:
 
 def output_type_problem(case: Case, result: Any) -> str:
     """'' when the result is a jax.Array of the contract's shape and dtype, else what is wrong."""
-    import jax
-
     expected_shape = expected_shape_of(case)
     wanted = f"a jax.Array of shape {expected_shape} and dtype {case.dtype}"
     if not isinstance(result, jax.Array):

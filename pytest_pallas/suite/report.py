@@ -8,9 +8,13 @@ its end, so an interrupted run leaves valid JSON that says it is incomplete.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import platform
+import tempfile
 import time
+from importlib import metadata
 from typing import Any
 
 from .grid_coverage import AxisRun, GridCoverage
@@ -389,9 +393,6 @@ class ConformanceRecorder:
 
 def environment_facts(backend: Any | None) -> dict[str, Any]:
     """Backend, jax/jaxlib/libtpu versions and device kind, for the report."""
-    import platform
-    from importlib import metadata
-
     def version(name: str) -> str | None:
         try:
             return metadata.version(name)
@@ -416,9 +417,6 @@ def environment_facts(backend: Any | None) -> dict[str, Any]:
 
 
 def write_json_atomically(path: str, document: dict[str, Any]) -> None:
-    import json  # here and below: the recorder is made in every run, a report in few
-    import tempfile
-
     directory = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(directory, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=".pallas-report-", dir=directory)

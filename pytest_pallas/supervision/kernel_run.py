@@ -21,7 +21,9 @@ import time
 import warnings
 from collections.abc import Callable
 
+import jax
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 from .._compat import (
     gpu_interpreter,
@@ -245,7 +247,6 @@ class KernelRun:
         is then not the TPU interpreter's."""
         if not self.backend.plain_path:
             return False
-        import jax
 
         try:
             jax.effects_barrier()  # the kernels' doubts are told as they run
@@ -258,7 +259,6 @@ class KernelRun:
         the test's (``_plain_path_doubted``). JAX's caches are cleared first: a program traced
         with a kernel in the plain path would otherwise be served again."""
         __tracebackhide__ = True
-        import jax
 
         self._plain_path_doubts.clear()
         self.close()
@@ -457,7 +457,6 @@ class KernelRun:
     def _run_in_other_interpreter(self, params: object, paragraph: str) -> None:
         """Run the test again with ``params`` after JAX's interpreter crashed inside JAX."""
         __tracebackhide__ = True
-        from jax.experimental.pallas import tpu as pltpu  # only on this rare path
 
         tpu_interpreter.reset_interpreter_state()
         try:

@@ -30,7 +30,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .._compat import gpu_interpreter, tpu_interpreter
+from .._compat import gpu_interpreter, thread_stacks, tpu_interpreter
+from .._compat.thread_stacks import cancel_raise_in_thread, raise_in_thread
 
 
 class PallasTimeout(RuntimeError):
@@ -160,8 +161,6 @@ class Watchdog:
         with self._lock:
             self._stop.set()
             if self._interrupted:
-                from .._compat.thread_stacks import cancel_raise_in_thread
-
                 cancel_raise_in_thread(self._test_thread)  # not raised yet: never
         if self._thread is not None:
             self._thread.join()
@@ -213,8 +212,6 @@ class Watchdog:
 
     def _place_text(self, place=None) -> str:
         """Where the test's thread is, in words: "in its own code at test_x.py:12", ..."""
-        from .._compat import thread_stacks
-
         if place is None:
             place = thread_stacks.place_of_thread(self._test_thread, self._test_file)
         if place is None:
@@ -232,15 +229,12 @@ class Watchdog:
         with self._lock:
             if self._interrupted or self._stop.is_set():
                 return
-            from .._compat.thread_stacks import raise_in_thread
 
             self._raised_before = TimeoutInterrupt.raised
             self._interrupted = raise_in_thread(self._test_thread, TimeoutInterrupt)
 
     def _stuck(self) -> None:
         """The test did not stop in its process: hand it to ``on_stuck``, or say so."""
-        from .._compat import thread_stacks
-
         place = thread_stacks.place_of_thread(self._test_thread, self._test_file)
         if place is None or self._stop.is_set():
             return  # it has just returned
