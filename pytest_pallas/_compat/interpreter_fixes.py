@@ -26,6 +26,7 @@ from .jax_internals import (
     PIPELINE_MODULE,
     JaxInternalsChanged,
     attributes_replaced,
+    cpu_lowerings,
     emit_pipeline_replaced,
     private_attribute,
 )
@@ -415,31 +416,11 @@ _ON_THE_CPU = {
 }
 
 
-@contextlib.contextmanager
-def tpu_primitives_on_the_cpu() -> Iterator[bool]:
+def tpu_primitives_on_the_cpu() -> contextlib.AbstractContextManager[bool]:
     """``pltpu.pack_elementwise``, ``unpack_elementwise`` and ``stochastic_round`` run on the
-    CPU (:data:`_ON_THE_CPU`). Registered for the CPU only while the block runs, each where
-    this JAX has the primitive and no CPU rule for it; yields False where the registry moved.
-    """
-    try:
-        mlir = private_attribute("jax._src.interpreters.mlir")
-        cpu_rules = mlir._platform_specific_lowerings["cpu"]
-        module = private_attribute(_TPU_PRIMITIVES)
-    except (JaxInternalsChanged, AttributeError, KeyError):
-        yield False
-        return
-    added = []
-    for name, implementation in _ON_THE_CPU.items():
-        primitive = getattr(module, name, None)
-        if primitive is not None and primitive not in cpu_rules:
-            mlir.register_lowering(primitive, mlir.lower_fun(
-                implementation, multiple_results=False), platform="cpu")
-            added.append(primitive)
-    try:
-        yield True
-    finally:
-        for primitive in added:
-            cpu_rules.pop(primitive, None)
+    CPU (:data:`_ON_THE_CPU`) while the block runs."""
+    return cpu_lowerings(_TPU_PRIMITIVES, {name: (implementation, False)
+                                           for name, implementation in _ON_THE_CPU.items()})
 
 
 _INTERPRET_PALLAS_CALL = f"{_INTERPRETER_PACKAGE}.interpret_pallas_call"

@@ -142,6 +142,34 @@ PALLAS_CALL_MODULE = "jax._src.pallas.pallas_call"
 _XLA_BRIDGE = "jax._src.xla_bridge"
 
 
+@contextlib.contextmanager
+def cpu_lowerings(module_name: str,
+                  rules: dict[str, tuple[Callable[..., Any], bool]]) -> Iterator[bool]:
+    """Each primitive of ``module_name`` that ``rules`` names (name: (its computation in
+    jnp, whether it has several results)) lowered on the CPU by that computation while the
+    block runs, where this JAX has it and no CPU rule for it. Yields whether one was added;
+    False where JAX's registry of lowerings or the module moved."""
+    try:
+        mlir = private_attribute("jax._src.interpreters.mlir")
+        cpu_rules = mlir._platform_specific_lowerings["cpu"]
+        module = private_attribute(module_name)
+    except (JaxInternalsChanged, AttributeError, KeyError):
+        yield False
+        return
+    added = []
+    for name, (implementation, several) in rules.items():
+        primitive = getattr(module, name, None)
+        if primitive is not None and primitive not in cpu_rules:
+            mlir.register_lowering(primitive, mlir.lower_fun(
+                implementation, multiple_results=several), platform="cpu")
+            added.append(primitive)
+    try:
+        yield bool(added)
+    finally:
+        for primitive in added:
+            cpu_rules.pop(primitive, None)
+
+
 def interpret_params(**fields: Any) -> Any:
     """``pltpu.InterpretParams(**fields)``, with races recorded rather than raised.
 

@@ -13,13 +13,12 @@ packed array is the docstring's (unchecked; unpacking what was packed round-trip
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
 
-from .jax_internals import JaxInternalsChanged, private_attribute
+from .jax_internals import cpu_lowerings
 
 SC_PRIMITIVES = "jax._src.pallas.mosaic.sc_primitives"
 
@@ -178,27 +177,6 @@ RULES = {
 }
 
 
-@contextlib.contextmanager
-def sparsecore_values_on_the_cpu() -> Iterator[bool]:
-    """SparseCore's value primitives (:data:`RULES`) run on the CPU while the block runs, each
-    where this JAX has it and no CPU rule for it; yields False where the registry or the
-    primitives moved."""
-    try:
-        mlir = private_attribute("jax._src.interpreters.mlir")
-        cpu_rules = mlir._platform_specific_lowerings["cpu"]
-        module = private_attribute(SC_PRIMITIVES)
-    except (JaxInternalsChanged, AttributeError, KeyError):
-        yield False
-        return
-    added = []
-    for name, (implementation, several) in RULES.items():
-        primitive = getattr(module, name, None)
-        if primitive is not None and primitive not in cpu_rules:
-            mlir.register_lowering(primitive, mlir.lower_fun(
-                implementation, multiple_results=several), platform="cpu")
-            added.append(primitive)
-    try:
-        yield bool(added)
-    finally:
-        for primitive in added:
-            cpu_rules.pop(primitive, None)
+def sparsecore_values_on_the_cpu() -> contextlib.AbstractContextManager[bool]:
+    """SparseCore's value primitives (:data:`RULES`) run on the CPU while the block runs."""
+    return cpu_lowerings(SC_PRIMITIVES, RULES)

@@ -355,7 +355,7 @@ def parse_chip_flag(value: str | None, *, tpu: bool = False) -> tuple[str, ...]:
             "--pallas-chip=v5e,v6e,7x or --pallas-chip=all.")
     chips = []
     for word in words:
-        chip = word[3:].lstrip(" _-") if word.lower().startswith("tpu") else word
+        chip = _chip_word(word)
         if chip not in KNOWN_CHIPS:
             raise pytest.UsageError(
                 f"--pallas-chip={value!r}: {word!r} is not a TPU generation JAX knows; use "
@@ -402,7 +402,7 @@ def parse_compile_flag(value: str | None, *, chips: tuple[str, ...], tpu: bool,
         return COMPILER_CHIPS
     chips = []
     for word in words:
-        name = word[3:].lstrip(" _-") if word.lower().startswith("tpu") else word
+        name = _chip_word(word)
         if name not in COMPILER_CHIPS:
             raise pytest.UsageError(
                 f"--pallas-compile={value}: {word!r} is not a chip the compile check supports; use "
@@ -411,3 +411,8 @@ def parse_compile_flag(value: str | None, *, chips: tuple[str, ...], tpu: bool,
         if name not in chips:
             chips.append(name)
     return tuple(chips)
+
+
+def _chip_word(word: str) -> str:
+    """A chip as a user may write it: ``tpu-v6e`` or ``TPU v6e`` for ``v6e``."""
+    return word[3:].lstrip(" _-") if word.lower().startswith("tpu") else word
