@@ -211,6 +211,9 @@ class Backend:
                 hosts.available_memory_bytes, on_host_memory_shortage))
             # Nor may a two-core chip's per-core computations queue behind the test's own work.
             stack.enter_context(interpreter_fixes.core_threads_off_the_kernels_device())
+            # A kernel inside jax.custom_vjp: the interpreter's callback effects are its own.
+            stack.enter_context(
+                interpreter_fixes.interpreter_effects_allowed_in_custom_derivatives())
             # An empty slice at a dimension's end is in bounds, as on the chip.
             stack.enter_context(interpreter_fixes.empty_slices_in_bounds())
             stack.enter_context(interpreter_fixes.zero_byte_waits_return())

@@ -5,6 +5,8 @@ JAX issue states it, is in docs/interpreter-limits.md."""
 
 import textwrap
 
+import pytest
+
 # A kernel a library wraps in custom_partitioning, called on one device, on eight (a sharded
 # jit: XLA's partitioner traces the body on its own thread, with no token for the TPU
 # interpreter's ordered effect), and beside an ordered io_callback of the test's own, which
@@ -223,3 +225,39 @@ def test_a_kernel_only_some_devices_run_passes_in_the_plain_path(pytester, run_p
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*KernelTimeout: pallas: kernel 'send_right at "
                                  "test_some_devices.py:*' * ran longer than --pallas-timeout=5s*"])
+
+
+KERNEL_IN_A_CUSTOM_VJP = textwrap.dedent('''
+    import jax, jax.numpy as jnp, pytest
+    from jax.experimental import pallas as pl
+
+    def double(x):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 2
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    @jax.custom_vjp
+    def f(x):
+        return double(x)
+
+    f.defvjp(lambda x: (double(x), None), lambda _, g: (double(g),))
+
+    @pytest.fixture(autouse=True)
+    def jax_checks_on():
+        jax.config.update("jax_enable_checks", True)  # as JAX's own tests have them
+        yield
+        jax.config.update("jax_enable_checks", False)
+
+    @pytest.mark.pallas
+    def test_value_and_grad():
+        x = jnp.ones((8, 128))
+        assert (jax.jit(f)(x) == 2).all()
+        assert (jax.grad(lambda x: f(x).sum())(x) == 2).all()
+''')
+
+
+@pytest.mark.parametrize("mode", ["tpu", "tpu-always"])
+def test_a_kernel_inside_a_custom_vjp_runs_interpreted(pytester, run_pytest, mode):
+    pytester.makepyfile(test_custom_vjp=KERNEL_IN_A_CUSTOM_VJP)
+    result = run_pytest(f"--pallas-interpret={mode}", "--pallas-compile=none", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)

@@ -197,6 +197,34 @@ def _empty_and_in_bounds(rnge: tuple[Any, ...], shape: tuple[int, ...]) -> bool:
 
 
 @contextlib.contextmanager
+def interpreter_effects_allowed_in_custom_derivatives() -> Iterator[bool]:
+    """A TPU-interpreted kernel inside ``jax.custom_vjp`` or ``custom_jvp`` traces and checks.
+
+    In the TPU interpreter, ``pallas_call`` declares the interpreter's callback effects
+    (``get_interpret_effects``), which JAX refuses inside a custom derivative: its type check
+    (``jax_enable_checks``, on in JAX's tests) and ``custom_vjp``'s remat raise "Effects not
+    supported in `custom_vjp`". On the chip the kernel has no effect, and splash attention's
+    kernels, under ``custom_vjp``, pass. So the interpreter's effect types are allowed in
+    custom derivatives while the block runs; yields False where JAX's registries moved.
+    """
+    try:
+        effects = private_attribute("jax._src.effects")
+        allowed = effects.custom_derivatives_allowed_effects
+        interpret_effects = private_attribute("jax._src.pallas.core", "get_interpret_effects")(
+            pltpu.InterpretParams())
+        types = allowed._effect_types
+    except (JaxInternalsChanged, AttributeError, TypeError):
+        yield False
+        return
+    added = {type(effect) for effect in interpret_effects} - set(types)
+    types.update(added)
+    try:
+        yield True
+    finally:
+        types.difference_update(added)
+
+
+@contextlib.contextmanager
 def empty_slices_in_bounds() -> Iterator[bool]:
     """An empty slice that starts at a dimension's end (``x.at[pl.ds(3, 0)]`` of a dimension
     of 3) reads and writes nothing in JAX's TPU interpreter, as on the chip, instead of
