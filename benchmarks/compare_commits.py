@@ -10,12 +10,17 @@ Each side runs from a snapshot of its own files (``pytest_pallas``, ``reference_
 (jax, libtpu, pytest), with pytest's cache off so that neither reuses the other's
 compilations. CPU is the pytest process's and its children's (pytest-xdist's workers) user and
 system time. The verdicts are read from each run's JUnit XML. ``--repeat N`` alternates the
-two sides N times and prints the medians.
+two sides N times and prints the medians. ``--base-from OUT`` takes the base side from an
+earlier run's folder, so that a change to the tree is measured without running the base again
+(its XML and timings, ``base-N.xml`` and ``base-N.json``). The tests that kept their verdict
+are compared by their JUnit time too: a test that fails at once on one side and runs on the
+other would skew the run's CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import resource
@@ -57,6 +62,14 @@ def snapshot(commit: str | None, into: pathlib.Path) -> pathlib.Path:
     return package
 
 
+def test_seconds(junit: pathlib.Path) -> dict[str, float]:
+    """Test id -> the seconds JUnit XML gives it (setup, call and teardown, wall time)."""
+    if not junit.exists():
+        return {}
+    return {f"{case.get('classname')}::{case.get('name')}": float(case.get("time") or 0)
+            for case in ElementTree.parse(junit).getroot().iter("testcase")}
+
+
 def verdicts(junit: pathlib.Path) -> dict[str, str]:
     """Test id -> passed, failed, error or skipped (with the skip's first line)."""
     found = {}
@@ -89,7 +102,14 @@ def run_side(label: str, package: pathlib.Path, cwd: pathlib.Path, ids: list[str
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    (out / f"{label}.json").write_text(json.dumps({"cpu": cpu, "wall": wall}))
     return cpu, wall, verdicts(junit)
+
+
+def earlier_side(out: pathlib.Path, label: str) -> tuple[float, float, dict[str, str]]:
+    """A side as an earlier run of this script left it in ``out`` (its XML and timings)."""
+    timings = json.loads((out / f"{label}.json").read_text())
+    return timings["cpu"], timings["wall"], verdicts(out / f"{label}.xml")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,6 +121,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="a file of test ids, one per line (# comments allowed)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--out", type=pathlib.Path, help="where the logs and XML go")
+    parser.add_argument("--base-from", type=pathlib.Path, metavar="OUT",
+                        help="take the base side from an earlier run's folder (its base-N.xml "
+                        "and base-N.json) instead of running it again")
     parser.add_argument("pytest_args", nargs="*", help="pytest's arguments (after --)")
     args = parser.parse_args(argv)
     ids = []
@@ -117,7 +140,10 @@ def main(argv: list[str] | None = None) -> None:
     for round_index in range(args.repeat):
         for index, (name, package) in enumerate(sides.items()):
             label = f"{'base' if index == 0 else 'tree'}-{round_index}"
-            cpu, wall, found = run_side(label, package, args.cwd, ids, args.pytest_args, out)
+            if index == 0 and args.base_from:
+                cpu, wall, found = earlier_side(args.base_from, label)
+            else:
+                cpu, wall, found = run_side(label, package, args.cwd, ids, args.pytest_args, out)
             results[name].append((cpu, wall, found))
             print(f"{name}, round {round_index + 1}: {cpu:.0f} s CPU, {wall:.0f} s wall, "
                   f"{len(found)} tests", flush=True)
@@ -139,6 +165,18 @@ def main(argv: list[str] | None = None) -> None:
     base_found, tree_found = (runs[-1][2] for runs in results.values())
     differ = sorted(test_id for test_id in set(base_found) | set(tree_found)
                     if base_found.get(test_id) != tree_found.get(test_id))
+    # The tests whose verdict is the same on both sides, by their JUnit time: a test that
+    # failed at once on one side and ran on the other would skew the whole run's CPU.
+    base_xml = (args.base_from or out) / f"base-{args.repeat - 1}.xml"
+    base_seconds = test_seconds(base_xml)
+    tree_seconds = test_seconds(out / f"tree-{args.repeat - 1}.xml")
+    same = [test_id for test_id in base_found if test_id not in differ
+            and test_id in tree_seconds and not base_found[test_id].startswith("skipped")]
+    if same:
+        before = sum(base_seconds.get(test_id, 0) for test_id in same)
+        now = sum(tree_seconds[test_id] for test_id in same)
+        print(f"\nthe {len(same)} tests that ran with the same verdict, JUnit seconds: "
+              f"base {before:.0f}, tree {now:.0f}, {now / max(before, 1e-9):.2f}x")
     print(f"\nverdicts that differ: {len(differ)}")
     for test_id in differ:
         print(f"  {test_id}: {base_found.get(test_id, 'absent')} -> "
