@@ -45,12 +45,15 @@ ML_DTYPES = _ml_dtypes()
 
 
 def as_dtype(name: str | Any) -> np.dtype:
-    """``"bfloat16"`` -> the NumPy dtype (ml_dtypes for bfloat16 and float8)."""
+    """``"bfloat16"`` -> the NumPy dtype (ml_dtypes for bfloat16 and float8); NumPy's own
+    names (``"float64"``, a test's reference inputs) are NumPy's dtypes."""
     if isinstance(name, str):
-        try:
+        if name in _DTYPES:
             return _DTYPES[name]
-        except KeyError:
-            raise ValueError(f"unknown dtype {name!r}; known: {', '.join(_DTYPES)}")
+        try:
+            return np.dtype(name)
+        except TypeError:
+            raise ValueError(f"unknown dtype {name!r}; known: {', '.join(_DTYPES)}") from None
     return np.dtype(name)
 
 

@@ -170,6 +170,22 @@ def cpu_lowerings(module_name: str,
             cpu_rules.pop(primitive, None)
 
 
+def scan_operand_counts(params: dict[str, Any]) -> tuple[int, int]:
+    """(constants, carries) among a ``scan`` equation's operands, the rest its ``xs``: its
+    ``num_consts`` and ``num_carry`` before JAX 0.12; from 0.12 its ``ft_in`` tree, in three
+    parts (constants, carries, xs)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    tree = params.get("ft_in")
+    try:
+        constants, carries, _ = tree.unpack()
+        return len(list(constants.vals)), len(list(carries.vals))
+    except (AttributeError, TypeError, ValueError) as error:
+        raise JaxInternalsChanged(
+            f"a scan's parameters name neither num_consts nor an ft_in tree ({error})"
+        ) from error
+
+
 def interpret_params(**fields: Any) -> Any:
     """``pltpu.InterpretParams(**fields)``, with races recorded rather than raised.
 

@@ -48,7 +48,7 @@ from jax.experimental import io_callback
 from jax.experimental.pallas import tpu as pltpu
 
 from . import jax_internals
-from .jax_internals import INTERPRETER_MODULE, JaxInternalsChanged
+from .jax_internals import INTERPRETER_MODULE, JaxInternalsChanged, scan_operand_counts
 
 _HLO_INTERPRETER = "jax._src.pallas.hlo_interpreter"
 _INTERPRETER_UTILS = "jax._src.pallas.mosaic.interpret.utils"
@@ -521,7 +521,7 @@ def _evaluate_closed(closed: Any, *args: Any, fill: Callable[..., Any]) -> list[
 
 
 def _scan(params: dict[str, Any], invals: list[Any], fill: Callable[..., Any]) -> list[Any]:
-    num_consts, num_carry = params["num_consts"], params["num_carry"]
+    num_consts, num_carry = scan_operand_counts(params)
     consts, init, xs = invals[:num_consts], invals[num_consts:num_consts + num_carry], \
         invals[num_consts + num_carry:]
 

@@ -267,7 +267,7 @@ class _Reader:
 
     def scan(self, params: dict[str, Any], ins: list[Any]) -> list[Any]:
         inner, consts = _inner(params["jaxpr"])
-        num_consts, num_carry = params["num_consts"], params["num_carry"]
+        num_consts, num_carry = jax_internals.scan_operand_counts(params)
         length = int(params["length"])
         fixed, carry, xs = ins[:num_consts], ins[num_consts:num_consts + num_carry], \
             ins[num_consts + num_carry:]
