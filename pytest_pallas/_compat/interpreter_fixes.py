@@ -203,8 +203,8 @@ def interpreter_effects_allowed_in_custom_derivatives() -> Iterator[bool]:
     In the TPU interpreter, ``pallas_call`` declares the interpreter's callback effects
     (``get_interpret_effects``), which JAX refuses inside a custom derivative: its type check
     (``jax_enable_checks``, on in JAX's tests) and ``custom_vjp``'s remat raise "Effects not
-    supported in `custom_vjp`". On the chip the kernel has no effect, and splash attention's
-    kernels, under ``custom_vjp``, pass. So the interpreter's effect types are allowed in
+    supported in `custom_vjp`". On the chip the kernel has no effect, and an attention kernel
+    under its own ``custom_vjp`` runs. So the interpreter's effect types are allowed in
     custom derivatives while the block runs; yields False where JAX's registries moved.
     """
     try:
