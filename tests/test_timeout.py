@@ -145,3 +145,33 @@ def test_many_kernels():
     result = pytester.runpytest("-p", "no:cacheprovider", "--pallas-timeout=5",
                                 "--pallas-interpret=tpu")
     result.assert_outcomes(passed=1)
+
+
+class FakeSharedMemory:
+    """The TPU interpreter's shared memory as the abort sees it: a lock, a failure slot
+    and the two barriers its devices wait at."""
+
+    def __init__(self, failure=None):
+        self.lock = threading.Lock()
+        self._failure = failure
+        self.barrier = threading.Barrier(2)
+        self.clean_up_barrier = threading.Barrier(2)
+
+
+@pytest.mark.parametrize("failed_first", [None, RuntimeError("a device's own failure")],
+                         ids=["no-failure-yet", "a-device-failed-first"])
+def test_the_clean_up_barrier_breaks_on_the_second_abort(monkeypatch, failed_first):
+    from pytest_pallas._compat import jax_internals
+
+    module = jax_internals.private_attribute(tpu_interpreter.INTERPRETER_MODULE)
+    memory = FakeSharedMemory(failure=failed_first)
+    monkeypatch.setattr(module, "_shared_memory", memory, raising=False)
+    timeout = KernelTimeout("ran longer than --pallas-timeout")
+
+    assert tpu_interpreter.abort_interpreted_kernels(timeout)
+    assert memory.barrier.broken and not memory.clean_up_barrier.broken
+    # A device that failed on its own keeps its error in the slot; the timeout does not
+    # replace it, and a second call still reaches the clean-up barrier.
+    assert memory._failure is (failed_first or timeout)
+    assert tpu_interpreter.abort_interpreted_kernels(timeout)
+    assert memory.clean_up_barrier.broken

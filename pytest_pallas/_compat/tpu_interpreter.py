@@ -84,6 +84,10 @@ def vmapped_grid_semantics_fixed() -> Iterator[None]:
         module._get_parallel_dim_semantics = original
 
 
+# (shared memory, error) of the last abort, by identity: which call is a second one.
+_last_abort: tuple[int, int] | None = None
+
+
 def abort_interpreted_kernels(error: Exception) -> bool:
     """Make every TPU-interpreted kernel that is waiting (semaphore, DMA, barrier) raise ``error``.
 
@@ -103,8 +107,12 @@ def abort_interpreted_kernels(error: Exception) -> bool:
             "the TPU interpreter's shared memory no longer has a failure slot; "
             "--pallas-timeout cannot stop a hung kernel on this JAX."
         )
+    global _last_abort
     with lock:
-        again = shared_memory._failure is error
+        # "Again" by our own record, not by the failure slot: a device that failed on its
+        # own first fills the slot with its error, and the barrier must still break.
+        again = _last_abort == (id(shared_memory), id(error))
+        _last_abort = (id(shared_memory), id(error))
         if shared_memory._failure is None:
             shared_memory._failure = error
     # The clean-up barrier only on a second call: a device whose wait broke waits there
