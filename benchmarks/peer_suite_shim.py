@@ -8,8 +8,9 @@ measurement only:
 - serves the test utilities JAX's wheel lacks (``jax._src.pallas.pallas_test_util``,
   ``jax._src.hypothesis_test_util``) from the files the script copied, at the tests' own tag,
   into ``_jax_test_support/``; the installed jax is left as it is;
-- keeps every K-th test id of each file (``PEER_SUITE_SAMPLE=K``), the same ids in every run
-  and every pytest-xdist worker, so that the plugin-off and opted-in runs compare the same tests;
+- keeps every K-th test id of each file (``PEER_SUITE_SAMPLE=K``; a test run once per chip
+  counts once), the same ids in every run and every pytest-xdist worker, so that the
+  plugin-off and opted-in runs compare the same tests;
 - ends a test that runs longer than ``PEER_SUITE_TIMEOUT`` seconds with ``PeerSuiteTimeout``
   (a SIGALRM in the test's thread), so that one slow test does not eat the whole run.
 """
@@ -56,14 +57,26 @@ class PeerSuiteTimeout(Exception):
     """A test ran past the measurement's per-test limit."""
 
 
+def _without_chip(item) -> str:
+    """The test's id without the chip suffix of a run over several chips (``[v5p]``): both
+    chips' copies of a sampled test are kept, and the same tests as a run with the plugin
+    off."""
+    try:
+        from pytest_pallas.plugin.chips import chip_of, test_id_without_chip
+    except ImportError:
+        return item.nodeid
+    chip = chip_of(item)
+    return test_id_without_chip(item.nodeid, chip) if chip else item.nodeid
+
+
 def pytest_collection_modifyitems(config, items):
     every = int(os.environ.get("PEER_SUITE_SAMPLE", "1") or 1)
     if every <= 1:
         return
-    kept, dropped, seen = [], [], {}
+    kept, dropped, ordinal = [], [], {}
     for item in items:
-        index = seen.get(item.path, 0)
-        seen[item.path] = index + 1
+        in_file = ordinal.setdefault(item.path, {})
+        index = in_file.setdefault(_without_chip(item), len(in_file))
         (kept if index % every == 0 else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)

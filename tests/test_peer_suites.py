@@ -94,6 +94,20 @@ def test_sampling_keeps_every_kth_id_of_each_file(suite, monkeypatch):
     assert kept == ["test_kernel[0]", "test_kernel[3]", "test_interpret_only"]
 
 
+def test_sampling_a_run_over_several_chips_keeps_the_same_tests_on_every_chip(suite,
+                                                                             monkeypatch):
+    monkeypatch.setenv("PEER_SUITE_SAMPLE", "3")
+    xml = suite.path / "chips.xml"
+    suite.runpytest("-p", "peer_suite_shim", "-p", "no:cacheprovider", "-p", "no:xdist",
+                    "--pallas-interpret=tpu", "--pallas-chip=v5e,v6e", "-o",
+                    "junit_family=xunit1", f"--junitxml={xml}")
+    kept = sorted(result.test_id.rsplit("::", 1)[-1] for result in results.read_junit(xml))
+    assert kept == sorted(f"{name}[{params}{chip}]"
+                          for name, params in [("test_kernel", "0-"), ("test_kernel", "3-"),
+                                               ("test_interpret_only", "")]
+                          for chip in ("v5e", "v6e"))
+
+
 def test_a_run_of_the_plugin_off_alone_classes_its_skips(suite):
     rows, classes = results.compare(results.read_junit(_run(suite, "off")), None)
     assert (rows[0].ids, rows[0].skipped_off, rows[0].passed_off) == (7, 6, 1)
