@@ -365,12 +365,11 @@ def make_interpret_params(options: PallasOptions, tpu_info: Any) -> Any:
     """What a run forces ``pallas_call``'s ``interpret=`` to: ``True`` (the plain
     interpreter), or the TPU interpreter's parameters, which route the kernels it would run
     no differently to the plain path (``_compat.plain_path``) unless the run asks for the
-    TPU interpreter always, for race detection or for a chip of two TensorCores per device
-    (where it runs "parallel" grid axes on both)."""
+    TPU interpreter always or for race detection."""
     if options.interpreter == "plain":
         return True
     params = _tpu_interpret_params(options, tpu_info)
-    if options.tpu_interpreter_always or options.detect_races or int(tpu_info.num_cores) != 1:
+    if options.tpu_interpreter_always or options.detect_races:
         return params
     try:
         return plain_path.routing_params(params)

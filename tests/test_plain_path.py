@@ -207,7 +207,7 @@ def test_vmap_and_jvp_of_a_plain_kernel_are_decided_again_and_agree():
     np.testing.assert_array_equal(slope, 2 * x * x)
 
 
-def test_two_tensorcores_per_device_keep_the_tpu_interpreter():
+def test_routing_is_off_only_for_race_detection_and_tpu_always():
     from pytest_pallas.backend import chip_info, make_interpret_params
     from pytest_pallas.settings import PallasOptions
 
@@ -217,9 +217,60 @@ def test_two_tensorcores_per_device_keep_the_tpu_interpreter():
             PallasOptions(chip=chip, **options), chip_info(chip)))
 
     assert routed()
-    assert not routed(chip="v5p")  # "parallel" axes on two cores
+    assert routed(chip="v5p")  # two TensorCores: each core's share in turn
     assert not routed(detect_races=True)
     assert not routed(tpu_interpreter_always=True)
+
+
+def on_two_cores(fn, *args):
+    """(the interpreter of each kernel, the result) with the run's parameters on two
+    TensorCores per device, as for a v5p, routed."""
+    import dataclasses
+
+    from pytest_pallas.checks.running import active_backend
+
+    params = dataclasses.replace(active_backend().interpret_params, num_cores_or_threads=2)
+    with pltpu.force_tpu_interpret_mode(params):
+        interpreters, _, out = where(fn, *args)
+    with pltpu.force_tpu_interpret_mode(plain_path.tpu_only(params)):
+        expected = np.asarray(jax.block_until_ready(fn(*args)))
+    return interpreters, np.asarray(out), expected
+
+
+def first_step_only(x):
+    """A running sum whose scratch is set up only at grid step 0 of a "parallel" axis: a
+    megacore bug (the second TensorCore starts its share with fresh scratch)."""
+    def kernel(x_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += x_ref[...]
+        o_ref[...] = acc_ref[...]
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((32, 128), x.dtype), grid=(4,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((8, 128), x.dtype)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        name="first_step_only")(x)
+
+
+def test_two_tensorcores_per_device_run_each_cores_share_as_the_tpu_interpreter():
+    interpreters, out, expected = on_two_cores(row_sums, X)
+    assert interpreters == ["plain"]
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_allclose(out, X.sum(0) + np.repeat(np.arange(4.0), 8)[:, None])
+
+
+def test_a_megacore_bug_stays_caught_on_two_tensorcores():
+    interpreters, out, expected = on_two_cores(first_step_only, X[0])
+    assert interpreters == ["plain"]
+    # The core whose share does not hold step 0 sums onto fresh (NaN) scratch; the NaNs
+    # fall where the TPU interpreter's do.
+    assert np.isnan(out).any()
+    np.testing.assert_array_equal(out, expected)
 
 
 # --- Whole runs: verdicts, notes and the flag ---------------------------------------------
@@ -337,7 +388,7 @@ def test_the_header_says_which_kernels_take_the_plain_interpreter(run_pytest, py
         "pallas: CPU, tpu interpreter, standing in for TPU v5e (1 TensorCore); a kernel the TPU "
         "interpreter would run no differently runs in JAX's plain interpreter, one XLA loop (no "
         "DMA, semaphore, mesh or other TPU-only primitive, no input written, every access "
-        "proved in bounds, one TensorCore per device); --pallas-interpret=tpu-always for none;*"])
+        "proved in bounds); --pallas-interpret=tpu-always for none;*"])
     always = run_pytest("--pallas-interpret=tpu-always", "--pallas-compile=none")
     always.stdout.fnmatch_lines([
         "pallas: CPU, tpu interpreter, standing in for TPU v5e (1 TensorCore); every kernel in "

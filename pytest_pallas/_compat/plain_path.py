@@ -20,6 +20,10 @@ the TPU interpreter runs, so that what one computes the other computes:
   block) filled by the TPU interpreter's own fill (``utils.get_uninitialized_array``: NaN,
   the integer maximum, True; the chip's poison under ``pl.enable_poison_buffers``), where
   the plain interpreter fills the integer minimum and False;
+- on a chip of two TensorCores per device (v4, v5p), each core's share of the grid (the
+  TPU interpreter's split of the "parallel" axes) with buffers and scratch of its own,
+  one core after the other: a kernel that sets up its scratch only at the grid's first
+  step reads fresh memory on the second core, as there;
 - a block index out of bounds, or an output block visited again after the grid left it,
   which the TPU interpreter stops with an error, is noticed in the loop: the kernel's
   callback then tells :func:`plain_path_doubts`' listeners, and the test runs again with
@@ -327,8 +331,9 @@ def _evaluated(closed: Any) -> Callable[..., Any]:
 def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
                interpret_params: Any, name: Any = None, **_: Any) -> list[Any]:
     """One kernel's run as the TPU interpreter runs it (see the module docstring), for a
-    kernel ``checks.plain_equivalence`` admitted: a static grid, no mesh, one core, no
-    aliased operand, blocked or squeezed block dimensions, no input written."""
+    kernel ``checks.plain_equivalence`` admitted: a static grid, no mesh, no aliased
+    operand, blocked or squeezed block dimensions, no input written; on a chip of two
+    TensorCores per device, each core's share of the grid in turn."""
     hlo = jax_internals.private_attribute(_HLO_INTERPRETER)
     tpu = jax_internals.private_attribute(INTERPRETER_MODULE)
     utils = jax_internals.private_attribute(_INTERPRETER_UTILS)
@@ -353,9 +358,11 @@ def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
         utils.get_uninitialized_array(m.array_aval.shape, m.array_aval.dtype, memory),
         shape, memory) for m, shape in zip(out_mappings, out_shapes)]
     kernel_refs = jaxpr.invars[num_index:]
-    buffers = [utils.get_uninitialized_array(v.aval.shape, v.aval.dtype, memory)
-               for v in kernel_refs[num_inputs:num_inputs + num_outputs]]
-    scratch = [utils.get_uninitialized_array(a.shape, a.dtype, memory) for a in scratch_avals]
+    buffer_avals = [v.aval for v in kernel_refs[num_inputs:num_inputs + num_outputs]]
+
+    def fresh(avals: Any) -> list[Any]:
+        return [utils.get_uninitialized_array(a.shape, a.dtype, memory) for a in avals]
+
     # How many blocks each operand's array has along each dimension (the padded array's).
     block_counts = [tuple(-(-int(size) // int(block)) if is_blocked else int(size)
                           for size, block, is_blocked in zip(m.array_aval.shape, shape, kinds))
@@ -365,6 +372,16 @@ def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
     coordinates = tpu._get_randomized_grid_coordinates(
         grid, mosaic_params, interpret_params.random_seed)
     steps = math.prod(grid)
+    # The TPU interpreter's share of the grid for each TensorCore of a device: consecutive
+    # iterations, as many points of the "parallel" subgrid each (rounded up), each core with
+    # buffers and scratch of its own. Cores write disjoint output blocks unless the kernel
+    # races, so running them one after the other computes what running them at once does.
+    cores = int(interpret_params.num_cores_per_device)
+    parallel = tpu._get_parallel_dim_semantics(mosaic_params, len(grid))
+    subgrid = tpu._get_parallel_subgrid_size(parallel, grid)
+    per_core = -(-subgrid // cores) * (steps // subgrid)
+    shares = [(core_index * per_core, min((core_index + 1) * per_core, steps))
+              for core_index in range(cores) if core_index * per_core < steps]
 
     def local_grid_env(point: tuple[Any, ...]) -> Any:
         if grid_mapping.local_grid_env is not None:
@@ -411,14 +428,17 @@ def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
             for position, count in zip(index, counts):
                 block = block * count + jnp.clip(position, 0, count - 1)
             # The TPU interpreter stops at a block visited again after the grid left it.
-            doubt = doubt | ((i > 0) & (block != before) & seen[block])
+            doubt = doubt | ((block != before) & seen[block])
             new_last.append(block)
             new_visited.append(seen.at[block].set(True))
         return i + 1, outs, buffers, scratch, new_last, new_visited, doubt
 
-    carry = (jnp.int32(0), outputs, buffers, scratch, [jnp.int32(-1)] * num_outputs, visited,
-             jnp.bool_(False))
-    _, outputs, _, _, _, _, doubt = lax.while_loop(lambda c: c[0] < steps, step, carry)
+    doubt = jnp.bool_(False)
+    for first, end in shares:
+        carry = (jnp.int32(first), outputs, fresh(buffer_avals), fresh(scratch_avals),
+                 [jnp.int32(-1)] * num_outputs, [jnp.zeros_like(v) for v in visited], doubt)
+        _, outputs, _, _, _, _, doubt = lax.while_loop(
+            functools.partial(lambda end, c: c[0] < end, end), step, carry)
     kernel = _kernel_name({"jaxpr": jaxpr, "name": name})
 
     def tell() -> None:

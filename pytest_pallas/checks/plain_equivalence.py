@@ -5,8 +5,8 @@ A kernel goes to the plain path only if all of these hold; anything not proved k
 TPU interpreter (:func:`why_tpu_interpreter` names the first that fails):
 
 1. the run's own TPU interpreter parameters route it (not a kernel's own
-   ``pltpu.InterpretParams``), without race detection, on one core per device (on v4 and
-   v5p the TPU interpreter runs "parallel" axes on two);
+   ``pltpu.InterpretParams``), without race detection (on v4 and v5p, whose TPU
+   interpreter runs "parallel" axes on two cores, the plain path runs each core's share);
 2. nothing only the TPU interpreter runs or checks: every primitive of the kernel body and
    its index maps, nested jaxprs included, is one both interpreters evaluate alike
    (:data:`PLAIN_PRIMITIVES`: XLA's own operations, loads and stores, program ids, loops,
@@ -108,9 +108,6 @@ def _check_call(params: dict[str, Any]) -> None:
     forced = params.get("interpret")
     if getattr(forced, "detect_races", False):
         raise NotPlain("race detection (--pallas-detect-races)")
-    if getattr(forced, "num_cores_or_threads", 1) != 1:
-        raise NotPlain("the chip's two TensorCores per device, which the TPU interpreter "
-                       "runs \"parallel\" grid axes on")
     if params.get("mesh") is not None:
         raise NotPlain("a kernel on a mesh (pl.core_map, pl.kernel)")
     compiler_params = params.get("compiler_params")

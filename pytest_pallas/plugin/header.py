@@ -70,7 +70,7 @@ def plain_path_text(options: PallasOptions) -> str | None:
         return "every kernel in the TPU interpreter (race detection)"
     return ("a kernel the TPU interpreter would run no differently runs in JAX's plain "
             "interpreter, one XLA loop (no DMA, semaphore, mesh or other TPU-only primitive, "
-            "no input written, every access proved in bounds, one TensorCore per device); "
+            "no input written, every access proved in bounds); "
             "--pallas-interpret=tpu-always for none")
 
 
