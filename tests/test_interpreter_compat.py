@@ -380,6 +380,38 @@ def test_pack_and_unpack_elementwise_run_in_the_tpu_interpreter(pytester, run_py
     run_pytest("-p", "no:xdist", "--pallas-compile=none").assert_outcomes(passed=3)
 
 
+# pltpu.trace_value: a scalar for the chip's xprof trace. JAX gives it no CPU rule, and on a
+# chip of two TensorCores its effect stopped the per-core program's lowering ("Cannot lower
+# jaxpr with effects").
+TRACED_KERNEL = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(x_ref, o_ref):
+        pltpu.trace_value("total", jnp.sum(x_ref[...]))
+        o_ref[...] = x_ref[...] + 1
+
+    @pytest.mark.pallas
+    def test_a_traced_value_changes_nothing():
+        x = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
+        out = pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
+                                                 has_side_effects=True))(x)
+        np.testing.assert_array_equal(out, np.asarray(x) + 1)
+''')
+
+
+def test_trace_value_runs_on_one_and_two_tensorcores(pytester, run_pytest):
+    pytester.makepyfile(test_traced=TRACED_KERNEL)
+    result = run_pytest("-p", "no:xdist", "--pallas-compile=none", "--pallas-interpret=tpu",
+                        "--pallas-chip=v5e,v5p")
+    result.assert_outcomes(passed=2)
+
+
 # A row broadcast as tokamax's grouped matmul loads it: pl.ds(i, n, stride=0) reads row i n
 # times on the chip (the TPU compiler accepts it); the interpreter read nothing.
 ZERO_STRIDE_LOAD = textwrap.dedent('''

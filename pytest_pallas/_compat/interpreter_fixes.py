@@ -435,20 +435,27 @@ def _stochastic_round_on_cpu(x: Any, random_bits: Any, *, target_dtype: Any) -> 
 # Mosaic lowers each to TPU instructions and JAX gives them no CPU rule: a kernel using one
 # crashed in the TPU interpreter ("MLIR translation rule for primitive 'pack_elementwise' not
 # found for platform cpu").
+def _trace_value_on_cpu(value: Any, *, label: str) -> list[Any]:
+    """Nothing: the chip adds the scalar to the enclosing xprof trace, which changes no value."""
+    del value, label
+    return []
+
+
+# name: (its computation on the CPU, whether it has several results).
 _ON_THE_CPU = {
-    "pack_elementwise_p": _pack_elementwise_on_cpu,
-    "unpack_elementwise_p": _unpack_elementwise_on_cpu,
+    "pack_elementwise_p": (_pack_elementwise_on_cpu, False),
+    "unpack_elementwise_p": (_unpack_elementwise_on_cpu, False),
     # Which neighbour the chip picks for given bits: unchecked; JAX's test_stochastic_round
     # accepts either.
-    "stochastic_round_p": _stochastic_round_on_cpu,
+    "stochastic_round_p": (_stochastic_round_on_cpu, False),
+    "trace_value_p": (_trace_value_on_cpu, True),
 }
 
 
 def tpu_primitives_on_the_cpu() -> contextlib.AbstractContextManager[bool]:
-    """``pltpu.pack_elementwise``, ``unpack_elementwise`` and ``stochastic_round`` run on the
-    CPU (:data:`_ON_THE_CPU`) while the block runs."""
-    return cpu_lowerings(_TPU_PRIMITIVES, {name: (implementation, False)
-                                           for name, implementation in _ON_THE_CPU.items()})
+    """``pltpu.pack_elementwise``, ``unpack_elementwise``, ``stochastic_round`` and
+    ``trace_value`` run on the CPU (:data:`_ON_THE_CPU`) while the block runs."""
+    return cpu_lowerings(_TPU_PRIMITIVES, _ON_THE_CPU)
 
 
 _INTERPRET_PALLAS_CALL = f"{_INTERPRETER_PACKAGE}.interpret_pallas_call"

@@ -36,6 +36,28 @@ def _evaluate(jaxpr: Any, consts: Any, *args: Any) -> None:
 
 
 @contextlib.contextmanager
+def _kernel_local_effects_lowerable() -> Iterator[None]:
+    """Inside the block, the effects Pallas keeps inside a kernel (``pltpu.trace_value``'s,
+    the explicit MXU's: ``pallas.core.kernel_local_effects``) do not stop a lowering. A
+    per-core program is a kernel's body at the top of a program of its own, and JAX's
+    lowering refuses an effect it does not know ("Cannot lower jaxpr with effects"): JAX's
+    own thread map failed so for every kernel with one on a chip of two TensorCores, where
+    one core runs the body inside its ``pallas_call``."""
+    try:
+        local = private_attribute("jax._src.pallas.core", "kernel_local_effects")._effect_types
+        lowerable = private_attribute("jax._src.effects", "lowerable_effects")._effect_types
+    except (JaxInternalsChanged, AttributeError):
+        yield
+        return
+    added = set(local) - set(lowerable)
+    lowerable.update(added)
+    try:
+        yield
+    finally:
+        lowerable.difference_update(added)
+
+
+@contextlib.contextmanager
 def per_core_programs_compiled_once() -> Iterator[bool]:
     """Inside the block, each per-core program of the TPU interpreter compiles once (see the
     module docstring); yields False where the thread map moved."""
@@ -59,8 +81,10 @@ def per_core_programs_compiled_once() -> Iterator[bool]:
                 entry = compiled.get(key)
                 if entry is None or entry[0] is not jaxpr:
                     traced = jax.jit(_evaluate, static_argnums=(0,)).trace(jaxpr, consts, *args)
+                    with _kernel_local_effects_lowerable():
+                        lowered = traced.lower()
                     # The jaxpr is kept with its executable: its id stays its own.
-                    entry = compiled[key] = (jaxpr, traced.lower().compile())
+                    entry = compiled[key] = (jaxpr, lowered.compile())
             entry[1](consts, *args)
 
     with attributes_replaced(module, {"_run_jaxpr": run_jaxpr}):
