@@ -205,6 +205,36 @@ def test_correct_kernels_pass_the_compile_check(run_pytest, pytester):
     result.assert_outcomes(passed=2)
 
 
+# A kernel vmapped over an axis of a mesh with explicit axes: traced under jax.set_mesh, its
+# outputs carry the mesh's sharding, which a compile on one device refused (a false alarm).
+UNDER_AN_EXPLICIT_MESH = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np, pytest
+    from jax.sharding import AxisType
+    from jax.experimental import pallas as pl
+
+    def add_one(x):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    @pytest.mark.pallas
+    @pytest.mark.devices(4)
+    def test_vmapped_over_an_explicit_axis():
+        mesh = jax.make_mesh((4,), ("dp",), axis_types=(AxisType.Explicit,))
+        x = jax.device_put(jnp.ones((4, 8, 128)), jax.NamedSharding(mesh, jax.P("dp")))
+        with jax.set_mesh(mesh):
+            out = jax.jit(jax.vmap(add_one))(x)
+        np.testing.assert_array_equal(out, 2 * np.ones((4, 8, 128)))
+''')
+
+
+def test_a_kernel_under_an_explicit_mesh_is_compiled_for_its_shapes(run_pytest, pytester):
+    pytester.makepyfile(test_explicit=UNDER_AN_EXPLICIT_MESH)
+    result = run_pytest("--pallas-interpret=tpu", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*TPU compiler check: 1 kernel compiles*"])
+
+
 def test_the_reference_kernels_compile_in_the_suite(run_pytest, tmp_path):
     report = tmp_path / "report.json"
     result = run_pytest("--pallas-conformance", "--pallas-ops=add,matmul,attention,copy,ppermute",

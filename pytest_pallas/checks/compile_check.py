@@ -281,6 +281,7 @@ def _compile(params: dict[str, Any], avals: Sequence[Any], chip: str,
     except RuntimeError as error:
         raise NotTheCompiler(str(error)) from error
     shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in avals]
+    params = _without_shardings(params)
 
     def call(*args: Any) -> Any:
         return jax_internals.bind_pallas_call(params, *args)
@@ -317,6 +318,19 @@ def _compile(params: dict[str, Any], avals: Sequence[Any], chip: str,
 
 
 _UNLOADABLE_CACHE_ENTRY = r"Error reading persistent compilation cache entry"
+
+
+def _without_shardings(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with output avals that name no mesh. Traced under ``jax.set_mesh`` with
+    explicit axes (a vmap over a sharded axis, say), a kernel's outputs carry the mesh's
+    sharding, and a compile on the one device here refuses them ("Length of device
+    assignment 1 is not equal to the size of the mesh 4"); Mosaic compiles the kernel for
+    its shapes, whatever the program around it shards."""
+    out_avals = params.get("out_avals")
+    if not out_avals or all(getattr(a, "sharding", None) is None for a in out_avals):
+        return params
+    return {**params, "out_avals": tuple(a.update(sharding=None) if hasattr(a, "sharding")
+                                         else a for a in out_avals)}
 
 
 # --- Every pallas_call a block traces, cached -------------------------------------------

@@ -10,7 +10,8 @@ both are kept under pytest's cache directory:
   TPU interpreter's kernels, which call back into Python for every DMA and
   semaphore, are compiled each run; the plain interpreter's are cached.
 * The TPU compiler's verdicts, keyed by the kernel's fingerprint, its argument
-  shapes, the mesh and the chip, in one file per jax, jaxlib and libtpu version.
+  shapes, the mesh and the chip, in one file per jax, jaxlib, libtpu and pytest-pallas
+  version (a release that compiles a kernel differently does not read an older verdict).
 
 Off with ``-p no:cacheprovider`` (no cache directory) or the ini option
 ``pallas_persistent_cache = false``; a run without a Pallas flag changes nothing.
@@ -64,7 +65,8 @@ def enable_jax_cache(config: pytest.Config) -> str | None:
 
 def _verdicts_key() -> str:
     return "/".join([_VERDICTS_KEY, *(f"{name}-{installed_version(name) or 'none'}"
-                                      for name in ("jax", "jaxlib", "libtpu"))])
+                                      for name in ("jax", "jaxlib", "libtpu",
+                                                   "pytest-pallas"))])
 
 
 def _stored_verdicts(config: pytest.Config) -> dict:
