@@ -230,7 +230,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.pytest_args += pytest_args
 
-    workdir = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix=f"peer-{args.suite}-"))
+    # Absolute: each pytest runs inside it, and its XML and logs are named from there.
+    workdir = (args.workdir or pathlib.Path(tempfile.mkdtemp(prefix=f"peer-{args.suite}-"))
+               ).resolve()
     prepare_workdir(workdir)
     if args.suite == "jax":
         if not args.jax_source:
