@@ -59,16 +59,17 @@ def test_interpreter_crash_names_a_crash_inside_the_tpu_interpreter_only():
     assert jax_internals.interpreter_crash(ValueError("a kernel's own error")) is None
 
 
-def _raised_from(filename: str, message: str, *, called_from: str | None = None) -> ValueError:
-    """A ValueError whose raising frame is in ``filename`` (as if that file raised it), called
-    from a frame in ``called_from`` if given."""
-    namespace: dict = {}
-    exec(compile(f"def fail():\n    raise ValueError({message!r})\n", filename, "exec"),
+def _raised_from(filename: str, message: str, *, called_from: str | None = None,
+                 kind: type[Exception] = ValueError) -> Exception:
+    """An exception of ``kind`` whose raising frame is in ``filename`` (as if that file raised
+    it), called from a frame in ``called_from`` if given."""
+    namespace: dict = {kind.__name__: kind}
+    exec(compile(f"def fail():\n    raise {kind.__name__}({message!r})\n", filename, "exec"),
          namespace)
     exec(compile("def call():\n    fail()\n", called_from or filename, "exec"), namespace)
     try:
         namespace["call"]()
-    except ValueError as error:
+    except kind as error:
         return error
     raise AssertionError("unreachable")
 
@@ -96,6 +97,21 @@ def test_jax_refusing_what_its_interpreter_built_is_the_interpreter_s_limit():
     assert crash.startswith("ValueError: `JaxprInputEffect`") and "pallas_call.py" in crash
     # The same words raised below the kernel's own code are not the interpreter's.
     own = _raised_from(tracing, effects, called_from="/home/user/my_kernels.py")
+    assert jax_internals.interpreter_crash(own) is None
+
+
+def test_a_callback_jax_cannot_lower_under_a_partly_automatic_mesh_is_the_interpreter_s_limit():
+    # jax 0.12: a TPU-interpreted kernel vmapped over an explicit mesh axis (JAX's sharded
+    # splash attention test); the interpreter's host callbacks cannot be lowered there.
+    words = ("callbacks are only supported in spmd computations when all mesh axes are "
+             "partitioned manually (no partial automatic sharding).")
+    refused = _raised_from("/venv/site-packages/jax/_src/callback.py", words,
+                           called_from="/venv/site-packages/jax/_src/pallas/pallas_call.py",
+                           kind=NotImplementedError)
+    assert jax_internals.interpreter_crash(refused).startswith("NotImplementedError: callbacks")
+    # A callback of the test's own program, not inside an interpreted kernel's lowering.
+    own = _raised_from("/venv/site-packages/jax/_src/callback.py", words,
+                       called_from="/home/user/test_model.py", kind=NotImplementedError)
     assert jax_internals.interpreter_crash(own) is None
 
 

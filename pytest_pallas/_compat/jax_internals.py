@@ -354,19 +354,20 @@ def interpreter_crash(error: BaseException) -> str | None:
             if inside:
                 first = str(current).strip().splitlines()[0] if str(current).strip() else ""
                 return f"{name}: {first} (in {_short_jax_path(frames[-1].filename)})"
-            if name == "ValueError" and any(
-                    refusal in str(current) for refusal in _JAX_REFUSES_THE_INTERPRETER):
-                # JAX refused what its interpreter built (jax 0.10.2): its limit, not the
-                # kernel's bug, where the interpreter's own frames, or pallas_call's lowering
-                # of an interpreted kernel (which traces the interpreter and checks the
-                # result after it returned), called what raised it.
-                called_from = next((f.filename for f in reversed(frames)
-                                    if _in_interpreter(f.filename)
-                                    or _PALLAS_CALL_LOWERING in f.filename.replace("\\", "/")),
-                                   None)
-                if called_from is not None:
-                    first = str(current).strip().splitlines()[0]
-                    return f"{name}: {first} (in {_short_jax_path(called_from)})"
+        if name in ("ValueError", "NotImplementedError") and any(
+                refusal in str(current) for refusal in _JAX_REFUSES_THE_INTERPRETER):
+            # JAX refused what its interpreter built: its limit, not the kernel's bug, where
+            # the interpreter's own frames, or pallas_call's lowering of an interpreted
+            # kernel (which traces the interpreter and checks the result after it
+            # returned), called what raised it.
+            frames = traceback.extract_tb(current.__traceback__)
+            called_from = next((f.filename for f in reversed(frames)
+                                if _in_interpreter(f.filename)
+                                or _PALLAS_CALL_LOWERING in f.filename.replace("\\", "/")),
+                               None)
+            if called_from is not None:
+                first = str(current).strip().splitlines()[0]
+                return f"{name}: {first} (in {_short_jax_path(called_from)})"
         if name in _INTERNAL_ERROR_TYPES or _NO_CPU_RULE in str(current):
             frames = traceback.extract_tb(current.__traceback__)
             where = next((f.filename for f in reversed(frames)
@@ -578,6 +579,9 @@ _PALLAS_CALL_LOWERING = "jax/_src/pallas/pallas_call.py"
 _JAX_REFUSES_THE_INTERPRETER = (
     "Triggering __jax_array__() during abstractification",
     "does not have a corresponding jaxpr input",
+    # The TPU interpreter's host callbacks in a program under jax.set_mesh whose axes are
+    # not all manual (jax 0.12: a kernel vmapped over an explicit axis).
+    "callbacks are only supported in spmd computations when all mesh axes are partitioned",
 )
 
 # JAX's GPU interpreter asserts what it cannot run (a BlockSpec with an index map, jax
