@@ -50,7 +50,9 @@ def test_pallas_backend_describes_the_default_cpu_backend(pytester):
 
 
 @pytest.mark.parametrize("args, chip, interpreter, params", [
-    (["--pallas-chip=v4"], "v4", "tpu", "InterpretParams"),
+    # Routed: a kernel the TPU interpreter would run no differently takes the plain path,
+    # on a chip of two TensorCores too.
+    (["--pallas-chip=v4"], "v4", "tpu", "RoutedInterpretParams"),
     (["--pallas-interpret=plain"], "v5e", "plain", "True"),
     (["--pallas-detect-races"], "v5e", "tpu", "InterpretParams races"),
 ], ids=["chip", "plain", "detect-races"])

@@ -41,7 +41,7 @@ import jax
 import numpy as np
 from jax.experimental import topologies
 from jax.experimental.pallas import tpu as pltpu
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from .._compat import device_kinds, gpu_interpreter, jax_internals, pallas_call_hooks
 from ..hosts import installed_libtpu
@@ -321,16 +321,24 @@ _UNLOADABLE_CACHE_ENTRY = r"Error reading persistent compilation cache entry"
 
 
 def _without_shardings(params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with output avals that name no mesh. Traced under ``jax.set_mesh`` with
-    explicit axes (a vmap over a sharded axis, say), a kernel's outputs carry the mesh's
-    sharding, and a compile on the one device here refuses them ("Length of device
-    assignment 1 is not equal to the size of the mesh 4"); Mosaic compiles the kernel for
-    its shapes, whatever the program around it shards."""
+    """``params`` with output avals on no mesh of explicit axes. Traced under
+    ``jax.set_mesh`` with explicit axes (a vmap over a sharded axis, say), a kernel's outputs
+    carry the mesh's sharding, and a compile on the one device here refuses them ("Length of
+    device assignment 1 is not equal to the size of the mesh 4"); Mosaic compiles the kernel
+    for its shapes, whatever the program around it shards. The manual axes of a
+    ``shard_map`` stay: the compile rebuilds that mesh (``mesh_axes``)."""
     out_avals = params.get("out_avals")
-    if not out_avals or all(getattr(a, "sharding", None) is None for a in out_avals):
+    if not out_avals or not any(map(_on_an_explicit_mesh, out_avals)):
         return params
-    return {**params, "out_avals": tuple(a.update(sharding=None) if hasattr(a, "sharding")
+    return {**params, "out_avals": tuple(a.update(sharding=None) if _on_an_explicit_mesh(a)
                                          else a for a in out_avals)}
+
+
+def _on_an_explicit_mesh(aval: Any) -> bool:
+    """Whether ``aval`` carries a mesh with explicit axes and no manual ones."""
+    kinds = tuple(getattr(getattr(getattr(aval, "sharding", None), "mesh", None),
+                          "axis_types", ()) or ())
+    return AxisType.Explicit in kinds and AxisType.Manual not in kinds
 
 
 # --- Every pallas_call a block traces, cached -------------------------------------------
