@@ -50,6 +50,26 @@ def test_a_second_run_takes_the_compilers_verdicts_and_jaxs_executables_from_the
 
 
 @pytest.mark.skipif(compile_check.libtpu_version() is None, reason="needs libtpu")
+def test_verdicts_are_kept_beside_an_older_releases(pytester):
+    # An older release kept its verdicts in a file named by the jax, jaxlib and libtpu
+    # versions alone; this one's key must not need that file to be a folder.
+    from pytest_pallas.plugin.versions import installed_version
+
+    older = pytester.path / ".pytest_cache" / "v" / "pallas" / "compile-verdicts"
+    for name in ("jax", "jaxlib"):
+        older /= f"{name}-{installed_version(name)}"
+    older.mkdir(parents=True)
+    (older / f"libtpu-{installed_version('libtpu')}").write_text("{}")
+    pytester.makepyfile(test_kernel=KERNEL_TEST)
+    first = _run(pytester, "-W", "error::pytest.PytestCacheWarning")
+    first.assert_outcomes(passed=1)
+    assert "could not create cache path" not in first.stdout.str() + first.stderr.str()
+    second = _run(pytester)
+    second.stdout.fnmatch_lines(
+        ["pallas: TPU compiler check: 0 kernel compiles in *, 1 verdicts from the cache"])
+
+
+@pytest.mark.skipif(compile_check.libtpu_version() is None, reason="needs libtpu")
 def test_a_kernel_judged_again_beside_jaxs_kept_executables_raises_no_warning(pytester):
     """What a pytest-xdist worker meets when another compiled the kernel first: JAX's cache
     holds the TPU executable, which this host cannot load; JAX warned about it in the run."""

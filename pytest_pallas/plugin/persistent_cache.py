@@ -64,9 +64,11 @@ def enable_jax_cache(config: pytest.Config) -> str | None:
 
 
 def _verdicts_key() -> str:
-    return "/".join([_VERDICTS_KEY, *(f"{name}-{installed_version(name) or 'none'}"
-                                      for name in ("jax", "jaxlib", "libtpu",
-                                                   "pytest-pallas"))])
+    # One file named by every version: a key one level below an older release's (which
+    # ended at libtpu's version, a file) could not be written beside it.
+    return _VERDICTS_KEY + "/" + "_".join(f"{name}-{installed_version(name) or 'none'}"
+                                          for name in ("jax", "jaxlib", "libtpu",
+                                                       "pytest-pallas"))
 
 
 def _stored_verdicts(config: pytest.Config) -> dict:
