@@ -358,11 +358,10 @@ def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
         utils.get_uninitialized_array(m.array_aval.shape, m.array_aval.dtype, memory),
         shape, memory) for m, shape in zip(out_mappings, out_shapes)]
     kernel_refs = jaxpr.invars[num_index:]
-    buffer_avals = [v.aval for v in kernel_refs[num_inputs:num_inputs + num_outputs]]
-
-    def fresh(avals: Any) -> list[Any]:
-        return [utils.get_uninitialized_array(a.shape, a.dtype, memory) for a in avals]
-
+    # Fresh for each core's share: the arrays are values, so every share starts from these.
+    buffers = [utils.get_uninitialized_array(v.aval.shape, v.aval.dtype, memory)
+               for v in kernel_refs[num_inputs:num_inputs + num_outputs]]
+    scratch = [utils.get_uninitialized_array(a.shape, a.dtype, memory) for a in scratch_avals]
     # How many blocks each operand's array has along each dimension (the padded array's).
     block_counts = [tuple(-(-int(size) // int(block)) if is_blocked else int(size)
                           for size, block, is_blocked in zip(m.array_aval.shape, shape, kinds))
@@ -435,10 +434,10 @@ def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
 
     doubt = jnp.bool_(False)
     for first, end in shares:
-        carry = (jnp.int32(first), outputs, fresh(buffer_avals), fresh(scratch_avals),
-                 [jnp.int32(-1)] * num_outputs, [jnp.zeros_like(v) for v in visited], doubt)
-        _, outputs, _, _, _, _, doubt = lax.while_loop(
-            functools.partial(lambda end, c: c[0] < end, end), step, carry)
+        carry = (jnp.int32(first), outputs, buffers, scratch, [jnp.int32(-1)] * num_outputs,
+                 visited, doubt)
+        _, outputs, _, _, _, _, doubt = lax.while_loop(lambda c, end=end: c[0] < end, step,
+                                                       carry)
     kernel = _kernel_name({"jaxpr": jaxpr, "name": name})
 
     def tell() -> None:
