@@ -300,23 +300,16 @@ def kernels_with_rounded_dots(rounding: str = "bfloat16") -> Iterator[list[str]]
     """Inside the block, the name of each kernel traced that holds a float32 dot whose
     operands ``rounding``'s hardware rounds is added to the list yielded: TPU kernels under
     ``"bfloat16"`` (GPU kernels are left out), every kernel under ``"tensorfloat32"``."""
-    from ._compat import gpu_interpreter, pallas_call_hooks  # lazy: as above
+    from ._compat import gpu_interpreter, jax_internals, pallas_call_hooks  # lazy: as above
 
     found: list[str] = []
 
     def observe(params: dict[str, Any]) -> None:
         if rounded_dots(params.get("jaxpr"), rounding):
-            found.append(_kernel_name(params))
+            found.append(jax_internals.kernel_name(params))
 
     watch = observe if rounding == "tensorfloat32" else gpu_interpreter.tpu_kernels_only(observe)
     with pallas_call_hooks.observe_pallas_calls(watch):
         yield found
 
 
-def _kernel_name(params: dict[str, Any]) -> str:
-    named = params.get("name_and_src_info")
-    name = getattr(named, "name", None) or params.get("name")
-    if name:
-        return str(name)
-    info = getattr(params.get("jaxpr"), "debug_info", None)
-    return str(getattr(info, "func_name", None) or "kernel")

@@ -179,14 +179,6 @@ _MPMD = "jax._src.pallas.mpmd"
 _HELPERS = "jax._src.pallas.helpers"
 
 
-def _kernel_name(params: dict[str, Any]) -> str:
-    if params.get("name"):
-        return str(params["name"])
-    for jaxpr in (params.get("jaxpr"), *(params.get("jaxprs") or ())):
-        info = getattr(jaxpr, "debug_info", None)
-        if getattr(info, "func_name", None):
-            return str(info.func_name)
-    return "kernel"
 
 
 @contextlib.contextmanager
@@ -291,7 +283,7 @@ def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None],
         params = {**params, "interpret": interpret}
         if not is_gpu_params(interpret):
             params.pop("kernel_arg_transforms", None)
-        name = _kernel_name(params)
+        name = jax_internals.kernel_name(params)
         if judge is not None and target == MOSAIC_GPU:
             judge(name, (params.get("jaxpr"),))
         routed(RoutedKernel(name, target, "gpu" if is_gpu_params(interpret) else "plain", note))
@@ -304,7 +296,7 @@ def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None],
         if target is None:
             return params
         interpret = forced_to(target, params.get("interpret"))
-        name = _kernel_name(params)
+        name = jax_internals.kernel_name(params)
         if judge is not None and target == MOSAIC_GPU:
             judge(name, tuple(params.get("jaxprs") or ()))
         routed(RoutedKernel(name, target, "gpu" if is_gpu_params(interpret) else "plain"))

@@ -27,8 +27,8 @@ from .jax_internals import (
     InterpreterLimit,
     JaxInternalsChanged,
     attributes_replaced,
+    kernel_name,
     private_attribute,
-    short_source,
 )
 
 SPARSE_CORE_LIMIT = (
@@ -67,7 +67,7 @@ def indexed_dmas_named() -> Iterator[bool]:
                     return original(jaxpr, *args, ctx=ctx, **kwargs)
                 raise InterpreterLimit(SPARSE_CORE_LIMIT.format(where=where))
             raise ValueError(TENSOR_CORE_REFUSAL.format(
-                kernel=_kernel_name(jaxpr), where=where))
+                kernel=repr(kernel_name({"jaxpr": jaxpr})), where=where))
         return original(jaxpr, *args, ctx=ctx, **kwargs)
 
     # Looked up by name for each body the interpreter evaluates, nested ones too.
@@ -111,7 +111,3 @@ def _line(equation: Any) -> str:
     return "in the kernel"
 
 
-def _kernel_name(jaxpr: Any) -> str:
-    info = getattr(jaxpr, "debug_info", None)
-    return repr(short_source(str(getattr(info, "func_src_info", None)
-                                 or getattr(info, "func_name", None) or "<kernel>")))

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import dataclasses as _dataclasses
 import importlib
 import os
 import re
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 
@@ -232,11 +231,11 @@ def with_tile_padded_bounds(params: Any) -> Any:
     SMEM unpadded); a read past the padding still raises. Unchanged on a JAX
     without that field.
     """
-    fields = ({f.name for f in _dataclasses.fields(params)}
-              if _dataclasses.is_dataclass(params) else set())
+    fields = ({f.name for f in dataclasses.fields(params)}
+              if dataclasses.is_dataclass(params) else set())
     if "buffer_bounds" not in fields:
         return params
-    return _dataclasses.replace(params, buffer_bounds="padded")
+    return dataclasses.replace(params, buffer_bounds="padded")
 
 
 def backends_are_initialized() -> bool:
@@ -306,6 +305,19 @@ def mesh_kernel_primitive_names() -> tuple[str, ...]:
 
 
 SOURCE_INFO_MODULE = "jax._src.source_info_util"
+
+
+def kernel_name(params: Mapping[str, Any]) -> str:
+    """A kernel's name for messages, from a ``pallas_call``'s params (or ``{"jaxpr": ...}``):
+    the name it was given, else its body's 'name at file:line' from the jaxpr's debug info."""
+    named = params.get("name_and_src_info")
+    name = getattr(named, "name", None) or params.get("name")
+    for jaxpr in (params.get("jaxpr"), *(params.get("jaxprs") or ())):
+        if name:
+            break
+        info = getattr(jaxpr, "debug_info", None)
+        name = getattr(info, "func_src_info", None) or getattr(info, "func_name", None)
+    return short_source(str(name or "<kernel>"))
 
 
 def short_source(kernel: str) -> str:

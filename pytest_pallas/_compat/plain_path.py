@@ -243,16 +243,9 @@ def decisions_recorded() -> Iterator[list[Decision]]:
             _decision_recorders[:] = [r for r in _decision_recorders if r is not found]
 
 
-def _kernel_name(params: dict[str, Any]) -> str:
-    debug_info = getattr(params.get("jaxpr"), "debug_info", None)
-    name = (params.get("name") or getattr(debug_info, "func_src_info", None)
-            or getattr(debug_info, "func_name", None) or "<kernel>")
-    return jax_internals.short_source(str(name))
-
-
 def _tell_fallback(params: dict[str, Any], error: BaseException) -> None:
     first = (str(error).strip().splitlines() or [""])[0][:160]
-    decision = Decision(_kernel_name(params), "tpu",
+    decision = Decision(jax_internals.kernel_name(params), "tpu",
                         f"JAX's plain interpreter cannot run it ({type(error).__name__}: "
                         f"{first})")
     with _lock:
@@ -438,7 +431,7 @@ def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
                  visited, doubt)
         _, outputs, _, _, _, _, doubt = lax.while_loop(lambda c, end=end: c[0] < end, step,
                                                        carry)
-    kernel = _kernel_name({"jaxpr": jaxpr, "name": name})
+    kernel = jax_internals.kernel_name({"jaxpr": jaxpr, "name": name})
 
     def tell() -> None:
         io_callback(functools.partial(_doubted, kernel), None, ordered=False)

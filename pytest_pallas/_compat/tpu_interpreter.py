@@ -253,14 +253,7 @@ def install_kernel_exit_hook() -> None:
     original_barrier = getattr(module, "_barrier", None)
 
     def interpret_pallas_call(*args: Any, **kwargs: Any) -> Any:
-        debug_info = getattr(kwargs.get("jaxpr"), "debug_info", None)
-        kernel = (
-            kwargs.get("name")
-            or getattr(debug_info, "func_src_info", None)
-            or getattr(debug_info, "func_name", None)
-            or "<kernel>"
-        )
-        kernel = jax_internals.short_source(str(kernel))
+        kernel = jax_internals.kernel_name(kwargs)
         # interpret_pallas_call looks _validate up when it stages the exit
         # check, so swapping it for the duration of this call names the kernel.
         module._validate = functools.partial(_validate_and_record, original_validate, kernel)

@@ -80,7 +80,7 @@ class NotPlain(Exception):
 
 def decide(params: dict[str, Any]) -> Decision:
     """Where the kernel of a ``pallas_call`` bound with ``params`` runs (module docstring)."""
-    kernel = _kernel_name(params)
+    kernel = jax_internals.kernel_name(params)
     try:
         reason = why_tpu_interpreter(params)
     except Exception as error:  # noqa: BLE001  # a kernel this reading does not know
@@ -95,13 +95,6 @@ def why_tpu_interpreter(params: dict[str, Any]) -> str | None:
     except NotPlain as reason:
         return str(reason)
     return None
-
-
-def _kernel_name(params: dict[str, Any]) -> str:
-    debug_info = getattr(params.get("jaxpr"), "debug_info", None)
-    name = (params.get("name") or getattr(debug_info, "func_src_info", None)
-            or getattr(debug_info, "func_name", None) or "<kernel>")
-    return jax_internals.short_source(str(name))
 
 
 def _check_call(params: dict[str, Any]) -> None:
