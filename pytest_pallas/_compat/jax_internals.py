@@ -358,13 +358,13 @@ def interpreter_crash(error: BaseException) -> str | None:
         limit = _named_limit(current)
         if limit is not None:
             return limit
+        frames = traceback.extract_tb(current.__traceback__)
+        first = (str(current).strip().splitlines() or [""])[0]
         if name in _INTERNAL_WHEN_RAISED_INSIDE or name == "AssertionError":
-            frames = traceback.extract_tb(current.__traceback__)
             inside = frames and (_in_interpreter(frames[-1].filename)
                                  if name != "AssertionError" else _GPU_INTERPRETER_SOURCE
                                  in frames[-1].filename.replace("\\", "/"))
             if inside:
-                first = str(current).strip().splitlines()[0] if str(current).strip() else ""
                 return f"{name}: {first} (in {_short_jax_path(frames[-1].filename)})"
         if name in ("ValueError", "NotImplementedError") and any(
                 refusal in str(current) for refusal in _JAX_REFUSES_THE_INTERPRETER):
@@ -372,21 +372,17 @@ def interpreter_crash(error: BaseException) -> str | None:
             # the interpreter's own frames, or pallas_call's lowering of an interpreted
             # kernel (which traces the interpreter and checks the result after it
             # returned), called what raised it.
-            frames = traceback.extract_tb(current.__traceback__)
             called_from = next((f.filename for f in reversed(frames)
                                 if _in_interpreter(f.filename)
                                 or _PALLAS_CALL_LOWERING in f.filename.replace("\\", "/")),
                                None)
             if called_from is not None:
-                first = str(current).strip().splitlines()[0]
                 return f"{name}: {first} (in {_short_jax_path(called_from)})"
         if name in _INTERNAL_ERROR_TYPES or _NO_CPU_RULE in str(current):
-            frames = traceback.extract_tb(current.__traceback__)
             where = next((f.filename for f in reversed(frames)
                           if any(s in f.filename.replace("\\", "/") for s in _INTERPRETER_SOURCES)
                           ), None)
             if where is not None or _NO_CPU_RULE in str(current):
-                first = str(current).strip().splitlines()[0] if str(current).strip() else ""
                 return f"{name}: {first}" + (f" (in {_short_jax_path(where)})" if where else "")
         # The TPU interpreter runs in a host callback: its traceback arrives as text.
         text = str(current)
