@@ -129,7 +129,7 @@ CAUSES: list[tuple[str, str]] = [
     (r"Cannot resolve attribute pretty_print",
      "a TypeError inside JAX's jaxpr printer on a nested ref selection (not examined further)"),
     (r"TpuRuleViolation.*(Mosaic failed to compile|the TPU compiler \(libtpu [^)]*\) rejects)",
-     "the TPU compiler rejects the kernel for the stand-in chip (v5e)"),
+     "the TPU compiler rejects the kernel for the stand-in chip"),
     (r"TpuRuleViolation", "the plugin's TPU check rejected the kernel"),
     (r"cost_analysis|used_scoped_memory|as_text\(\)|debug=True|HloModule"
      r"|different from the lowering platform tpu",
