@@ -372,8 +372,7 @@ def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
     parallel = tpu._get_parallel_dim_semantics(mosaic_params, len(grid))
     subgrid = tpu._get_parallel_subgrid_size(parallel, grid)
     per_core = -(-subgrid // cores) * (steps // subgrid)
-    shares = [(core_index * per_core, min((core_index + 1) * per_core, steps))
-              for core_index in range(cores) if core_index * per_core < steps]
+    shares = min(cores, -(-steps // per_core))
 
     def local_grid_env(point: tuple[Any, ...]) -> Any:
         if grid_mapping.local_grid_env is not None:
@@ -425,12 +424,21 @@ def _run_plain(*args: Any, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
             new_visited.append(seen.at[block].set(True))
         return i + 1, outs, buffers, scratch, new_last, new_visited, doubt
 
-    doubt = jnp.bool_(False)
-    for first, end in shares:
-        carry = (jnp.int32(first), outputs, buffers, scratch, [jnp.int32(-1)] * num_outputs,
-                 visited, doubt)
-        _, outputs, _, _, _, _, doubt = lax.while_loop(lambda c, end=end: c[0] < end, step,
-                                                       carry)
+    def share(core_index: Any, carry: tuple[Any, Any]) -> tuple[Any, Any]:
+        # One loop over the cores' shares, not one per share: the grid step is traced and
+        # lowered once whatever the number of cores.
+        outputs, doubt = carry
+        first = core_index * per_core
+        end = jnp.minimum(first + per_core, steps)
+        carry = (first, outputs, buffers, scratch, [jnp.int32(-1)] * num_outputs, visited,
+                 doubt)
+        _, outputs, _, _, _, _, doubt = lax.while_loop(lambda c: c[0] < end, step, carry)
+        return outputs, doubt
+
+    if shares == 1:
+        outputs, doubt = share(jnp.int32(0), (outputs, jnp.bool_(False)))
+    else:
+        outputs, doubt = lax.fori_loop(0, shares, share, (outputs, jnp.bool_(False)))
     kernel = jax_internals.kernel_name({"jaxpr": jaxpr, "name": name})
 
     def tell() -> None:
