@@ -207,8 +207,9 @@ def test_a_kernel_jaxs_interpreters_cannot_run_skips_with_one_line(pytester):
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines([
-        "SKIPPED ?1? test_*.py:[0-9]*: pallas: Mosaic GPU kernel 'body' cannot run in JAX's "
-        "plain interpreter (JAX's GPU interpreter runs only whole-array blocks*commit_smem*"
+        "SKIPPED ?1? test_*.py:[0-9]*: pallas: Mosaic GPU kernel 'body at test_*.py:[0-9]*' "
+        "cannot run in JAX's plain interpreter "
+        "(JAX's GPU interpreter runs only whole-array blocks*commit_smem*"
         "run it with --pallas-gpu on a GPU."])
     assert "TPU interpreter" not in result.stdout.str()
 
