@@ -311,5 +311,3 @@ def kernels_with_rounded_dots(rounding: str = "bfloat16") -> Iterator[list[str]]
     watch = observe if rounding == "tensorfloat32" else gpu_interpreter.tpu_kernels_only(observe)
     with pallas_call_hooks.observe_pallas_calls(watch):
         yield found
-
-

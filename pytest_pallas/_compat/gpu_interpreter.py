@@ -179,8 +179,6 @@ _MPMD = "jax._src.pallas.mpmd"
 _HELPERS = "jax._src.pallas.helpers"
 
 
-
-
 @contextlib.contextmanager
 def gpu_kernels_routed(gpu_params: Any, routed: Callable[[RoutedKernel], None],
                        judge: Callable[[str, Any], None] | None = None) -> Iterator[None]:

@@ -109,5 +109,3 @@ def _line(equation: Any) -> str:
         if name and "/jax/" not in name.replace("\\", "/"):
             return f"at {name.rsplit('/', 1)[-1]}:{getattr(entry, 'line_num', '?')}"
     return "in the kernel"
-
-
