@@ -10,7 +10,8 @@ measurement only:
   into ``_jax_test_support/``; the installed jax is left as it is;
 - keeps every K-th test id of each file (``PEER_SUITE_SAMPLE=K``; a test run once per chip
   counts once), the same ids in every run and every pytest-xdist worker, so that the
-  plugin-off and opted-in runs compare the same tests;
+  plugin-off and opted-in runs compare the same tests; ``PEER_SUITE_SLICE=J`` (0 to K-1)
+  keeps the ids J, J+K, J+2K, ...: the K slices together are the whole suite;
 - ends a test that runs longer than ``PEER_SUITE_TIMEOUT`` seconds with ``PeerSuiteTimeout``
   (a SIGALRM in the test's thread), so that one slow test does not eat the whole run.
 """
@@ -71,13 +72,14 @@ def _without_chip(item) -> str:
 
 def pytest_collection_modifyitems(config, items):
     every = int(os.environ.get("PEER_SUITE_SAMPLE", "1") or 1)
+    offset = int(os.environ.get("PEER_SUITE_SLICE", "0") or 0)
     if every <= 1:
         return
     kept, dropped, ordinal = [], [], {}
     for item in items:
         in_file = ordinal.setdefault(item.path, {})
         index = in_file.setdefault(_without_chip(item), len(in_file))
-        (kept if index % every == 0 else dropped).append(item)
+        (kept if index % every == offset else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

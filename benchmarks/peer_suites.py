@@ -7,6 +7,10 @@
     # tokamax's TPU tests, from its installed wheel (pip install tokamax==0.0.17)
     python benchmarks/peer_suites.py tokamax --sample 10 -n 2
 
+    # tokamax whole, in slices and chunks that survive a stop: run again to resume
+    python benchmarks/peer_suites.py tokamax --sample 20 --slice 3 --chunks 8 \
+        --workdir runs/tokamax-slice3 -n 2
+
     # the tables again, from the JUnit XML of an earlier run
     python benchmarks/peer_suite_results.py WORK/off.xml WORK/on.xml
 
@@ -15,7 +19,11 @@ Each suite runs twice in a work folder (``--workdir``, default a fresh temporary
 writes JUnit XML there (off.xml, on.xml) and its ``--durations`` output (off.log, on.log).
 ``--also-opt-in`` adds opted-in runs under other configurations (on2.xml, ...), taken
 together with the first: a TPU CI runs a suite on a single chip and on a slice, and the
-tests that want one device skip beside the run's eight simulated ones.
+tests that want one device skip beside the run's eight simulated ones. ``--chunks N`` splits
+the files into N runs, each with its own XML (off-3.xml, on-3.xml); a run stopped (Ctrl-C
+ends pytest and all its workers) keeps the chunks it finished, and the same command resumes
+after them. ``--sample K --slice J`` measures one K-th of the suite; the K slices are the
+whole.
 The tables (docs/peer-suites.md) count, per file, the TPU-only tests (skipped with the plugin
 off) and what became of them opted in, and class every skip and failure by cause.
 
@@ -37,6 +45,7 @@ import pathlib
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -133,8 +142,12 @@ def prepare_workdir(workdir: pathlib.Path) -> None:
 
 
 def run_pytest(workdir: pathlib.Path, paths, label: str, plugin_args, args) -> pathlib.Path:
-    """One pytest run over ``paths`` in ``workdir``; returns its JUnit XML."""
+    """One pytest run over ``paths`` in ``workdir``; returns its JUnit XML. An XML already
+    there is kept (``--chunks``: a long measurement resumes where it stopped)."""
     xml = workdir / f"{label}.xml"
+    if xml.exists() and args.chunks > 1:
+        print(f"  {xml.name}: kept from an earlier run", flush=True)
+        return xml
     command = [sys.executable, "-m", "pytest", *map(str, paths), "-p", "peer_suite_shim",
                *plugin_args,
                f"--junitxml={xml}", "-o", "junit_family=xunit1", "-q", "-rN",
@@ -142,39 +155,81 @@ def run_pytest(workdir: pathlib.Path, paths, label: str, plugin_args, args) -> p
     command += ["-n", str(args.workers)] if args.workers else ["-p", "no:xdist"]
     command += args.pytest_args
     path = os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PEER_SUITE_SAMPLE=str(args.sample),
+    env = dict(os.environ, PEER_SUITE_SAMPLE=str(args.sample), PEER_SUITE_SLICE=str(args.slice),
                PEER_SUITE_TIMEOUT=str(args.timeout), PYTHONHASHSEED="0", PYTHONPATH=path)
     shown = command[1:]
     if len(paths) > 8:  # tokamax's ninety files: name the folder, not each file
         shown = [*command[1:3], f"<{len(paths)} files under {os.path.commonpath(paths)}>",
                  *command[3 + len(paths):]]
-    print(f"$ (cd {workdir} && PEER_SUITE_SAMPLE={args.sample} "
+    print(f"$ (cd {workdir} && PEER_SUITE_SAMPLE={args.sample} PEER_SUITE_SLICE={args.slice} "
           f"PEER_SUITE_TIMEOUT={args.timeout} python {' '.join(shown)})", flush=True)
     start = time.monotonic()
+    partial = xml.with_suffix(".partial.xml")
+    command[command.index(f"--junitxml={xml}")] = f"--junitxml={partial}"
     with open(workdir / f"{label}.log", "w") as log:
-        status = subprocess.run(command, cwd=workdir, env=env, stdout=log,
-                                stderr=subprocess.STDOUT).returncode
+        status = _run_to_the_end(command, workdir, env, log)
     print(f"  exit {status}, {time.monotonic() - start:.0f} s wall; log {workdir / label}.log",
           flush=True)
-    if not xml.exists():
+    if not partial.exists():
         raise SystemExit(f"pytest wrote no {xml}; see {workdir / label}.log")
+    # Written under another name until pytest ends, so that a stopped run leaves no XML that
+    # a resumed one would take for a finished chunk.
+    partial.replace(xml)
     return xml
 
 
+def _run_to_the_end(command, workdir, env, log) -> int:
+    """Runs pytest in a process group of its own. Ctrl-C (or SIGTERM) ends the whole group:
+    pytest-xdist's controller does not stop for it while its workers are inside XLA, and
+    replaces a worker that is killed alone."""
+    process = subprocess.Popen(command, cwd=workdir, env=env, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise SystemExit(f"stopped: pytest and its workers ended; the chunks measured so far "
+                         f"are kept in {workdir}")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _chunks(paths, count: int) -> list[list]:
+    """``paths`` in ``count`` contiguous groups of about equal length (files, not tests: a
+    chunk is one pytest run)."""
+    count = max(1, min(count, len(paths)))
+    size, extra = divmod(len(paths), count)
+    groups, start = [], 0
+    for index in range(count):
+        end = start + size + (index < extra)
+        groups.append(paths[start:end])
+        start = end
+    return groups
+
+
 def measure(workdir: pathlib.Path, paths, args) -> None:
-    xml_off = xml_on = None
-    if args.mode in ("off", "both"):
-        xml_off = run_pytest(workdir, paths, "off", ["-p", "no:pallas"], args)
-    also_on = []
-    if args.mode in ("on", "both"):
-        xml_on = run_pytest(workdir, paths, "on", shlex.split(args.opt_in), args)
-        also_on = [run_pytest(workdir, paths, f"on{number}", shlex.split(opt_in), args)
-                   for number, opt_in in enumerate(args.also_opt_in, start=2)]
-    if xml_off is None:
-        for xml in (xml_on, *also_on):
+    """The runs, chunk by chunk (``--chunks``), then the tables over all chunks."""
+    chunks = _chunks(paths, args.chunks)
+    offs, ons, also_on = [], [], []
+    for number, chunk in enumerate(chunks):
+        suffix = f"-{number}" if len(chunks) > 1 else ""
+        if len(chunks) > 1:
+            print(f"chunk {number + 1} of {len(chunks)}: {len(chunk)} files", flush=True)
+        if args.mode in ("off", "both"):
+            offs.append(run_pytest(workdir, chunk, f"off{suffix}", ["-p", "no:pallas"], args))
+        if args.mode in ("on", "both"):
+            ons.append(run_pytest(workdir, chunk, f"on{suffix}", shlex.split(args.opt_in), args))
+            also_on += [run_pytest(workdir, chunk, f"on{runs}{suffix}", shlex.split(opt_in),
+                                   args)
+                        for runs, opt_in in enumerate(args.also_opt_in, start=2)]
+    if offs and ons:
+        pairs = [path for off, on in zip(offs, ons) for path in (off, on)]
+        print(peer_suite_results.report(*pairs, also_on=also_on))
+    else:  # one run only: its tables, chunk by chunk
+        for xml in (*offs, *ons, *also_on):
             print(peer_suite_results.report(xml))
-    else:
-        print(peer_suite_results.report(xml_off, xml_on, also_on=also_on))
 
 
 def tokamax_test_files(exclude: str) -> tuple[pathlib.Path, list[pathlib.Path]]:
@@ -218,6 +273,13 @@ def main(argv=None) -> None:
                         "with the first (\"--pallas-interpret=tpu --pallas-devices=1\": the "
                         "single-device tests); repeatable")
     parser.add_argument("--sample", type=int, default=1, help="keep every K-th test id per file")
+    parser.add_argument("--slice", type=int, default=0, metavar="J",
+                        help="with --sample K, keep the ids J, J+K, ... (0 to K-1): the K "
+                        "slices together are the whole suite")
+    parser.add_argument("--chunks", type=int, default=1,
+                        help="split the files into this many pytest runs, each with its own "
+                        "XML in the work folder; run again with the same --workdir to resume "
+                        "after a stop (chunks already measured are kept)")
     parser.add_argument("-n", "--workers", type=int, default=0, help="pytest-xdist workers")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds a test may run (0: no limit)")
@@ -229,6 +291,11 @@ def main(argv=None) -> None:
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.pytest_args += pytest_args
+    if not 0 <= args.slice < max(args.sample, 1):
+        parser.error(f"--slice {args.slice}: give 0 to {max(args.sample, 1) - 1} "
+                     f"(the slices of --sample {args.sample})")
+    if args.chunks < 1:
+        parser.error(f"--chunks {args.chunks}: give 1 or more")
 
     # Absolute: each pytest runs inside it, and its XML and logs are named from there.
     workdir = (args.workdir or pathlib.Path(tempfile.mkdtemp(prefix=f"peer-{args.suite}-"))

@@ -94,6 +94,41 @@ def test_sampling_keeps_every_kth_id_of_each_file(suite, monkeypatch):
     assert kept == ["test_kernel[0]", "test_kernel[3]", "test_interpret_only"]
 
 
+def test_the_slices_of_a_sample_are_the_whole_suite_each_id_once(suite, monkeypatch):
+    monkeypatch.setenv("PEER_SUITE_SAMPLE", "3")
+    kept = []
+    for offset in range(3):
+        monkeypatch.setenv("PEER_SUITE_SLICE", str(offset))
+        kept += [result.test_id for result in results.read_junit(_run(suite, f"s{offset}"))]
+    monkeypatch.setenv("PEER_SUITE_SAMPLE", "1")
+    whole = [result.test_id for result in results.read_junit(_run(suite, "whole"))]
+    assert sorted(kept) == sorted(whole) and len(set(kept)) == len(kept) == 7
+
+
+def test_a_chunked_run_stopped_midway_resumes_after_the_chunks_it_finished(tmp_path,
+                                                                          monkeypatch, capsys):
+    for name in ("a", "b", "c"):
+        (tmp_path / f"tpu_{name}_test.py").write_text("def test_one():\n    pass\n")
+    peer_suites.prepare_workdir(tmp_path)
+    args = peer_suites.argparse.Namespace(
+        mode="off", chunks=2, sample=1, slice=0, timeout=0, workers=0, durations=0,
+        pytest_args=[], opt_in="", also_opt_in=[])
+    paths = sorted(path.name for path in tmp_path.glob("tpu_*_test.py"))
+    monkeypatch.setenv("PYTHONPATH", str(BENCHMARKS))
+    peer_suites.measure(tmp_path, paths, args)
+    first = [results.read_junit(tmp_path / f"off-{number}.xml") for number in (0, 1)]
+    assert [len(chunk) for chunk in first] == [2, 1]
+    # As if the second chunk had been stopped: its XML never became final.
+    (tmp_path / "off-1.xml").unlink()
+    (tmp_path / "off-0.log").write_text("the first run's log\n")
+    capsys.readouterr()
+    peer_suites.measure(tmp_path, paths, args)
+    out = capsys.readouterr().out
+    assert "off-0.xml: kept from an earlier run" in out
+    assert (tmp_path / "off-0.log").read_text() == "the first run's log\n"
+    assert results.read_junit(tmp_path / "off-1.xml")[0].outcome == results.PASSED
+
+
 def test_sampling_a_run_over_several_chips_keeps_the_same_tests_on_every_chip(suite,
                                                                              monkeypatch):
     monkeypatch.setenv("PEER_SUITE_SAMPLE", "3")
