@@ -14,7 +14,10 @@ two sides N times and prints the medians. ``--base-from OUT`` takes the base sid
 earlier run's folder, so that a change to the tree is measured without running the base again
 (its XML and timings, ``base-N.xml`` and ``base-N.json``). The tests that kept their verdict
 are compared by their JUnit time too: a test that fails at once on one side and runs on the
-other would skew the run's CPU.
+other would skew the run's CPU. ``--warm`` measures both sides as a CI that keeps
+``.pytest_cache`` between runs sees them: each side first runs once, unmeasured, into a cache
+directory of its own (the plugin keeps JAX's compiled executables and the TPU compiler's
+verdicts there), and its measured runs reuse it.
 """
 
 from __future__ import annotations
@@ -88,13 +91,16 @@ def verdicts(junit: pathlib.Path) -> dict[str, str]:
 
 
 def run_side(label: str, package: pathlib.Path, cwd: pathlib.Path, ids: list[str],
-             pytest_args: list[str], out: pathlib.Path) -> tuple[float, float, dict[str, str]]:
+             pytest_args: list[str], out: pathlib.Path,
+             cache: pathlib.Path | None = None) -> tuple[float, float, dict[str, str]]:
+    """One measured pytest run of a side; ``cache``: its pytest cache directory (None: off)."""
     junit = out / f"{label}.xml"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(package), str(cwd), os.environ.get("PYTHONPATH", "")]))}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    command = [sys.executable, "-m", "pytest", *ids, *pytest_args, "-q", "-p",
-               "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+    cache_args = ["-o", f"cache_dir={cache}"] if cache else ["-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", *ids, *pytest_args, "-q", *cache_args,
+               f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     with open(out / f"{label}.log", "w") as log:
@@ -102,13 +108,20 @@ def run_side(label: str, package: pathlib.Path, cwd: pathlib.Path, ids: list[str
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    (out / f"{label}.json").write_text(json.dumps({"cpu": cpu, "wall": wall}))
+    (out / f"{label}.json").write_text(json.dumps({"cpu": cpu, "wall": wall,
+                                                   "warm": cache is not None}))
     return cpu, wall, verdicts(junit)
 
 
-def earlier_side(out: pathlib.Path, label: str) -> tuple[float, float, dict[str, str]]:
+def earlier_side(out: pathlib.Path, label: str,
+                 warm: bool) -> tuple[float, float, dict[str, str]]:
     """A side as an earlier run of this script left it in ``out`` (its XML and timings)."""
     timings = json.loads((out / f"{label}.json").read_text())
+    earlier_warm = timings.get("warm", False)
+    if earlier_warm != warm:
+        raise SystemExit(f"{out / label}.json was measured {'warm' if earlier_warm else 'cold'}: "
+                         f"run with{'' if earlier_warm else 'out'} --warm to compare like with "
+                         "like, or measure the base again (no --base-from)")
     return timings["cpu"], timings["wall"], verdicts(out / f"{label}.xml")
 
 
@@ -124,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base-from", type=pathlib.Path, metavar="OUT",
                         help="take the base side from an earlier run's folder (its base-N.xml "
                         "and base-N.json) instead of running it again")
+    parser.add_argument("--warm", action="store_true",
+                        help="measure each side with a pytest cache its own first run filled")
     parser.add_argument("pytest_args", nargs="*", help="pytest's arguments (after --)")
     args = parser.parse_args(argv)
     ids = []
@@ -137,17 +152,32 @@ def main(argv: list[str] | None = None) -> None:
     sides = {f"base {head}": snapshot(args.base, out / "base"),
              "working tree": snapshot(None, out / "tree")}
     results: dict[str, list[tuple[float, float, dict[str, str]]]] = {name: [] for name in sides}
+    caches = {name: None for name in sides}
+    if args.base_from:  # like with like, said before anything runs
+        earlier_side(args.base_from, "base-0", args.warm)
+    if args.warm:
+        for index, (name, package) in enumerate(sides.items()):
+            if index == 0 and args.base_from:
+                continue
+            side = "base" if index == 0 else "tree"
+            caches[name] = out / f"cache-{side}"
+            cpu, wall, _ = run_side(f"{side}-fill", package, args.cwd, ids, args.pytest_args,
+                                    out, caches[name])
+            print(f"{name}, filling its cache: {cpu:.0f} s CPU, {wall:.0f} s wall", flush=True)
     for round_index in range(args.repeat):
         for index, (name, package) in enumerate(sides.items()):
             label = f"{'base' if index == 0 else 'tree'}-{round_index}"
             if index == 0 and args.base_from:
-                cpu, wall, found = earlier_side(args.base_from, label)
+                cpu, wall, found = earlier_side(args.base_from, label, args.warm)
             else:
-                cpu, wall, found = run_side(label, package, args.cwd, ids, args.pytest_args, out)
+                cpu, wall, found = run_side(label, package, args.cwd, ids, args.pytest_args, out,
+                                            caches[name])
             results[name].append((cpu, wall, found))
             print(f"{name}, round {round_index + 1}: {cpu:.0f} s CPU, {wall:.0f} s wall, "
                   f"{len(found)} tests", flush=True)
-    print(f"\n{len(ids) or 'the'} test ids, {args.repeat} round(s), medians; logs in {out}\n")
+    state = "warm (each side's own cache, filled by a first run)" if args.warm else "cold"
+    print(f"\n{len(ids) or 'the'} test ids, {args.repeat} round(s), {state}, medians; "
+          f"logs in {out}\n")
     print("| | CPU s | wall s | passed | failed | skipped |")
     print("|---|---|---|---|---|---|")
     medians = {}

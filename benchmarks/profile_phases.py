@@ -8,7 +8,10 @@ and classes each sample by the frames on its stack.
 
 Prints a table of seconds per phase (CPU: py-spy counts a thread only while it runs) and
 writes the raw samples beside it (``--output``). Several ids run in one process; each id is
-profiled alone with ``--each``.
+profiled alone with ``--each``. pytest's cache is off, so every compilation is paid
+(cold); ``--warm`` profiles a second run instead, after one that fills a fresh cache
+directory, as a CI that keeps ``.pytest_cache`` between runs sees it (the plugin keeps JAX's
+compiled executables and the TPU compiler's verdicts there).
 """
 
 from __future__ import annotations
@@ -89,10 +92,17 @@ def read_samples(path: pathlib.Path, rate: int) -> dict[str, float]:
 
 
 def profile(args: list[str], cwd: pathlib.Path, output: pathlib.Path, rate: int,
-            env: dict[str, str]) -> tuple[dict[str, float], float]:
+            env: dict[str, str], warm: bool = False) -> tuple[dict[str, float], float]:
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-q"]
+    if warm:
+        cache = ["-o", f"cache_dir={tempfile.mkdtemp(prefix='profile-cache-')}"]
+        filling = [*pytest, *cache, *args]
+        print("$", shlex.join(filling), " # fills the cache", flush=True)
+        subprocess.run(filling, cwd=cwd, env=env, capture_output=True)
+    else:
+        cache = ["-p", "no:cacheprovider"]
     command = ["py-spy", "record", "--format", "raw", "--threads", "--rate", str(rate),
-               "--output", str(output), "--", sys.executable, "-m", "pytest", "-p", "no:xdist",
-               "-q", "-p", "no:cacheprovider", *args]
+               "--output", str(output), "--", *pytest, *cache, *args]
     print("$", shlex.join(command), flush=True)
     import time
 
@@ -125,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=int, default=100, help="samples per second")
     parser.add_argument("--each", action="store_true",
                         help="profile each test id alone (ids are the arguments that hold ::)")
+    parser.add_argument("--warm", action="store_true",
+                        help="profile a second run, after one that fills a fresh pytest cache")
     parser.add_argument("pytest_args", nargs="+", help="pytest's arguments (after --)")
     args = parser.parse_args(argv)
     output = args.output or pathlib.Path(tempfile.mkdtemp(prefix="profile-"))
@@ -138,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     for index, selected in enumerate(runs):
         name = selected[0].rpartition("::")[2] if len(selected) == 1 else "all"
         seconds, wall = profile([*selected, *rest], args.cwd,
-                                output / f"samples-{index}.txt", args.rate, env)
+                                output / f"samples-{index}.txt", args.rate, env, args.warm)
         rows.append((name, seconds, wall))
     print_table(rows)
     print(f"\nraw samples in {output}")
