@@ -84,6 +84,8 @@ TPU_GATE = "gates on a TPU or a TPU generation the device under test is not"
 # jtu.is_cloud_tpu_at_least(date), answered for the installed libtpu's build date: a TPU with
 # the libtpu this jax pins (jax[tpu]) skips the test too.
 NEWER_LIBTPU = "needs a newer libtpu than the installed one (skips on a TPU with it too)"
+KEPT_OFF_TPUS = "the suite keeps the test off every TPU (its own gate)"
+GPU_TEST = "a GPU test"
 CAUSES: list[tuple[str, str]] = [
     (r"PeerSuiteTimeout|Timeout", "timeout: the test ran past the per-test limit"),
     # Python 3.11's ast check, hit by pytest rendering a Hypothesis test's failure after its
@@ -160,7 +162,7 @@ CAUSES: list[tuple[str, str]] = [
      "wants more devices than the run has"),
     (r"ModuleNotFoundError|No module named", "a test dependency is not installed"),
     (r"(?i)sparsecore", "needs a SparseCore"),
-    (r"(?i)hopper|blackwell|\bgpu", "a GPU test"),
+    (r"(?i)hopper|blackwell|\bgpu|triton", GPU_TEST),
     (r"no sharding on runners", "the suite's own skip of sharded tests on its CI runners"),
     (r"Bitcasting with bool|No bitcast needed|Bitwidths must match|out of bounds for packing"
      r"|Requires aligned shape|Shift amount out of range"
@@ -169,6 +171,11 @@ CAUSES: list[tuple[str, str]] = [
      "the test's own parameter skip (skips on the chip too)"),
     (r"(?i)needs? a newer libtpu", NEWER_LIBTPU),
     (r"FP8 matmul is not supported on this device", TPU_GATE),
+    # A suite that keeps a test off every TPU, or skips it on every machine (its own slow or
+    # unfinished cases): a TPU run of the suite skips it too.
+    (r"(?i)not supported on tpus\b|disabled on tpu", KEPT_OFF_TPUS),
+    (r"(?i)too slow for|not implemented yet|^Test not supported: None",
+     "the test's own parameter skip (skips on the chip too)"),
     (r"Device kind cpu is not supported|device kind",
      "asks the device kind: the CPU is no TPU generation"),
     (r"(?i)tpu|device_under_test|not supported on (the )?cpu|requires? .*(accelerator|device)",
@@ -266,12 +273,14 @@ def compare(off: list[Result], on: list[Result] | None):
     return list(rows.values()), classes
 
 
-# Skips that JAX's own CI also takes on every machine: these tests run nowhere, so they are
-# not counted among the TPU-only tests the CPU could run.
+# Skips that the suite's own TPU CI also takes on every chip, and GPU tests: these tests run
+# on no TPU, so they are not counted among the TPU-only tests the CPU could run.
 # (the CPU fails the gate; on a TPU the interpret class skips itself)
 GATED_INTERPRET_CLASS = "interpret class gated on a TPU generation: skips in JAX's CI too"
 RUN_NOWHERE = {
     GATED_INTERPRET_CLASS,
+    KEPT_OFF_TPUS,
+    GPU_TEST,
     "the test's own parameter skip (skips on the chip too)",
     "the test declines the interpreter (it runs compiled only)",
 }
@@ -420,8 +429,8 @@ def report(off_path, on_path=None, *more_runs, also_on=()) -> str:
             parts += ["", f"TPU-only tests passing opted in: {passed} of {tpu_only} "
                           f"({100 * passed / tpu_only:.1f}%)"]
         if nowhere and tpu_only - nowhere > 0:
-            parts += [f"... of those that run somewhere in JAX's CI (less {nowhere} that skip "
-                      f"on every machine): {passed} of {tpu_only - nowhere} "
+            parts += [f"... of those that run on some TPU (less {nowhere} that skip on every "
+                      f"TPU chip, or are GPU tests): {passed} of {tpu_only - nowhere} "
                       f"({100 * passed / (tpu_only - nowhere):.1f}%)"]
         on_chip = sum(count for (outcome, words, _), count in classes.items()
                       if outcome == SKIPPED and words in SKIPPED_ON_THE_CHIP)

@@ -167,11 +167,21 @@ def test_a_run_of_the_plugin_off_alone_classes_its_skips(suite):
     ("skipped", "pallas: interpreting this test's kernel needs about 21.0 GiB of host memory "
      "(...), and this host has 10.8 GiB available: ...",
      "this host's memory: the interpreter's copies of the kernel's arrays would not fit"),
+    ("skipped", "Not supported on TPUs.", results.KEPT_OFF_TPUS),
+    ("skipped", "Test disabled on TPU.", results.KEPT_OFF_TPUS),
+    ("skipped", "Only tested on TPU7x and newer.", results.TPU_GATE),
+    ("skipped", "Too slow for OSS regression tests.",
+     "the test's own parameter skip (skips on the chip too)"),
     ("failed", "KeyError: 'something nobody has seen'", results.UNCLASSED),
     ("passed", "", ""),
 ])
 def test_a_reason_is_classed_by_its_cause(outcome, reason, expected):
     assert results.cause(outcome, reason) == expected
+
+
+def test_tests_a_suite_keeps_off_every_tpu_and_gpu_tests_are_set_aside_from_the_share():
+    assert {results.KEPT_OFF_TPUS, results.GPU_TEST} <= results.RUN_NOWHERE
+    assert results.TPU_GATE not in results.RUN_NOWHERE  # another chip may open it
 
 
 def test_shapes_and_sizes_do_not_split_a_class():
