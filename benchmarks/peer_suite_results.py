@@ -322,14 +322,12 @@ def split_by_chip(results: list[Result]) -> list[list[Result]]:
     suffixed ``[v6e]`` or ``[3-v6e]``) as one list of results per chip, the suffix taken off,
     for :func:`merge_configurations`; a test is one chip's copy when its id with another
     chip's suffix is in the run too (a parameter that merely reads as a chip stays)."""
+    from pytest_pallas.plugin.chips import chip_of_test_id, test_id_without_chip
     from pytest_pallas.settings import KNOWN_CHIPS
 
     def parts(test_id: str) -> tuple[str, str] | None:
-        if not test_id.endswith("]"):
-            return None
-        head, _, params = test_id[:-1].rpartition("[")
-        rest, _, chip = params.rpartition("-")
-        return (f"{head}[{rest}]" if rest else head, chip) if chip in KNOWN_CHIPS else None
+        chip = chip_of_test_id(test_id, KNOWN_CHIPS)
+        return None if chip is None else (test_id_without_chip(test_id, chip), chip)
 
     chips_of: dict[str, set[str]] = collections.defaultdict(set)
     for result in results:
