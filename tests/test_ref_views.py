@@ -294,3 +294,65 @@ def test_a_four_bit_bitcast_view_is_named_as_the_interpreter_s_limit():
         ref_views._bitcast(nibbles, jnp.int8)
     words = ref_views._bitcast(np.zeros((4, 256), np.int8), jnp.int16)
     assert words.shape == (2, 256) and words.dtype == np.int16
+
+
+class _Index:  # JAX's NDIndexer: ints and Slice(start, size) per axis
+    def __init__(self, *indices):
+        self.indices = tuple(_Slice(*index) if isinstance(index, tuple) else index
+                             for index in indices)
+
+
+class _Slice:
+    def __init__(self, start, size):
+        self.start, self.size = start, size
+
+
+VIEW_CHAINS = [
+    # A float32 scratch seen as bytes, reshaped into pages, one (4, 128) byte row of a page
+    # (tokamax-style compressed caches): a width change that unpacks rows.
+    ((2, 4, 8, 128), np.float32,
+     (_Bitcast(np.uint8), _Reshape((2, 4, 8, 4, 128)),
+      _Index(1, (0, 4), (0, 8), (0, 4), (0, 128)), _Index(2, 3, (0, 4), (0, 128)))),
+    # uint16 rows packed into uint32 words, then a range of word rows.
+    ((16, 256), np.uint16, (_Bitcast(np.uint32), _Index((2, 3), (0, 256)))),
+    # A reshape alone, then one page.
+    ((8, 64, 128), np.float32, (_Reshape((4, 2, 64, 128)), _Index(3, (0, 2), (0, 64),
+                                                                   (0, 128)))),
+    # bfloat16 pairs seen as float32 words, then a column band (not whole rows).
+    ((8, 256), "bfloat16", (_Bitcast(np.float32), _Index((1, 2), (128, 128)))),
+]
+
+
+@pytest.mark.parametrize(("block_shape", "dtype", "views"), VIEW_CHAINS)
+def test_an_access_through_a_view_chain_reads_and_writes_as_the_views_do(block_shape, dtype,
+                                                                        views):
+    # The byte-map path (one box of the block per access) against running the views over
+    # the whole block, on random bits.
+    import ml_dtypes
+
+    dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    rng = np.random.default_rng(0)
+    nbytes = int(np.prod(block_shape)) * dtype.itemsize
+    block = rng.integers(0, 256, nbytes, dtype=np.uint8).view(dtype).reshape(block_shape)
+    access = ref_views._byte_access(views, block_shape, dtype, _to_range)
+    assert access is not None
+
+    seen = ref_views._apply_views(views, block, _to_range)
+    np.testing.assert_array_equal(access.read(block[access.box]).view(np.uint8),
+                                  seen.view(np.uint8))
+
+    value = rng.integers(0, 256, seen.nbytes, dtype=np.uint8).view(seen.dtype).reshape(
+        seen.shape)
+    expected = ref_views._write_through_views(views, block, value, _to_range)
+    written = block.copy()
+    written[access.box] = access.box_values(value)
+    np.testing.assert_array_equal(written.view(np.uint8), expected.view(np.uint8))
+    # Only the box is touched: the rest of the block is the general path's too.
+    assert access.box_values(value).shape == tuple(s.stop - s.start for s in access.box)
+
+
+def test_a_partial_word_write_is_refused_on_the_byte_map_path_too():
+    views = (_Bitcast(np.uint16), _Index((0, 1), (0, 4)))
+    access = ref_views._byte_access(views, (8, 4), np.dtype(np.uint32), _to_range)
+    with pytest.raises(NotImplementedError, match="part of a packed element"):
+        access.box_values(np.ones((1, 4), np.uint16))

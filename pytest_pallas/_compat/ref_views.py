@@ -207,6 +207,8 @@ class _ViewWrite:
 
 
 _written_seen: dict[tuple[Any, ...], Any] = {}
+_PARTIAL_WRITE = ("a write through a bitcast ref that sets part of a packed element (the "
+                  "interpreter would have to read the rest of it)")
 
 
 def _written_elements(views: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any,
@@ -223,9 +225,7 @@ def _written_elements(views: tuple[Any, ...], block_shape: tuple[int, ...], dtyp
                                                _all_bits(view_shape, view_dtype), to_range))
         full = np.iinfo(bits.dtype).max
         if ((bits != 0) & (bits != full)).any():
-            raise NotImplementedError(
-                "a write through a bitcast ref that sets part of a packed element (the "
-                "interpreter would have to read the rest of it)")
+            raise NotImplementedError(_PARTIAL_WRITE)
         addressed = _written_seen[key] = bits == full
         addressed.setflags(write=False)
     return addressed
@@ -237,6 +237,127 @@ def _addressed_by_read(views: tuple[Any, ...], block: Any, to_range: Any) -> Any
     marked = _write_through_views(views, np.zeros_like(block),
                                   _all_bits(seen.shape, seen.dtype), to_range)
     return dtype_bits(marked) != 0
+
+
+# The common view is a chain of reshapes and bitcasts, then indexers (a page of a reshaped
+# cache, a row of a scratch buffer seen as bytes): each access moves a few hundred bytes of
+# a block that may be megabytes. Running the views over the whole block at every access
+# made such kernels quadratic in their block size. Instead, which byte of the block each
+# byte of the chain's view is, is found once per chain (by running the views over the
+# bytes' own numbers), and each access indexes that map.
+_BYTE_MAP_LIMIT = 16 << 20      # a block larger than this (bytes) takes the general path
+_BYTE_MAPS_BUDGET = 256 << 20   # the maps kept at once (bytes of map), then cleared
+_byte_maps: dict[tuple[Any, ...], Any] = {}
+_accesses: dict[tuple[Any, ...], _ByteAccess | None] = {}
+
+
+class _ByteAccess:
+    """One access through views that selects a single box of the block: the box, and for
+    every byte of the view (in C order, a value's bytes), its offset in the box's bytes."""
+
+    def __init__(self, box: tuple[slice, ...], box_shape: tuple[int, ...], dtype: Any,
+                 positions: Any, view_shape: tuple[int, ...], view_dtype: Any,
+                 complete: bool) -> None:
+        self.box, self.box_shape, self.dtype = box, box_shape, dtype
+        self.positions, self.view_shape, self.view_dtype = positions, view_shape, view_dtype
+        self.complete = complete  # every element of the box wholly written by the view
+
+    def read(self, box_values: Any) -> Any:
+        """What the kernel sees through the views, from the box's values."""
+        raw = np.ascontiguousarray(np.asarray(box_values, self.dtype)).reshape(-1).view(np.uint8)
+        return raw[self.positions].view(self.view_dtype).reshape(self.view_shape)
+
+    def box_values(self, value: Any) -> Any:
+        """The box's new values once ``value`` is written through the views."""
+        if not self.complete:
+            raise NotImplementedError(_PARTIAL_WRITE)
+        raw = np.ascontiguousarray(np.asarray(value, self.view_dtype)).reshape(-1).view(np.uint8)
+        box = np.empty(len(self.positions), np.uint8)
+        box[self.positions] = raw
+        return box.view(self.dtype).reshape(self.box_shape)
+
+
+def _byte_map(chain: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any,
+              to_range: Any) -> Any:
+    """For each byte of what ``chain`` (reshapes and bitcasts) makes of a block, the block
+    byte it is (shape: the view's, then its bytes); None where the general path must do."""
+    key = (_geometry(chain), block_shape, dtype)
+    if key in _byte_maps:
+        return _byte_maps[key]
+    size = int(np.prod(block_shape, dtype=np.int64)) * dtype.itemsize
+    if size == 0 or size > _BYTE_MAP_LIMIT:
+        return None
+    numbers = np.arange(size, dtype=np.uint32)
+    proxy = np.dtype(f"u{dtype.itemsize}")  # the same bytes, moved as _bitcast moves them
+    byte_map = None
+    for digit in range(max(1, (int(size - 1).bit_length() + 7) // 8)):
+        digits = ((numbers >> (8 * digit)) & 0xFF).astype(np.uint8)
+        seen = _apply_views(chain, digits.view(proxy).reshape(block_shape), to_range)
+        if seen.ndim == 0:
+            return None
+        seen_bytes = np.ascontiguousarray(seen).view(np.uint8).reshape(
+            *seen.shape, seen.dtype.itemsize)
+        part = seen_bytes.astype(np.uint32) << np.uint32(8 * digit)
+        byte_map = part if byte_map is None else byte_map | part
+    byte_map.setflags(write=False)
+    if sum(kept.nbytes for kept in _byte_maps.values() if kept is not None) > _BYTE_MAPS_BUDGET:
+        _byte_maps.clear()
+    _byte_maps[key] = byte_map
+    return byte_map
+
+
+def _byte_access(views: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any,
+                 to_range: Any) -> _ByteAccess | None:
+    """The access ``views`` (int indices) make of a block, when they are a chain of reshapes
+    and bitcasts then indexers, and select one box of whole or packed elements; else None."""
+    key = (_geometry(views), block_shape, dtype)
+    if key in _accesses:
+        return _accesses[key]
+    if len(_accesses) >= _GEOMETRY_CACHE_SIZE:
+        _accesses.clear()
+    access = _accesses[key] = _new_byte_access(views, block_shape, dtype, to_range)
+    return access
+
+
+def _new_byte_access(views: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any,
+                     to_range: Any) -> _ByteAccess | None:
+    kinds = [_kind(transform) for transform in views]
+    chain_length = next((n for n, kind in enumerate(kinds) if kind == "index"), len(kinds))
+    chain, indexers = views[:chain_length], views[chain_length:]
+    if any(kind != "index" for kind in kinds[chain_length:]):
+        return None
+    bitcasts = [np.dtype(t.dtype) for t in chain if _kind(t) == "BitcastTransform"]
+    if _is_sub_byte(dtype) or any(_is_sub_byte(target) for target in bitcasts):
+        return None  # the general path names the limit
+    try:
+        byte_map = _byte_map(chain, block_shape, dtype, to_range)
+    except NotImplementedError:
+        return None
+    if byte_map is None:
+        return None
+    for transform in indexers:
+        indices = to_range((transform,))
+        if not all(isinstance(index, (int, np.integer, slice)) for index in indices):
+            return None
+        byte_map = byte_map[indices]
+    if byte_map.size == 0:
+        return None
+    flat = byte_map.reshape(-1).astype(np.int64)
+    elements = flat // dtype.itemsize
+    present, counts = np.unique(elements, return_counts=True)
+    corners = np.unravel_index(present, block_shape)
+    low = [int(axis.min()) for axis in corners]
+    box_shape = tuple(int(axis.max()) + 1 - start for axis, start in zip(corners, low))
+    if int(np.prod(box_shape, dtype=np.int64)) != len(present):
+        return None  # not one box: the general path splits it
+    where = np.unravel_index(elements, block_shape)
+    local = np.ravel_multi_index(tuple(axis - start for axis, start in zip(where, low)),
+                                 box_shape)
+    positions = local * dtype.itemsize + flat % dtype.itemsize
+    return _ByteAccess(tuple(slice(start, start + n) for start, n in zip(low, box_shape)),
+                       box_shape, dtype, positions, tuple(byte_map.shape[:-1]),
+                       bitcasts[-1] if bitcasts else dtype,
+                       bool((counts == dtype.itemsize).all()))
 
 
 def _block_shape(buffer_shape: tuple[int, ...], rnge: tuple[Any, ...]) -> tuple[int, ...]:
@@ -326,6 +447,18 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
                  for box in _boxes(written)]
         return write, boxes
 
+    def box_access(device_id: Any, local_core_id: Any, memory_space: Any, buffer_id: Any,
+                   block_transforms: tuple[Any, ...], views: tuple[Any, ...],
+                   value: Any) -> tuple[_ByteAccess, tuple[Any, ...]] | None:
+        """A write of ``value`` as one box of the block (the access, the transforms to the
+        box), or None where the general path must do."""
+        buffer = buffer_of(device_id, local_core_id, memory_space, buffer_id)
+        block_shape = _block_shape(tuple(buffer.logical_shape), to_range(block_transforms))
+        access = _byte_access(views, block_shape, np.dtype(buffer.dtype), to_range)
+        if access is None or np.shape(value) != access.view_shape:
+            return None
+        return access, (*block_transforms, box_indexer(access.box, block_shape))
+
     def get(token: Any, device_id: Any, local_core_id: Any, memory_space: Any,
             buffer_id: Any, transforms: Any, *args: Any, **kwargs: Any) -> Any:
         block_transforms, views = _split_at_first_view(transforms)
@@ -335,6 +468,13 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
         block_transforms, views = jax.tree.map(int, (block_transforms, views))
         buffer = buffer_of(device_id, local_core_id, memory_space, buffer_id)
         block_shape = _block_shape(tuple(buffer.logical_shape), to_range(block_transforms))
+        access = _byte_access(views, block_shape, np.dtype(buffer.dtype), to_range)
+        if access is not None:
+            token, values = raws["get"](token, device_id, local_core_id, memory_space,
+                                        buffer_id, (*block_transforms,
+                                                    box_indexer(access.box, block_shape)),
+                                        *args, **kwargs)
+            return token, access.read(values)
         block = np.zeros(block_shape, buffer.dtype)
         for box in _read_boxes(views, block_shape, np.dtype(buffer.dtype), to_range):
             box_transforms = (*block_transforms, box_indexer(box, block_shape))
@@ -349,6 +489,12 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
             return raws["store"](token, device_id, local_core_id, memory_space, buffer_id,
                                  transforms, val, *args, **kwargs)
         block_transforms, views = jax.tree.map(int, (block_transforms, views))
+        fast = box_access(device_id, local_core_id, memory_space, buffer_id,
+                          block_transforms, views, val)
+        if fast is not None:
+            access, box_transforms = fast
+            return raws["store"](token, device_id, local_core_id, memory_space, buffer_id,
+                                 box_transforms, access.box_values(val), *args, **kwargs)
         write, boxes = view_write(device_id, local_core_id, memory_space, buffer_id,
                                   block_transforms, views, val)
         for box, box_transforms in boxes:
@@ -389,6 +535,14 @@ def reshaped_and_bitcast_refs() -> Iterator[bool]:
             return raws["swap"](token, device_id, local_core_id, memory_space, buffer_id,
                                 transforms, val, mask, *args, **kwargs)
         block_transforms, views = jax.tree.map(int, (block_transforms, views))
+        fast = None if mask is not None else box_access(
+            device_id, local_core_id, memory_space, buffer_id, block_transforms, views, val)
+        if fast is not None:
+            access, box_transforms = fast
+            token, old = raws["swap"](token, device_id, local_core_id, memory_space,
+                                      buffer_id, box_transforms, access.box_values(val), None,
+                                      *args, **kwargs)
+            return token, access.read(old)
         write, boxes = view_write(device_id, local_core_id, memory_space, buffer_id,
                                   block_transforms, views, val, mask)
         # Each box is written whole (a masked store's boxes are its mask's), so no masked
