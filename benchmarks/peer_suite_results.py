@@ -87,7 +87,8 @@ NEWER_LIBTPU = "needs a newer libtpu than the installed one (skips on a TPU with
 KEPT_OFF_TPUS = "the suite keeps the test off every TPU (its own gate)"
 GPU_TEST = "a GPU test"
 CAUSES: list[tuple[str, str]] = [
-    (r"PeerSuiteTimeout|Timeout", "timeout: the test ran past the per-test limit"),
+    (r"PeerSuiteTimeout|Timeout|ran longer than --pallas-timeout",
+     "timeout: the test ran past the per-test limit"),
     # Python 3.11's ast check, hit by pytest rendering a Hypothesis test's failure after its
     # time limit (tpu_pallas_pipeline_test.py's padded matmuls).
     (r"AST constructor recursion depth mismatch",

@@ -54,8 +54,10 @@ for _name, _file in _SERVED.items():
         _serve(_name, _SUPPORT / _file)
 
 
-class PeerSuiteTimeout(Exception):
-    """A test ran past the measurement's per-test limit."""
+class PeerSuiteTimeout(BaseException):
+    """A test ran past the measurement's per-test limit. A BaseException, as the plugin's own
+    timeout is, so that a test's ``except Exception`` (an autotuner trying configurations,
+    Hypothesis replaying an example) does not take it and run on."""
 
 
 def _without_chip(item) -> str:

@@ -31,8 +31,11 @@ SUITE = textwrap.dedent("""
         if case == 2:
             raise NotImplementedError(
                 "Unimplemented primitive in Pallas TPU lowering for tc: pack_elementwise")
-        if case == 4:
-            time.sleep(30)
+        if case == 4:  # an autotuner's loop: its except must not take the time limit
+            try:
+                time.sleep(30)
+            except Exception:
+                pass
         if case == 5:
             pytest.skip("Megacore is only available on TPU v4 or TPU v5p")
 
@@ -167,6 +170,8 @@ def test_a_run_of_the_plugin_off_alone_classes_its_skips(suite):
     ("skipped", "pallas: interpreting this test's kernel needs about 21.0 GiB of host memory "
      "(...), and this host has 10.8 GiB available: ...",
      "this host's memory: the interpreter's copies of the kernel's arrays would not fit"),
+    ("failed", "pallas: t.py::test ran longer than --pallas-timeout=120s outside its kernels, "
+     "in XLA, running a computation of its own", "timeout: the test ran past the per-test limit"),
     ("skipped", "Not supported on TPUs.", results.KEPT_OFF_TPUS),
     ("skipped", "Test disabled on TPU.", results.KEPT_OFF_TPUS),
     ("skipped", "Only tested on TPU7x and newer.", results.TPU_GATE),
