@@ -93,6 +93,30 @@ def test_jax_s_machinery_keeps_working_on_the_devices_a_test_sees_as_the_chip(v5
     assert mesh_utils.create_device_mesh((2, len(devices) // 2)).shape == (2, len(devices) // 2)
 
 
+def test_a_tensorcore_mesh_in_a_shard_map_counts_the_chip_s_cores(v5e_devices):
+    # Inside a shard_map the abstract mesh names a device, which JAX builds from the CPU
+    # devices (no num_cores); Pallas's create_tensorcore_mesh and get_tpu_info read it there.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.sharding import Mesh, PartitionSpec
+
+    seen = {}
+
+    def body(a):
+        abstract = jax.sharding.get_abstract_mesh().abstract_device
+        seen["test"] = abstract.num_cores
+        seen["jax"] = _read_as("jax._src.mesh", "d.num_cores", d=abstract)
+        seen["mesh"] = dict(pltpu.create_tensorcore_mesh("core").shape)
+        return a
+
+    mesh = Mesh(np.array(v5e_devices), ("x",))
+    jax.shard_map(body, mesh=mesh, in_specs=PartitionSpec("x"),
+                  out_specs=PartitionSpec("x"))(jnp.zeros(len(v5e_devices)))
+    assert seen == {"test": 1, "jax": None, "mesh": {"core": 1}}
+
+
 def test_every_answer_is_undone_on_exit():
     import jax
 
@@ -108,6 +132,9 @@ def test_every_answer_is_undone_on_exit():
     assert device.memory_stats() is None
     with pytest.raises(RuntimeError):
         jax.devices("tpu")
+    abstract = jax.sharding.AbstractDevice(device_kind="cpu", num_cores=None, platform="cpu")
+    assert abstract.num_cores is None and not isinstance(
+        vars(jax.sharding.AbstractDevice)["num_cores"], property)
 
 
 # A kernel library as libraries are written: an op that dispatches on its device object, a

@@ -32,7 +32,7 @@ from typing import Any
 
 import jax
 
-from .jax_internals import JaxInternalsChanged
+from .jax_internals import JaxInternalsChanged, private_attribute
 
 # The modules of JAX and jaxlib that see the chip: Pallas's own (the interpreter asks the
 # device for the chip's facts) and JAX's library of Pallas kernels (a library like another).
@@ -104,6 +104,7 @@ def devices_answering_for(chip: ChipDevices) -> Iterator[None]:
                        lambda device: _memory_stats(device, chip.bytes_limit))
         for name in _PUBLIC_DEVICE_QUERIES:
             _take_tpu_backend(stack, jax, name)
+        _mesh_devices_count_the_chip_s_cores(stack, chip.num_cores)
         yield
 
 
@@ -133,6 +134,29 @@ def _answer_method(stack: contextlib.ExitStack, owner: type, name: str,
         return answer(instance)
 
     _replace_on_class(stack, owner, name, own, answering)
+
+
+def _mesh_devices_count_the_chip_s_cores(stack: contextlib.ExitStack, num_cores: int) -> None:
+    """A mesh's abstract device (``get_abstract_mesh().abstract_device``, which JAX builds
+    from the CPU devices: no ``num_cores``) reports the chip's TensorCores to Pallas and the
+    test, as a TPU mesh's does. ``pltpu.create_tensorcore_mesh`` and ``get_tpu_info`` read
+    it inside a ``shard_map`` or a mesh the test entered, where a ``None`` made a
+    ``pl.kernel`` on a TensorCore mesh fail (``int * None``). JAX's machinery (hashes,
+    equality, repr) keeps the device's own value; a device made with a count keeps it."""
+    try:
+        owner = private_attribute("jax._src.mesh").AbstractDevice
+        slot = vars(owner)["num_cores"]
+    except (JaxInternalsChanged, AttributeError, KeyError):
+        return  # no abstract devices on this JAX: nothing reads them
+
+    def answering(device: Any) -> Any:
+        own = slot.__get__(device, owner)
+        if own is not None or _asked_by_jax(2):
+            return own
+        return num_cores
+
+    # The slot's own setter stays: a frozen dataclass's __init__ sets it through the class.
+    _replace_on_class(stack, owner, "num_cores", slot, property(answering, slot.__set__))
 
 
 def _replace_on_class(stack: contextlib.ExitStack, owner: type, name: str, own: Any,
