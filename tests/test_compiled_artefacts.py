@@ -110,3 +110,18 @@ def test_without_libtpu_a_compiled_artefact_is_a_one_line_skip():
     assert read == ["Lowered.as_text", "Compiled.as_text"]
     # Outside the block, the test's objects read as JAX made them.
     assert "tpu_custom_call" not in jax.jit(add_one).lower(x).as_text()
+
+
+def test_a_program_holding_jax_s_empty_mesh_needs_no_device():
+    # JAX's empty mesh (no axes, as its resource environment starts) holds one None for a
+    # device; a program's params can carry it. Counting its devices raised AttributeError
+    # inside a test's .lower() (tokamax's gmm_v2 perf test).
+    import jax
+    import numpy as np
+
+    from pytest_pallas._compat.compiled_artefacts import _devices_needed
+
+    empty = jax.sharding.Mesh(np.empty((), dtype=object), ())
+    one = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+    assert _devices_needed((empty,)) == 0
+    assert _devices_needed(({"mesh": empty}, [one])) == 1

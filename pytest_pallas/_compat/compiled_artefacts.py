@@ -229,7 +229,9 @@ def _devices_needed(value: Any) -> int:
     def visit(item: Any) -> None:
         nonlocal highest
         if isinstance(item, jax.sharding.Mesh):
-            highest = max([highest, *(device.id for device in item.devices.flat)])
+            # JAX's empty mesh (no axes) holds one None for a device.
+            highest = max([highest, *(device.id for device in item.devices.flat
+                                      if device is not None)])
         elif isinstance(item, dict):
             visit(tuple(item.values()))
         elif isinstance(item, jax.sharding.NamedSharding):
