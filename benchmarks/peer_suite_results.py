@@ -175,7 +175,8 @@ CAUSES: list[tuple[str, str]] = [
     # A suite that keeps a test off every TPU, or skips it on every machine (its own slow or
     # unfinished cases): a TPU run of the suite skips it too.
     (r"(?i)not supported on tpus\b|disabled on tpu", KEPT_OFF_TPUS),
-    (r"(?i)too slow for|not implemented yet|^Test not supported: None",
+    (r"(?i)too slow for|not implemented yet|^Test not supported: None"
+     r"|not supported by the kernel|^TODO: |requires .+ in this config",
      "the test's own parameter skip (skips on the chip too)"),
     (r"Device kind cpu is not supported|device kind",
      "asks the device kind: the CPU is no TPU generation"),
