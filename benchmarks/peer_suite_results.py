@@ -174,9 +174,10 @@ CAUSES: list[tuple[str, str]] = [
     (r"FP8 matmul is not supported on this device", TPU_GATE),
     # A suite that keeps a test off every TPU, or skips it on every machine (its own slow or
     # unfinished cases): a TPU run of the suite skips it too.
-    (r"(?i)not supported on tpus\b|disabled on tpu", KEPT_OFF_TPUS),
+    (r"(?i)not supported on tpus\b|disabled on tpu|^disabled for now|fails to compile in mosaic",
+     KEPT_OFF_TPUS),
     (r"(?i)too slow for|not implemented yet|^Test not supported: None"
-     r"|not supported by the kernel|^TODO: |requires .+ in this config",
+     r"|not supported by the kernel|^TODO: |requires .+ in this config|^v\d does not support",
      "the test's own parameter skip (skips on the chip too)"),
     (r"Device kind cpu is not supported|device kind",
      "asks the device kind: the CPU is no TPU generation"),
