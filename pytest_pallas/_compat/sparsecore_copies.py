@@ -162,12 +162,14 @@ def copy_rows(token: Any, device_id: Any, local_core_id: Any, src_space: Any, sr
             rows.append((this, other) if plan.side == 0 else (other, this))
     names = interpreter.TPU_MEMORY_SPACE_NAMES
     for src_row, dst_row in rows:
-        _, data = interpreter.get(None, device, core, src_space, src_id, src_row,
-                                  source_info=source_info)
+        # The callback's own token: JAX's error handler reads it (int(token)) when an
+        # access fails, and a None there hid the access's own error behind a TypeError.
+        token, data = interpreter.get(token, device, core, src_space, src_id, src_row,
+                                      source_info=source_info)
         data = np.asarray(data)
         if not plan.add:
-            interpreter.store(None, device, core, dst_space, dst_id, dst_row, data,
-                              source_info=source_info)
+            token = interpreter.store(token, device, core, dst_space, dst_id, dst_row, data,
+                                      source_info=source_info)
             continue
         space = names[int(dst_space)]
         key = (space, int(dst_id), device, interpreter._local_core_id_or_zero_if_hbm(core, space))
