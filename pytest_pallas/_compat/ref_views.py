@@ -300,7 +300,7 @@ def _byte_map(chain: tuple[Any, ...], block_shape: tuple[int, ...], dtype: Any,
         part = seen_bytes.astype(np.uint32) << np.uint32(8 * digit)
         byte_map = part if byte_map is None else byte_map | part
     byte_map.setflags(write=False)
-    if sum(kept.nbytes for kept in _byte_maps.values() if kept is not None) > _BYTE_MAPS_BUDGET:
+    if sum(kept.nbytes for kept in _byte_maps.values()) > _BYTE_MAPS_BUDGET:
         _byte_maps.clear()
     _byte_maps[key] = byte_map
     return byte_map
