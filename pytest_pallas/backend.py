@@ -34,6 +34,7 @@ from ._compat import (
     interpreter_speed,
     jax_internals,
     out_of_bounds,
+    output_revisits,
     pallas_call_hooks,
     partitioned_kernels,
     plain_path,
@@ -234,6 +235,9 @@ class Backend:
             # A read past a buffer stops where the chip halts (a DMA) and reads poison where
             # the chip has no check (a load from SMEM or VMEM): _compat.out_of_bounds.
             stack.enter_context(out_of_bounds.reads_as_the_chip_reads())
+            # An output block the grid comes back to holds poison, as the chip's holds
+            # whatever its buffer held, and runs on: _compat.output_revisits.
+            stack.enter_context(output_revisits.revisits_run_as_on_the_chip())
             # XLA's fast CPU compiles for the test's own jits, where its kernels are
             # interpreted: their compile time is most of an interpreted test's.
             stack.enter_context(xla_cpu_options.fast_cpu_compiles())

@@ -27,6 +27,7 @@ import jax
 
 from . import tpu_interpreter
 from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
+from .recordings import Recordings
 
 _INTERPRETER = "jax._src.pallas.mosaic.interpret.interpret_pallas_call"
 _SHARED_MEMORY = "jax._src.pallas.mosaic.interpret.shared_memory"
@@ -111,22 +112,13 @@ class UncheckedRead:
         return f"kernel {self.kernel!r} {verb} {self.index} of a{shape} {self.space} buffer{where}"
 
 
-_recorders: list[list[UncheckedRead]] = []
-_recorders_lock = threading.Lock()
+_UNCHECKED_READS: Recordings[UncheckedRead] = Recordings()
 
 
-@contextlib.contextmanager
-def unchecked_reads_recorded() -> Iterator[list[UncheckedRead]]:
+def unchecked_reads_recorded() -> contextlib.AbstractContextManager[list[UncheckedRead]]:
     """Collect an :class:`UncheckedRead` for each read :func:`reads_as_the_chip_reads` poisons
     (or a kernel's own ``out_of_bounds_reads="uninitialized"`` does) while the block runs."""
-    found: list[UncheckedRead] = []
-    with _recorders_lock:
-        _recorders.append(found)
-    try:
-        yield found
-    finally:
-        with _recorders_lock:
-            _recorders[:] = [recorder for recorder in _recorders if recorder is not found]
+    return _UNCHECKED_READS.recorded()
 
 
 class _Reading(threading.local):
@@ -237,7 +229,7 @@ def reads_as_the_chip_reads() -> Iterator[bool]:
                 shape = _buffer_shape(module, space, device_id, local_core_id, buffer_id)
                 raise ValueError(
                     f"Out-of-bounds swap of ({int(device_id)} {int(local_core_id)} {space} "
-                    f"{int(buffer_id)}): swapping {_index_text(transforms)} but buffer has "
+                    f"{int(buffer_id)}): swapping {index_text(transforms)} but buffer has "
                     f"shape {shape} .") from None
 
         return swap
@@ -258,24 +250,18 @@ def reads_as_the_chip_reads() -> Iterator[bool]:
 def _record(module: Any, kind: str, space: str, device_id: Any, local_core_id: Any,
             buffer_id: Any, transforms: Any, source_info: Any) -> None:
     """Record a poisoned read for every recorder; what cannot be read of it is left out."""
-    with _recorders_lock:
-        if not _recorders:
-            return
-
+    if not _UNCHECKED_READS.listening():
+        return
     running = tpu_interpreter.running_interpreted_kernels()
     where = _where(source_info)
     kernel = running[0] if len(running) == 1 else (where.rpartition("(")[2].rstrip(")")
                                                     or "a kernel")
-    read = UncheckedRead(kernel, "DMA" if kind == "dma" else kind, space.upper(),
-                         _index_text(transforms), _buffer_shape(
-                             module, space, device_id, local_core_id, buffer_id), where)
-    with _recorders_lock:
-        for recorder in _recorders:
-            if read not in recorder:
-                recorder.append(read)
+    _UNCHECKED_READS.add(UncheckedRead(
+        kernel, "DMA" if kind == "dma" else kind, space.upper(), index_text(transforms),
+        _buffer_shape(module, space, device_id, local_core_id, buffer_id), where))
 
 
-def _index_text(transforms: Any) -> str:
+def index_text(transforms: Any) -> str:
     """``[16]``, ``[24:32, 0:128]``: the read's range as the interpreter computed it."""
     try:
         rnge = private_attribute(_UTILS).to_range(jax.tree.map(int, transforms))

@@ -147,6 +147,12 @@ _exit_recorders: list[list[KernelExitState]] = []
 _exit_hook_error: JaxInternalsChanged | None = None
 
 
+# Replacements of the interpreter module's functions while one kernel lowers: each provider
+# is asked with the kernel's name and interpret_pallas_call's keyword arguments.
+LoweringReplacements = Callable[[str, dict[str, Any]], dict[str, Any]]
+_lowering_providers: list[LoweringReplacements] = []
+
+
 # How many devices are inside each interpreted kernel now (entered, not yet at the exit check).
 _running_kernels: collections.Counter[str] = collections.Counter()
 
@@ -239,6 +245,23 @@ def suspend_kernel_exit_recording() -> Iterator[None]:
             _exit_recorders[:0] = saved
 
 
+@contextlib.contextmanager
+def replaced_while_kernels_lower(provider: LoweringReplacements) -> Iterator[None]:
+    """Inside the block, each kernel the TPU interpreter lowers sees the interpreter module's
+    functions that ``provider(kernel, params)`` returns (name to replacement) in place of
+    JAX's, for that kernel alone: what the lowering stages (its callbacks) is then theirs.
+    A kernel lowered earlier and cached by jit keeps what it was lowered with."""
+    install_kernel_exit_hook()
+    with observer_lock:
+        _lowering_providers.append(provider)
+    try:
+        yield
+    finally:
+        with observer_lock:
+            _lowering_providers[:] = [each for each in _lowering_providers
+                                      if each is not provider]
+
+
 def install_kernel_exit_hook() -> None:
     """Install (once) the wrapper behind :func:`record_kernel_exits`; idle when nobody records."""
     module = jax_internals.private_attribute(INTERPRETER_MODULE)
@@ -263,8 +286,14 @@ def install_kernel_exit_hook() -> None:
         if original_barrier is not None:
             module._barrier = interpreter_barriers.start_barrier_for(
                 original_barrier, kernel, kwargs.get("jaxpr"))
+        with observer_lock:
+            providers = tuple(_lowering_providers)
+        replacements: dict[str, Any] = {}
+        for provider in providers:
+            replacements.update(provider(kernel, kwargs))
         try:
-            return current(*args, **kwargs)
+            with jax_internals.attributes_replaced(module, replacements):
+                return current(*args, **kwargs)
         finally:
             module._validate = original_validate
             if original_initialize is not None:

@@ -162,6 +162,22 @@ def unchecked_read_note(reads: Sequence[Any]) -> str:
             "discard what is read past it (jnp.where).")
 
 
+def revisited_blocks_note(revisits: Sequence[Any]) -> str:
+    """For a failed test whose kernels came back to an output block after the grid left it
+    (``_compat.output_revisits.RevisitedBlock``s): which blocks, and what the chip does."""
+    shown = "; ".join(revisit.describe() for revisit in revisits[:3])
+    more = f" (and {len(revisits) - 3} more)" if len(revisits) > 3 else ""
+    return (f"pallas: this test's kernels came back to an output block after the grid left "
+            f"it: {shown}{more}. The chip wrote the block back when the grid left and does not "
+            "read it back: the revisit starts from whatever its buffer holds (JAX's "
+            "pl.RevisitMode), and the last write-back is the block's value. The interpreter "
+            "held poison there (NaN, or the integer fill), so a result that read the block or "
+            "left part of it unwritten is wrong, and this failure may be that. Put the "
+            "reduction axis last in the grid so each block's visits are consecutive, write the "
+            "whole block on its last visit, or pass pipeline_mode=pl.Buffered(1, "
+            "revisit=pl.RevisitMode.ANY).")
+
+
 def _messages(error: BaseException) -> list[str]:
     """The messages of ``error``, its causes and contexts, and a group's members."""
     messages = []

@@ -30,6 +30,7 @@ from .._compat import (
     interpreter_barriers,
     jax_internals,
     out_of_bounds,
+    output_revisits,
     pallas_call_hooks,
     tpu_interpreter,
 )
@@ -62,6 +63,7 @@ GPU_RACE_CHECK = "the GPU interpreter's race report"
 DEVICE_UNDER_TEST = "the stand-in chip as the device under test"
 ROUNDED_DOTS_NOTE = "the failure's note on float32 dots the chip rounds"
 UNCHECKED_READS_NOTE = "the failure's note on reads past a buffer the chip does not check"
+REVISITS_NOTE = "the failure's note on output blocks the grid came back to"
 
 
 class GpuNumbersFromTheStart(BaseException):
@@ -119,6 +121,7 @@ class KernelRun:
         self._chip_artefacts = False  # whether what it read was the chip's (§12)
         self._host_memory_shortages: list = []  # kernels too large for the host's memory
         self._unchecked_reads: list = []  # reads past a buffer the chip does not check
+        self._revisits: list = []  # output blocks the grid came back to
         # Kernels run in the plain path that met what the TPU interpreter stops.
         self._plain_path_doubts: list[str] = []
         self._calling = False  # the test's call has begun (its setup is over)
@@ -146,6 +149,9 @@ class KernelRun:
             # names them (failure_notes).
             self._unchecked_reads = _list_or_empty(stack.enter_context(optional(
                 UNCHECKED_READS_NOTE, out_of_bounds.unchecked_reads_recorded)))
+            # So do output blocks the grid came back to, which hold poison at the revisit.
+            self._revisits = _list_or_empty(stack.enter_context(optional(
+                REVISITS_NOTE, output_revisits.revisited_blocks_recorded)))
         # Tiling, VMEM footprint, parallel-axis races and revisits, checked as
         # each pallas_call is traced (on a TPU too: the chip does not complain).
         compile_chips = self.compile_chips()
@@ -269,6 +275,8 @@ class KernelRun:
         try:
             run_test_again(self.item)
         except BaseException as second:
+            # The first run's error is not the verdict: the report shows this run's alone.
+            second.__suppress_context__ = True
             self.after_failure(second, watchdog)
         else:
             self.after_success(watchdog)
@@ -527,7 +535,9 @@ class KernelRun:
         artefacts = (diagnoses.compiled_artefact_note(self._artefacts_read)
                      if error is not None and self._artefacts_read and not self._chip_artefacts
                      and self._traced_kernel_names() else None)
-        note = "\n".join(filter(None, (note, rounding, artefacts))) or None
+        revisits = (diagnoses.revisited_blocks_note(self._revisits)
+                    if error is not None and self._revisits else None)
+        note = "\n".join(filter(None, (note, revisits, rounding, artefacts))) or None
         return note, "\n".join(self.backend.own_params_changed)
 
 

@@ -8,7 +8,9 @@ mode, which keeps whole outputs in memory and runs the grid in order:
   TPU interpreter with two simulated cores and race detection sees the race);
 * a reduction axis that is not the minormost: each output block is left and
   revisited, after Pallas TPU already wrote it back (the static check names
-  it; the TPU interpreter raises "Revisited block").
+  it; where the index map reads memory, the revisited block holds poison in
+  the TPU interpreter, as the chip's holds stale memory, and the values
+  decide, with a note naming the revisit).
 """
 
 import functools
@@ -22,7 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
-from pytest_pallas._compat import pallas_call_hooks
+from pytest_pallas._compat import output_revisits, pallas_call_hooks
 from pytest_pallas.checks.kernel_check import CheckOptions, check_kernel, kernel_exits_checked
 from pytest_pallas.checks.runtime_rules import translate_interpreter_error
 from pytest_pallas.checks.static_rules import OUT_OF_BOUNDS, PARALLEL_RACE, REVISIT
@@ -210,13 +212,26 @@ def test_jax_matmul_is_race_free_on_two_cores(interpret):
     np.testing.assert_allclose(out, x @ y, rtol=1e-5)
 
 
-def test_the_tpu_interpreter_raises_on_a_revisit_and_the_error_names_the_rule(interpret):
+def test_a_revisit_the_interpreter_stops_is_named_as_the_rule(interpret):
+    # Under pl.RevisitMode.ANY, which the chip reads back and the interpreter does not.
     x = jnp.ones((2, 8, 256), jnp.float32)
     with interpret(), pytest.raises(Exception, match="Revisited block") as caught:
-        jax.block_until_ready(sum_over_axis(x, reduction_first=True))
+        jax.block_until_ready(sum_over_axis(x, reduction_first=True, revisit_any=True))
     violation = translate_interpreter_error(caught.value, "sum_over_axis")
     assert violation is not None and violation.rule == REVISIT
     assert "output 0" in violation.operand and "iteration (1, 0)" in str(violation)
+
+
+def test_a_revisited_block_holds_poison_and_the_revisit_is_recorded(interpret):
+    x = jnp.ones((2, 8, 256), jnp.float32)
+    with interpret(), output_revisits.revisited_blocks_recorded() as revisits:
+        out = jax.block_until_ready(sum_over_axis(x, reduction_first=True))
+    # The second pass adds onto poison, as on the chip it adds onto stale memory.
+    assert np.isnan(np.asarray(out)).all()
+    assert [(r.output, r.block, r.iteration, r.earlier) for r in revisits] == [
+        (0, "[0:8, 0:128]", (1, 0), ((0, 0), (0, 0)))]
+    assert "came back to output 0's block [0:8, 0:128] in grid iteration (1, 0)" in (
+        revisits[0].describe())
 
 
 def gathered_sum(order, x):
@@ -240,18 +255,52 @@ def gathered_sum(order, x):
     )(order, x)
 
 
+def gathered_copy(order, x):
+    """Input block k goes to output block order[k], written whole: the last visit wins."""
+    n, rows, cols = x.shape
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(n,),
+        in_specs=[pl.BlockSpec((None, rows, cols), lambda k, order: (k, 0, 0))],
+        out_specs=pl.BlockSpec((None, rows, cols), lambda k, order: (order[k], 0, 0)),
+    )
+
+    def kernel(order_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    return pl.pallas_call(
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        name="gathered_copy",
+    )(order, x)
+
+
 def test_data_dependent_index_maps_are_left_to_the_interpreter(interpret):
     order = jnp.array([1, 0], jnp.int32)
     x = jnp.ones((2, 8, 256), jnp.float32)
     (report,) = check_kernel(gathered_sum, order, x, check_options=STATIC_ONLY)
     assert report.ok and any("scalar prefetch" in note for note in report.skipped)
-    with interpret(), pytest.raises(Exception, match="Revisited block"):
-        jax.block_until_ready(gathered_sum(order, x))
+    with interpret(), output_revisits.revisited_blocks_recorded() as revisits:
+        out = jax.block_until_ready(gathered_sum(order, x))
+    assert np.isnan(np.asarray(out)).all() and [r.kernel for r in revisits] == ["gathered_sum"]
 
 
-# JAX's TPU interpreter stops at any revisit, RevisitMode.ANY or not (it does not read the
-# block back); the chip reads it back (JAX's TPUPipelineModeRevisitTest). A declared revisit
-# runs in the plain interpreter instead, values checked; an undeclared one stays the rule.
+def test_a_block_written_whole_on_its_last_visit_is_right(interpret):
+    # Blocks 0 and 1 of the output are each visited, left and visited again (blocks 2 and 3,
+    # never visited, hold whatever the chip's HBM held: no test reads them).
+    x = jnp.arange(4 * 8 * 128, dtype=jnp.float32).reshape(4, 8, 128)
+    order = jnp.array([0, 1, 0, 1], jnp.int32)
+    with interpret(), output_revisits.revisited_blocks_recorded() as revisits:
+        out = jax.block_until_ready(gathered_copy(order, x))
+    np.testing.assert_array_equal(out[:2], x[2:])
+    assert [r.output for r in revisits] == [0]
+
+
+# JAX's TPU interpreter stops at a pl.RevisitMode.ANY revisit (it does not read the block
+# back); the chip reads it back (JAX's TPUPipelineModeRevisitTest). A declared revisit runs
+# in the plain interpreter instead, values checked; an undeclared one whose index map the
+# static check evaluates stays the rule.
 DECLARED_REVISIT = textwrap.dedent('''
     import jax, jax.numpy as jnp, numpy as np, pytest
     from jax.experimental import pallas as pl
