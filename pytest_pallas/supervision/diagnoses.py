@@ -152,30 +152,32 @@ def uninitialized_read_note(error: BaseException, kernels: Sequence[str]) -> str
 def unchecked_read_note(reads: Sequence[Any]) -> str:
     """For a failed test whose kernels read past a buffer where the chip has no bounds check
     (``_compat.out_of_bounds.UncheckedRead``s): which reads, and what they read."""
-    shown = "; ".join(read.describe() for read in reads[:3])
-    more = f" (and {len(reads) - 3} more)" if len(reads) > 3 else ""
     return (f"pallas: this test's kernels read past a buffer where the chip has no bounds "
-            f"check: {shown}{more}. The chip reads whatever memory lies there (libtpu emits no "
-            "check for a load from SMEM or VMEM, docs/tpu-fidelity.md); the interpreter read "
-            "poison instead (NaN, or the integer fill), so a result that used the read is "
-            "wrong, and this failure may be that. Keep the index within the buffer, or "
-            "discard what is read past it (jnp.where).")
+            f"check: {_first_three(reads)}. The chip reads whatever memory lies there "
+            "(libtpu emits no check for a load from SMEM or VMEM, docs/tpu-fidelity.md); the "
+            "interpreter read poison instead (NaN, or the integer fill), so a result that used "
+            "the read is wrong, and this failure may be that. Keep the index within the "
+            "buffer, or discard what is read past it (jnp.where).")
 
 
 def revisited_blocks_note(revisits: Sequence[Any]) -> str:
     """For a failed test whose kernels came back to an output block after the grid left it
     (``_compat.output_revisits.RevisitedBlock``s): which blocks, and what the chip does."""
-    shown = "; ".join(revisit.describe() for revisit in revisits[:3])
-    more = f" (and {len(revisits) - 3} more)" if len(revisits) > 3 else ""
     return (f"pallas: this test's kernels came back to an output block after the grid left "
-            f"it: {shown}{more}. The chip wrote the block back when the grid left and does not "
-            "read it back: the revisit starts from whatever its buffer holds (JAX's "
+            f"it: {_first_three(revisits)}. The chip wrote the block back when the grid left "
+            "and does not read it back: the revisit starts from whatever its buffer holds (JAX's "
             "pl.RevisitMode), and the last write-back is the block's value. The interpreter "
             "held poison there (NaN, or the integer fill), so a result that read the block or "
             "left part of it unwritten is wrong, and this failure may be that. Put the "
             "reduction axis last in the grid so each block's visits are consecutive, write the "
             "whole block on its last visit, or pass pipeline_mode=pl.Buffered(1, "
             "revisit=pl.RevisitMode.ANY).")
+
+
+def _first_three(events: Sequence[Any]) -> str:
+    """The first three events described, and how many more there were."""
+    shown = "; ".join(event.describe() for event in events[:3])
+    return shown + (f" (and {len(events) - 3} more)" if len(events) > 3 else "")
 
 
 def _messages(error: BaseException) -> list[str]:
