@@ -18,6 +18,7 @@ from jax.experimental.pallas import tpu as pltpu
 from .._compat import jax_internals
 from .._compat.jax_internals import CORE_MODULE, SOURCE_INFO_MODULE, JaxInternalsChanged
 from . import index_maps
+from .block_reads import reads_before_writing
 from .jaxpr_analysis import sub_jaxprs
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class BlockOperand:
     aliased: bool  # output aliased to an input (or input aliased to an output)
     index_map_reads_scalar_prefetch: bool
     index_map_axes: frozenset[int]  # grid axes the index map depends on
+    # An output whose block the kernel may read before writing it whole (block_reads).
+    read_before_written: bool = True
     _index_map: Any = dataclasses.field(repr=False, compare=False, default=None)
     _num_grid_axes: int = dataclasses.field(repr=False, compare=False, default=0)
 
@@ -181,6 +184,8 @@ def describe_pallas_call(params: dict[str, Any]) -> PallasCallInfo:
                 aliased=(index in aliased_inputs) if is_input else (index in aliased_outputs),
                 index_map_reads_scalar_prefetch=_reads_inputs_from(index_map.jaxpr, len(grid)),
                 index_map_axes=_axes_reaching_outputs(index_map.jaxpr, len(grid)),
+                read_before_written=is_input or _reads_block_first(kernel_jaxpr,
+                                                                   num_index + position),
                 _index_map=index_map,
                 _num_grid_axes=len(grid),
             )
@@ -214,6 +219,15 @@ def describe_pallas_call(params: dict[str, Any]) -> PallasCallInfo:
 
 # The dtype names of JAX's semaphore refs: SemaphoreType.REGULAR's, and SemaphoreType.DMA's.
 _REGULAR_SEMAPHORE = "semaphore"
+
+
+def _reads_block_first(kernel_jaxpr: Any, position: int) -> bool:
+    """Whether the kernel may read its parameter ``position`` (an output's block) before
+    writing it whole; True where the kernel's parameters are not its blocks alone."""
+    invars = getattr(kernel_jaxpr, "invars", ())
+    if position >= len(invars):
+        return True
+    return reads_before_writing(kernel_jaxpr, invars[position])
 
 
 def _dma_signals_regular_semaphore(jaxpr: Any) -> bool:

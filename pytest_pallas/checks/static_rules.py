@@ -34,9 +34,12 @@ breaks, the operand, and the fix:
     marked "parallel": megacore chips split those axes across TensorCores,
     which then race on the block, and each core starts its own accumulator.
 ``output-revisit``
-    An output block visited again after the grid left it: Pallas TPU writes a
-    block back when the grid moves on and never reads it back, so a reduction
-    must sit on the minormost (last) grid axes.
+    An output block visited again after the grid left it, by a kernel that may
+    read the block before writing it (an accumulator): Pallas TPU writes a block
+    back when the grid moves on and never reads it back, so a reduction must sit
+    on the minormost (last) grid axes. A kernel that writes the block before
+    reading it (a two-pass kernel) is right on the chip, whose last write-back is
+    the block's value: its values decide (:mod:`pytest_pallas.checks.block_reads`).
 ``block-out-of-bounds``
     An index map that returns a block lying wholly outside its array.
 
@@ -257,24 +260,26 @@ def check_grid_order(call: PallasCallInfo, info: Any, options: RuleOptions,
     """Races on "parallel" axes, revisited output blocks, out-of-bounds blocks; what could
     not be judged goes to ``report.skipped``."""
     del info
-    violations, notes = _grid_order(call, max_grid_points=options.max_grid_points)
+    violations, notes, suspects = _grid_order(call, max_grid_points=options.max_grid_points)
     report.skipped.extend(notes)
+    report.suspects.extend(suspects)
     return violations
 
 
 def _grid_order(call: PallasCallInfo, *, max_grid_points: int
-                ) -> tuple[list[Violation], list[str]]:
+                ) -> tuple[list[Violation], list[str], list[Violation]]:
     """Evaluates every index map over the whole grid when it has at most
     ``max_grid_points`` points; larger grids are judged from which grid axes
-    each output's index map reads. Returns ``(violations, skipped notes)``.
+    each output's index map reads. Returns ``(violations, skipped notes, suspects)``.
     """
     notes: list[str] = []
+    suspects: list[Violation] = []
     if any(g is None for g in call.grid):
-        return [], ["grid-order checks: the grid has dynamic dimensions"]
+        return [], ["grid-order checks: the grid has dynamic dimensions"], []
     grid = tuple(int(g) for g in call.grid)
     size = math.prod(grid)
     if size == 0:
-        return [], []
+        return [], [], []
     exact = size <= max_grid_points
     points = None
     if exact:
@@ -299,7 +304,11 @@ def _grid_order(call: PallasCallInfo, *, max_grid_points: int
             continue
         if not exact:
             if operand.role == "output":
-                violations.extend(_order_by_dataflow(call, operand, grid, parallel_axes))
+                for found in _order_by_dataflow(call, operand, grid, parallel_axes):
+                    if found.rule == REVISIT:
+                        _revisit_found(found, operand, violations, suspects)
+                    else:
+                        violations.append(found)
             continue
         try:
             blocks = operand.block_indices(points)
@@ -323,8 +332,18 @@ def _grid_order(call: PallasCallInfo, *, max_grid_points: int
         elif not operand.revisit_any:
             revisit = _revisit(call, operand, grid, ids, blocks, points)
             if revisit is not None:
-                violations.append(revisit)
-    return violations, notes
+                _revisit_found(revisit, operand, violations, suspects)
+    return violations, notes, suspects
+
+
+def _revisit_found(revisit: Violation, operand: BlockOperand, violations: list[Violation],
+                   suspects: list[Violation]) -> None:
+    """A revisit breaks the rule where the kernel may read the stale block. A kernel that
+    writes the block before reading it is right on the chip if what it writes on the last
+    visit is the block's (its last write-back is the block's value; a two-pass kernel), and
+    wrong if it is a scratch accumulator carried over from other blocks: the values decide,
+    and a failure names the revisit."""
+    (violations if operand.read_before_written else suspects).append(revisit)
 
 
 def _point(p: Any) -> str:
@@ -421,7 +440,7 @@ def _revisit(call, operand, grid, ids, blocks, points) -> Violation | None:
                 f"left at {_point(points[left])} and visited again at {_point(points[again])}. "
                 "Pallas TPU writes an output block back to HBM when the grid moves to another "
                 "block and never reads it back, so the second visit starts from stale VMEM "
-                '(TPU interpret mode raises "Revisited block"; plain interpret mode hides it).',
+                "(the TPU interpreter holds poison there; plain interpret mode hides it).",
                 (
                     f"put the reduction axis {', '.join(map(str, reduction))} last in the grid "
                     "(the minormost axes iterate fastest), so each output block's visits are "

@@ -105,6 +105,10 @@ class KernelReport:
     checked: list[str] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
     violations: list[Violation] = dataclasses.field(default_factory=list)
+    # What the chip may get wrong, depending on values the checks cannot see (an output
+    # block the grid comes back to, which the kernel writes before reading): no verdict,
+    # named in a failed test's report.
+    suspects: list[Violation] = dataclasses.field(default_factory=list)
     # Each VMEM-blocked output's (array shape, block shape): where a value failure's
     # mismatches are located (see mismatch.py).
     output_blocks: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()

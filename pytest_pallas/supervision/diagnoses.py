@@ -174,6 +174,20 @@ def revisited_blocks_note(revisits: Sequence[Any]) -> str:
             "revisit=pl.RevisitMode.ANY).")
 
 
+def revisit_suspects_note(suspects: Sequence[Any]) -> str:
+    """For a failed test whose kernels come back to an output block they write before reading
+    (``checks.violations.Violation``s the static checks left to the values): each, and why
+    the values decide."""
+    first = suspects[0]
+    others = {suspect.kernel for suspect in suspects} - {first.kernel}
+    more = f" ({len(others)} more kernel(s) likewise)" if others else ""
+    return (f"pallas: this failure may be [{first.rule}] in kernel {first.kernel}{more}: "
+            f"{first.operand}: {first.problem} The kernel writes the block before reading it, "
+            "which is right on the chip only if what it writes on the last visit is that "
+            "block's (a scratch accumulator carried over from other blocks is not). "
+            f"Fix: {first.fix}")
+
+
 def _first_three(events: Sequence[Any]) -> str:
     """The first three events described, and how many more there were."""
     shown = "; ".join(event.describe() for event in events[:3])

@@ -535,10 +535,18 @@ class KernelRun:
         artefacts = (diagnoses.compiled_artefact_note(self._artefacts_read)
                      if error is not None and self._artefacts_read and not self._chip_artefacts
                      and self._traced_kernel_names() else None)
-        revisits = (diagnoses.revisited_blocks_note(self._revisits)
-                    if error is not None and self._revisits else None)
+        revisits = self._revisits_note() if error is not None else None
         note = "\n".join(filter(None, (note, revisits, rounding, artefacts))) or None
         return note, "\n".join(self.backend.own_params_changed)
+
+    def _revisits_note(self) -> str | None:
+        """The output blocks the grid came back to, which a failure may come from: the ones
+        the static checks found (with the grid's order and its fix), else the ones the TPU
+        interpreter met (index maps that read memory)."""
+        suspects = [suspect for report in self._reports for suspect in report.suspects]
+        if suspects:
+            return diagnoses.revisit_suspects_note(suspects)
+        return diagnoses.revisited_blocks_note(self._revisits) if self._revisits else None
 
 
 def _list_or_empty(recorded: list | None) -> list:
