@@ -519,9 +519,11 @@ class KernelRun:
     # --- a failure's report ---------------------------------------------------------------
 
     def failure_notes(self, error: BaseException | None) -> tuple[str | None, str]:
-        """For a failed call's report: the NaN note (``diagnoses.uninitialized_read_note``;
-        None when compiled or in the suite, which finds a NaN's cause itself) and the
-        interpret parameters the kernels' own ``interpret=`` changed, one per line."""
+        """For a failed call's report: the notes on what the failure may come from (a NaN:
+        ``diagnoses.uninitialized_read_note``, None when compiled or in the suite, which
+        finds a NaN's cause itself; a read past a buffer; an output block the grid came back
+        to; the float32 dots the chip rounds; a compiled artefact read) and the interpret
+        parameters the kernels' own ``interpret=`` changed, one per line."""
         note = None
         if error is not None and self._unchecked_reads:
             # A NaN the failure shows is then most likely this read's poison.
