@@ -5,9 +5,12 @@ test in its thread, or hands it on when it cannot."""
 import threading
 import time
 
+import jax
+import jax.numpy as jnp
 import pytest
+from jax.experimental import io_callback
 
-from pytest_pallas._compat import tpu_interpreter
+from pytest_pallas._compat import interpreter_threads, jax_internals, tpu_interpreter
 from pytest_pallas.supervision.timeout import (
     KernelTimeout,
     PallasTimeout,
@@ -115,6 +118,66 @@ def test_without_a_view_of_the_kernels_the_whole_test_is_timed(no_abort):
                 break
             time.sleep(0.05)
     assert watchdog.fired and no_abort
+
+
+@pytest.fixture
+def core_program():
+    """Starts a per-core program of the TPU interpreter on a thread of its own, as its thread
+    map does, running until the event it returns is set."""
+    release = threading.Event()
+    threads = []
+
+    def wait(x):
+        release.wait(30)
+        return x
+
+    def body(x):
+        io_callback(wait, jax.ShapeDtypeStruct((), jnp.int32), x)
+
+    def start():
+        jaxpr = jax.make_jaxpr(body)(jnp.int32(0))
+        run = jax_internals.private_attribute("jax._src.pallas.mosaic.interpret.thread_map",
+                                              "_run_jaxpr")
+        thread = threading.Thread(target=run, args=(jaxpr.jaxpr, jaxpr.consts, jnp.int32(0)))
+        thread.start()
+        threads.append(thread)
+        while interpreter_threads.wait_for_core_programs(0):  # until it runs
+            time.sleep(0.01)
+        return release
+
+    with interpreter_threads.per_core_programs_compiled_once():
+        yield start
+        release.set()
+        for thread in threads:
+            thread.join()
+
+
+def test_a_stopped_test_ends_after_its_kernels_per_core_programs(monkeypatch, core_program):
+    # The interrupt can end the test while its kernel's cores still run; the next test's
+    # kernels would meet them. The test ends once they have, which the abort brings about.
+    release = core_program()
+    monkeypatch.setattr(tpu_interpreter, "abort_interpreted_kernels",
+                        lambda error: release.set() or True)
+    with Watchdog(0.2, lambda: "kernel 'hung'", kernel_ages=FakeKernels({"hung": 5.0}),
+                  on_stuck=lambda text, seconds: pytest.fail(text)) as watchdog:
+        while not release.is_set():
+            time.sleep(0.05)
+    assert watchdog.fired and interpreter_threads.wait_for_core_programs(0)
+
+
+def test_per_core_programs_that_outlast_the_grace_period_end_the_process(no_abort,
+                                                                         core_program):
+    core_program()  # never released while the watchdog waits
+    handed = []
+    with Watchdog(0.2, lambda: "kernel 'hung'", kernel_ages=FakeKernels({"hung": 5.0}),
+                  on_stuck=lambda text, seconds: handed.append(text)):
+        while not no_abort:
+            time.sleep(0.05)
+    [text] = handed
+    assert text.startswith("pallas: kernel 'hung' ran longer than --pallas-timeout=0.2s and was "
+                           "stopped, but its kernels' computations still ran 2s later, inside "
+                           "XLA: the process was ended")
+    assert not interpreter_threads.wait_for_core_programs(0)
 
 
 def test_zero_disables_the_watchdog(no_abort):

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -29,6 +30,29 @@ import numpy as np
 from .jax_internals import JaxInternalsChanged, attributes_replaced, private_attribute
 
 _THREAD_MAP = "jax._src.pallas.mosaic.interpret.thread_map"
+
+
+# How many per-core programs run now. A test that --pallas-timeout stopped may return while
+# some still run on the thread map's threads (the interrupt ended the callback that waited
+# for them), and the next test's kernels must not meet them in the interpreter's state.
+_running = 0
+_running_changed = threading.Condition()
+
+
+def wait_for_core_programs(seconds: float, poke: Callable[[], object] = lambda: None) -> bool:
+    """Wait, at most ``seconds``, until no per-core program runs; ``poke()`` is called every
+    quarter second meanwhile (the watchdog's abort, which ends them at their next callback).
+    Returns whether none runs."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with _running_changed:
+            if not _running:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            _running_changed.wait(min(left, 0.25))
+        poke()
 
 
 def _evaluate(jaxpr: Any, consts: Any, *args: Any) -> None:
@@ -72,6 +96,17 @@ def per_core_programs_compiled_once() -> Iterator[bool]:
     compiling = threading.Lock()
 
     def run_jaxpr(jaxpr: Any, consts: Any, *args: Any) -> None:
+        global _running
+        with _running_changed:
+            _running += 1
+        try:
+            run_compiled(jaxpr, consts, *args)
+        finally:
+            with _running_changed:
+                _running -= 1
+                _running_changed.notify_all()
+
+    def run_compiled(jaxpr: Any, consts: Any, *args: Any) -> None:
         leaves = jax.tree.leaves((consts, args))
         key = (id(jaxpr), tuple((np.shape(x), np.asarray(x).dtype) for x in leaves))
         # Where core_threads_off_the_kernels_device runs them: JAX's default device is a

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .._compat import gpu_interpreter, thread_stacks, tpu_interpreter
+from .._compat import gpu_interpreter, interpreter_threads, thread_stacks, tpu_interpreter
 from .._compat.thread_stacks import cancel_raise_in_thread, raise_in_thread
 
 
@@ -112,6 +112,7 @@ class Watchdog:
         self._test_thread = 0
         self._started = 0.0
         self._raised_before = 0
+        self._error: PallasTimeout | None = None  # what the aborted kernels raise
 
     @property
     def message(self) -> str:
@@ -154,8 +155,32 @@ class Watchdog:
                 break
             except TimeoutInterrupt as raised:
                 interrupt = raised
+        if self.fired:
+            self._wait_for_stopped_kernels()
         if interrupt is not None:
             raise self.failure() from interrupt
+
+    def _wait_for_stopped_kernels(self) -> None:
+        """The test returned after the watchdog fired; its kernels' per-core programs may run
+        on (the interrupt can end the callback that waited for them) and would meet the next
+        test's kernels in the interpreter's state, failing them with this test's error. Wait
+        for them, aborting, at most the grace period; past it the process is ended."""
+        def abort() -> None:
+            if self._error is not None:
+                tpu_interpreter.abort_interpreted_kernels(self._error)
+
+        grace = grace_seconds(self.seconds)
+        if interpreter_threads.wait_for_core_programs(grace, abort):
+            return
+        head = (f"pallas: {self.what or self._test_name} ran longer than --pallas-timeout="
+                f"{self.seconds:g}s and was stopped, but its kernels' computations still ran "
+                f"{grace:g}s later, inside XLA")
+        if self._on_stuck is None:
+            sys.stderr.write(f"\n{head}; the next test may meet them.\n")
+            return
+        self._on_stuck(f"{head}: the process was ended, so that the next test starts without "
+                       "them, and the run went on. Raise --pallas-timeout if the test is only "
+                       "slow (0 disables it).", time.monotonic() - self._started)
 
     def _close(self) -> None:
         with self._lock:
@@ -194,7 +219,7 @@ class Watchdog:
         self._in_checks = clock == "checks"
         self.what = self._describe() if self.in_kernel else self._place_text()
         self.fired = True
-        error = self.failure()
+        error = self._error = self.failure()
         fired_at = time.monotonic()
         grace = grace_seconds(self.seconds)
         aborted = stuck = False
