@@ -153,8 +153,8 @@ def core_program():
 
 
 def test_a_stopped_test_ends_after_its_kernels_per_core_programs(monkeypatch, core_program):
-    # The interrupt can end the test while its kernel's cores still run; the next test's
-    # kernels would meet them. The test ends once they have, which the abort brings about.
+    # A stopped test may return while its kernel's cores still run; the next test's kernels
+    # would meet them. The test ends once they have, which the abort brings about.
     release = core_program()
     monkeypatch.setattr(tpu_interpreter, "abort_interpreted_kernels",
                         lambda error: release.set() or True)

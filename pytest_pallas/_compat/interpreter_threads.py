@@ -33,8 +33,8 @@ _THREAD_MAP = "jax._src.pallas.mosaic.interpret.thread_map"
 
 
 # How many per-core programs run now. A test that --pallas-timeout stopped may return while
-# some still run on the thread map's threads (the interrupt ended the callback that waited
-# for them), and the next test's kernels must not meet them in the interpreter's state.
+# some still run on the thread map's threads, and the next test's kernels must not meet
+# them in the interpreter's state.
 _running = 0
 _running_changed = threading.Condition()
 
