@@ -258,7 +258,7 @@ def _next_rank1(size: int, chunk: int, min_tiling: int, full: int) -> int:
 def check_grid_order(call: PallasCallInfo, info: Any, options: RuleOptions,
                      report: KernelReport) -> list[Violation]:
     """Races on "parallel" axes, revisited output blocks, out-of-bounds blocks; what could
-    not be judged goes to ``report.skipped``."""
+    not be judged goes to ``report.skipped``, what the values decide to ``report.suspects``."""
     del info
     violations, notes, suspects = _grid_order(call, max_grid_points=options.max_grid_points)
     report.skipped.extend(notes)
