@@ -120,29 +120,39 @@ def test_without_a_view_of_the_kernels_the_whole_test_is_timed(no_abort):
     assert watchdog.fired and no_abort
 
 
+# What the per-core program below waits for: one pair of events per test, read when it runs
+# (JAX may serve an earlier test's executable, and with it this callback).
+_CORE_PROGRAM = {"running": threading.Event(), "release": threading.Event()}
+
+
+def _core_program_waits(x):
+    _CORE_PROGRAM["running"].set()
+    _CORE_PROGRAM["release"].wait(30)
+    return x
+
+
+def _core_program(x):
+    io_callback(_core_program_waits, jax.ShapeDtypeStruct((), jnp.int32), x)
+
+
 @pytest.fixture
 def core_program():
     """Starts a per-core program of the TPU interpreter on a thread of its own, as its thread
     map does, running until the event it returns is set."""
-    release = threading.Event()
+    running, release = threading.Event(), threading.Event()
+    _CORE_PROGRAM.update(running=running, release=release)
     threads = []
 
-    def wait(x):
-        release.wait(30)
-        return x
-
-    def body(x):
-        io_callback(wait, jax.ShapeDtypeStruct((), jnp.int32), x)
-
     def start():
-        jaxpr = jax.make_jaxpr(body)(jnp.int32(0))
-        run = jax_internals.private_attribute("jax._src.pallas.mosaic.interpret.thread_map",
-                                              "_run_jaxpr")
-        thread = threading.Thread(target=run, args=(jaxpr.jaxpr, jaxpr.consts, jnp.int32(0)))
+        jaxpr = jax.make_jaxpr(_core_program)(jnp.int32(0))
+        # The thread map's runner as it is now (the block below replaced it), as the
+        # interpreter calls it.
+        thread_map = jax_internals.private_attribute("jax._src.pallas.mosaic.interpret.thread_map")
+        thread = threading.Thread(target=thread_map._run_jaxpr,
+                                  args=(jaxpr.jaxpr, jaxpr.consts, jnp.int32(0)))
         thread.start()
         threads.append(thread)
-        while interpreter_threads.wait_for_core_programs(0):  # until it runs
-            time.sleep(0.01)
+        assert running.wait(60), "the per-core program did not start"
         return release
 
     with interpreter_threads.per_core_programs_compiled_once():

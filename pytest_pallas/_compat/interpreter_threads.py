@@ -13,7 +13,9 @@ Here the program is compiled by the first thread that needs it and run by every 
 as long as the block lasts: the same program (the thread map's jaxpr, by identity) with
 operands of the same shapes and dtypes runs the same executable. The executable is placed
 where ``interpreter_fixes.core_threads_off_the_kernels_device`` places the per-core
-computations (the last simulated device), and so is its run.
+computations (the last simulated device), and so is its run. Each run is waited for until
+the program has run: XLA may return from the call before (asynchronous dispatch), and JAX's
+thread map, which waits for its threads, would then end while the cores still ran.
 """
 
 from __future__ import annotations
@@ -33,8 +35,7 @@ _THREAD_MAP = "jax._src.pallas.mosaic.interpret.thread_map"
 
 
 # How many per-core programs run now. A test that --pallas-timeout stopped may return while
-# some still run on the thread map's threads, and the next test's kernels must not meet
-# them in the interpreter's state.
+# some still run, and the next test's kernels must not meet them in the interpreter's state.
 _running = 0
 _running_changed = threading.Condition()
 
@@ -55,8 +56,11 @@ def wait_for_core_programs(seconds: float, poke: Callable[[], object] = lambda: 
         poke()
 
 
-def _evaluate(jaxpr: Any, consts: Any, *args: Any) -> None:
+def _evaluate(jaxpr: Any, consts: Any, *args: Any) -> Any:
     jax.core.eval_jaxpr(jaxpr, consts, *args)
+    # An output to wait for: XLA may return from the call before the program has run (its
+    # asynchronous dispatch), and an output is ready only once all of it has.
+    return np.int32(0)
 
 
 @contextlib.contextmanager
@@ -120,7 +124,7 @@ def per_core_programs_compiled_once() -> Iterator[bool]:
                         lowered = traced.lower()
                     # The jaxpr is kept with its executable: its id stays its own.
                     entry = compiled[key] = (jaxpr, lowered.compile())
-            entry[1](consts, *args)
+            entry[1](consts, *args).block_until_ready()
 
     with attributes_replaced(module, {"_run_jaxpr": run_jaxpr}):
         try:
