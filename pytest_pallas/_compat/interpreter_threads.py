@@ -13,9 +13,9 @@ Here the program is compiled by the first thread that needs it and run by every 
 as long as the block lasts: the same program (the thread map's jaxpr, by identity) with
 operands of the same shapes and dtypes runs the same executable. The executable is placed
 where ``interpreter_fixes.core_threads_off_the_kernels_device`` places the per-core
-computations (the last simulated device), and so is its run. Each run is waited for until
-the program has run: XLA may return from the call before (asynchronous dispatch), and JAX's
-thread map, which waits for its threads, would then end while the cores still ran.
+computations (the last simulated device), and so is its run. Each program's output says
+when it has run: XLA may return from the call before (asynchronous dispatch), and a test
+that --pallas-timeout stopped waits for its kernels' programs (``wait_for_core_programs``).
 """
 
 from __future__ import annotations
@@ -34,10 +34,19 @@ from .jax_internals import JaxInternalsChanged, attributes_replaced, private_att
 _THREAD_MAP = "jax._src.pallas.mosaic.interpret.thread_map"
 
 
-# How many per-core programs run now. A test that --pallas-timeout stopped may return while
-# some still run, and the next test's kernels must not meet them in the interpreter's state.
-_running = 0
+# The per-core programs running now: those being started (a count), and the output of each
+# started one, ready once the program has run (XLA may return from its call before: its
+# asynchronous dispatch). A test that --pallas-timeout stopped may return while some still
+# run, and the next test's kernels must not meet them in the interpreter's state.
+_starting = 0
+_started: list[Any] = []
 _running_changed = threading.Condition()
+
+
+def _still_running() -> bool:
+    # Under _running_changed.
+    _started[:] = [output for output in _started if not output.is_ready()]
+    return bool(_starting or _started)
 
 
 def wait_for_core_programs(seconds: float, poke: Callable[[], object] = lambda: None) -> bool:
@@ -47,7 +56,7 @@ def wait_for_core_programs(seconds: float, poke: Callable[[], object] = lambda: 
     deadline = time.monotonic() + seconds
     while True:
         with _running_changed:
-            if not _running:
+            if not _still_running():
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
@@ -58,8 +67,7 @@ def wait_for_core_programs(seconds: float, poke: Callable[[], object] = lambda: 
 
 def _evaluate(jaxpr: Any, consts: Any, *args: Any) -> Any:
     jax.core.eval_jaxpr(jaxpr, consts, *args)
-    # An output to wait for: XLA may return from the call before the program has run (its
-    # asynchronous dispatch), and an output is ready only once all of it has.
+    # An output to ask: ready only once the whole program has run.
     return np.int32(0)
 
 
@@ -100,17 +108,20 @@ def per_core_programs_compiled_once() -> Iterator[bool]:
     compiling = threading.Lock()
 
     def run_jaxpr(jaxpr: Any, consts: Any, *args: Any) -> None:
-        global _running
+        global _starting
         with _running_changed:
-            _running += 1
+            _starting += 1
+        output = None
         try:
-            run_compiled(jaxpr, consts, *args)
+            output = run_compiled(jaxpr, consts, *args)
         finally:
             with _running_changed:
-                _running -= 1
+                _starting -= 1
+                if output is not None:
+                    _started.append(output)
                 _running_changed.notify_all()
 
-    def run_compiled(jaxpr: Any, consts: Any, *args: Any) -> None:
+    def run_compiled(jaxpr: Any, consts: Any, *args: Any) -> Any:
         leaves = jax.tree.leaves((consts, args))
         key = (id(jaxpr), tuple((np.shape(x), np.asarray(x).dtype) for x in leaves))
         # Where core_threads_off_the_kernels_device runs them: JAX's default device is a
@@ -124,7 +135,7 @@ def per_core_programs_compiled_once() -> Iterator[bool]:
                         lowered = traced.lower()
                     # The jaxpr is kept with its executable: its id stays its own.
                     entry = compiled[key] = (jaxpr, lowered.compile())
-            entry[1](consts, *args).block_until_ready()
+            return entry[1](consts, *args)
 
     with attributes_replaced(module, {"_run_jaxpr": run_jaxpr}):
         try:
