@@ -44,7 +44,8 @@ _running_changed = threading.Condition()
 
 
 def _still_running() -> bool:
-    # Under _running_changed.
+    # Under _running_changed. Outputs that are ready leave the list, so that it holds only
+    # the programs still running, however many kernels a run interprets.
     _started[:] = [output for output in _started if not output.is_ready()]
     return bool(_starting or _started)
 
@@ -119,6 +120,7 @@ def per_core_programs_compiled_once() -> Iterator[bool]:
                 _starting -= 1
                 if output is not None:
                     _started.append(output)
+                _still_running()  # drops the outputs of programs that have run
                 _running_changed.notify_all()
 
     def run_compiled(jaxpr: Any, consts: Any, *args: Any) -> Any:

@@ -163,7 +163,7 @@ class Watchdog:
     def _wait_for_stopped_kernels(self) -> None:
         """The test returned after the watchdog fired; its kernels' per-core programs may run
         on, on the interpreter's threads, and would meet the next test's kernels in the
-        interpreter's state, failing them with this test's error (seen in a tokamax run).
+        interpreter's state, failing them with this test's error.
         Wait for them, aborting, at most the grace period; past it the process is ended."""
         def abort() -> None:
             if self._error is not None:
